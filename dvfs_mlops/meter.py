@@ -1,0 +1,154 @@
+"""Power sampling and energy integration -> `EnergyReport`.
+
+Real backends hand the meter a `read_rails()` callable (watts per rail) and optionally a
+`read_util()` callable (GPU load in %). A daemon thread samples them at a fixed rate (50 Hz by
+default: jtop's 1 s interval is too coarse for short runs) and the energy is the trapezoidal
+integral of each rail. The simulated twin builds its reports analytically instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+# The study's "energy" is CPU + GPU; these rail names carry it on an AGX Orin.
+CPU_GPU_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV")
+GPU_RAILS = ("VDD_GPU_SOC", "gpu")
+CPU_RAILS = ("VDD_CPU_CV",)
+
+
+@dataclasses.dataclass
+class EnergyReport:
+    """Energy of one metered interval. JSON keys are the field names."""
+
+    duration_s: float
+    energy_j: float  # CPU + GPU, as in the study (GPU only where no CPU rail exists)
+    energy_total_j: float  # every rail
+    energy_by_rail_j: dict[str, float]
+    avg_power_w: float  # energy_total_j / duration_s
+    peak_power_w: float  # highest sampled total power
+    gpu_util_pct: float | None
+    samples: int
+    simulated: bool
+    power_series_w: list[float] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def energy_gpu_j(self) -> float:
+        return sum(v for k, v in self.energy_by_rail_j.items() if k in GPU_RAILS)
+
+    @property
+    def energy_cpu_j(self) -> float:
+        return sum(v for k, v in self.energy_by_rail_j.items() if k in CPU_RAILS)
+
+    def to_dict(self, with_series: bool = False) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if not with_series:
+            d.pop("power_series_w")
+        return d
+
+
+def cpu_gpu_energy(by_rail: Mapping[str, float]) -> float:
+    """The study's energy: GPU + CPU rails; falls back to all rails if neither is present."""
+    chosen = [v for k, v in by_rail.items() if k in CPU_GPU_RAILS or k == "gpu"]
+    return float(sum(chosen)) if chosen else float(sum(by_rail.values()))
+
+
+def integrate(times_s: Sequence[float], watts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Trapezoidal energy per rail (J) from timestamped samples."""
+    joules: dict[str, float] = {k: 0.0 for k in (watts[0] if watts else {})}
+    for i in range(1, len(times_s)):
+        dt = times_s[i] - times_s[i - 1]
+        for rail in joules:
+            joules[rail] += 0.5 * (watts[i - 1].get(rail, 0.0) + watts[i].get(rail, 0.0)) * dt
+    return joules
+
+
+def build_report(
+    times_s: Sequence[float],
+    watts: Sequence[Mapping[str, float]],
+    utils: Sequence[float],
+    *,
+    simulated: bool = False,
+    energy_override_j: Mapping[str, float] | None = None,
+) -> EnergyReport:
+    """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter)."""
+    duration = (times_s[-1] - times_s[0]) if len(times_s) >= 2 else 0.0
+    by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts)
+    totals = [sum(w.values()) for w in watts]
+    total_j = float(sum(by_rail.values()))
+    return EnergyReport(
+        duration_s=duration,
+        energy_j=cpu_gpu_energy(by_rail),
+        energy_total_j=total_j,
+        energy_by_rail_j={k: float(v) for k, v in by_rail.items()},
+        avg_power_w=total_j / duration if duration > 0 else (totals[-1] if totals else 0.0),
+        peak_power_w=max(totals) if totals else 0.0,
+        gpu_util_pct=(sum(utils) / len(utils)) if utils else None,
+        samples=len(times_s),
+        simulated=simulated,
+        power_series_w=totals,
+    )
+
+
+class PowerSampler:
+    """Sample rail power (and GPU load) on a daemon thread and integrate on stop.
+
+    A sample is taken at start and at stop, so even a run shorter than one period is integrated
+    over its whole length.
+    """
+
+    def __init__(
+        self,
+        read_rails: Callable[[], dict[str, float]],
+        read_util: Callable[[], float | None] | None = None,
+        hz: float = 50.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if hz <= 0:
+            raise ValueError("sample rate must be positive")
+        self._read_rails = read_rails
+        self._read_util = read_util
+        self._period = 1.0 / hz
+        self._clock = clock
+        self._times: list[float] = []
+        self._watts: list[dict[str, float]] = []
+        self._utils: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _sample(self) -> None:
+        watts = self._read_rails()
+        util = self._read_util() if self._read_util else None
+        now = self._clock()
+        with self._lock:
+            self._times.append(now)
+            self._watts.append(watts)
+            if util is not None:
+                self._utils.append(util)
+
+    def _run(self) -> None:
+        next_t = self._clock() + self._period
+        while not self._stop.wait(max(0.0, next_t - self._clock())):
+            self._sample()
+            next_t += self._period
+            if next_t < self._clock():  # fell behind (suspended): skip, don't burst
+                next_t = self._clock() + self._period
+
+    def start(self) -> None:
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="dvfs-power-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> tuple[list[float], list[dict[str, float]], list[float]]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        with self._lock:
+            return list(self._times), list(self._watts), list(self._utils)
+
+    def report(self, energy_override_j: Mapping[str, float] | None = None) -> EnergyReport:
+        times, watts, utils = self.stop()
+        return build_report(times, watts, utils, energy_override_j=energy_override_j)

@@ -1,0 +1,1 @@
+"""Workloads: model presets, GLUE tasks, and the features the governor sees."""

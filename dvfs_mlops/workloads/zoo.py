@@ -1,0 +1,153 @@
+"""Model presets of the study (random init from config) and arbitrary transformers configs.
+
+Presets carry the real models' architecture, vocabulary included, so parameter counts match the
+published checkpoints (bert-base 110M, pythia-1b 1.01B with its LM head; our classifiers drop the
+head). `--pretrained NAME_OR_PATH` loads real weights instead, for users who have them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from dvfs_mlops.errors import DvfsError, unknown
+
+ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mobilebert"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPreset:
+    """One of the study's model sizes."""
+
+    name: str
+    family: str  # bert | pythia
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    hub_id: str  # where real weights live, for --pretrained
+
+    def config(self) -> Any:
+        if self.family == "bert":
+            from transformers import BertConfig
+
+            return BertConfig(
+                vocab_size=30522,
+                hidden_size=self.hidden_size,
+                num_hidden_layers=self.num_layers,
+                num_attention_heads=self.num_heads,
+                intermediate_size=self.intermediate_size,
+                max_position_embeddings=512,
+            )
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(
+            vocab_size=50304,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=2048,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+
+
+def _bert(name: str, layers: int, hidden: int, hub_id: str) -> ModelPreset:
+    return ModelPreset(name, "bert", layers, hidden, max(2, hidden // 64), 4 * hidden, hub_id)
+
+
+def _pythia(name: str, layers: int, hidden: int, heads: int) -> ModelPreset:
+    return ModelPreset(name, "pythia", layers, hidden, heads, 4 * hidden, f"EleutherAI/{name}")
+
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        _bert("bert-tiny", 2, 128, "google/bert_uncased_L-2_H-128_A-2"),
+        _bert("bert-mini", 4, 256, "google/bert_uncased_L-4_H-256_A-4"),
+        _bert("bert-small", 4, 512, "google/bert_uncased_L-4_H-512_A-8"),
+        _bert("bert-medium", 8, 512, "google/bert_uncased_L-8_H-512_A-8"),
+        _bert("bert-base", 12, 768, "google-bert/bert-base-uncased"),
+        _bert("bert-large", 24, 1024, "google-bert/bert-large-uncased"),
+        _pythia("pythia-14m", 6, 128, 4),
+        _pythia("pythia-31m", 6, 256, 8),
+        _pythia("pythia-70m", 6, 512, 8),
+        _pythia("pythia-160m", 12, 768, 12),
+        _pythia("pythia-410m", 24, 1024, 16),
+        _pythia("pythia-1b", 16, 2048, 8),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model: its name, its transformers config, and where weights come from."""
+
+    name: str
+    config: Any
+    pretrained: str | None = None
+
+    @property
+    def model_type(self) -> str:
+        """encoder | decoder, the governor's categorical feature."""
+        return "encoder" if getattr(self.config, "model_type", "") in ENCODER_TYPES else "decoder"
+
+    @property
+    def num_layers(self) -> int:
+        return int(_first_attr(self.config, ("num_hidden_layers", "n_layer", "num_layers")))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(_first_attr(self.config, ("hidden_size", "d_model", "n_embd")))
+
+
+def _first_attr(config: Any, names: tuple[str, ...]) -> Any:
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    raise DvfsError(f"model config {type(config).__name__} has none of {', '.join(names)}; pass a transformers config with a layer count and hidden size")
+
+
+def resolve_model(name: str | None = None, config_path: str | Path | None = None, pretrained: str | None = None) -> ModelSpec:
+    """A preset name, a transformers config file/folder, or a pretrained name/path."""
+    if config_path is not None:
+        from transformers import AutoConfig
+
+        path = Path(config_path)
+        if not path.exists():
+            raise DvfsError(f"model config {path} does not exist; pass a config.json or a folder holding one")
+        try:
+            if path.is_file():
+                import json
+
+                data = json.loads(path.read_text())
+                model_type = data.pop("model_type", None)
+                if model_type is None:
+                    raise DvfsError(f"{path} has no 'model_type'; it is not a transformers config")
+                config = AutoConfig.for_model(model_type, **data)
+            else:
+                config = AutoConfig.from_pretrained(str(path))
+        except DvfsError:
+            raise
+        except (ValueError, KeyError, OSError) as e:
+            raise DvfsError(f"cannot read model config {path}: {e}") from None
+        label = name or (path.parent.name if path.stem == "config" else path.stem) if path.is_file() else (name or path.name)
+        return ModelSpec(label or "custom", config)
+    if pretrained is not None:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(pretrained)
+        except OSError as e:
+            raise DvfsError(f"cannot load pretrained model {pretrained!r} (offline? pass a local folder): {e}".splitlines()[0]) from None
+        return ModelSpec(name or Path(pretrained).name, config, pretrained=pretrained)
+    if name is None:
+        raise DvfsError("name a model preset or pass --model-config PATH")
+    if name not in PRESETS:
+        raise unknown("model", name, list(PRESETS))
+    return ModelSpec(name, PRESETS[name].config())
