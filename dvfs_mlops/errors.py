@@ -27,7 +27,10 @@ class DeviceNotFoundError(DvfsError):
     """The requested backend found no device on this machine."""
 
 
+_PLURALS = {"frequency": "frequencies", "policy": "policies"}
+
+
 def unknown(kind: str, value: object, valid: list[object] | tuple[object, ...]) -> UnknownNameError:
-    """Build the standard 'unknown X; valid: ...' error."""
+    """Build the standard 'unknown X; valid Xs: ...' error."""
     shown = ", ".join(str(v) for v in valid)
-    return UnknownNameError(f"unknown {kind} {value!r}; valid {kind}s: {shown}")
+    return UnknownNameError(f"unknown {kind} {value!r}; valid {_PLURALS.get(kind, kind + 's')}: {shown}")

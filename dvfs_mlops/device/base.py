@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any, Protocol, Sequence, Union, runtime_checkable
 
+from dvfs_mlops.device.guard import TerminationGuard
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.meter import EnergyReport
 
@@ -36,7 +37,7 @@ class DeviceInfo:
         return dataclasses.asdict(self)
 
 
-def parse_freq(value: str | float, frequencies_mhz: Sequence[float], tolerance_mhz: float = 1.0) -> FreqRequest:
+def parse_freq(value: str | float, frequencies_mhz: Sequence[float], tolerance_mhz: float = 0.5) -> FreqRequest:
     """Turn '816', 816.0 or 'maxn' into a table entry; anything else lists the valid clocks."""
     if isinstance(value, str) and value.strip().lower() == MAXN:
         return MAXN
@@ -71,7 +72,7 @@ class FreqSession(abc.ABC):
         self.device = device
         self.freq = freq
         self._report: EnergyReport | None = None
-        self._entered = False
+        self._signals = TerminationGuard()
 
     # hooks -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -102,20 +103,27 @@ class FreqSession(abc.ABC):
         raise RuntimeError("report() is available after the session has exited")
 
     def __enter__(self) -> "FreqSession":
-        self._entered = True
+        self._signals.install()
         try:
-            self._apply()
-            self._start_meter()
+            with self._signals.deferring():
+                self._apply()
+                self._start_meter()
         except BaseException:
-            self._restore()
+            with self._signals.deferring():
+                self._restore()
+            self._signals.uninstall()
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
-            self._report = self._stop_meter()
+            with self._signals.deferring():
+                try:
+                    self._report = self._stop_meter()
+                finally:
+                    self._restore()
         finally:
-            self._restore()
+            self._signals.uninstall()
         return False
 
 

@@ -76,14 +76,20 @@ def estimate_step(trace: StepTrace, f_mhz: float, p: OrinTwinParams) -> StepEsti
     return _with_power(trace, f_mhz, step_time, busy, host_busy, p)
 
 
-def _with_power(trace: StepTrace, f_mhz: float, step_time: float, busy: float, host_busy: float, p: OrinTwinParams) -> StepEstimate:
-    u = min(1.0, busy / step_time)
+def rail_power(f_mhz: float, gpu_util: float, host_share: float, dram_share: float, p: OrinTwinParams) -> dict[str, float]:
+    """Watts per rail at clock f with the GPU busy `gpu_util` of the time (0..1)."""
+    u = min(1.0, max(0.0, gpu_util))
     dyn = p.gpu_k * p.voltage(f_mhz) ** 2 * (f_mhz / 1000.0)
     gpu_w = p.gpu_static_w + u * dyn + (1.0 - u) * p.gpu_idle_dynamic_share * dyn
-    cpu_w = p.cpu_base_w + p.cpu_busy_w * min(1.0, host_busy / step_time)
-    bw_share = min(1.0, float(trace.bytes.sum()) / (step_time * p.dram_bw_bytes_s))
-    ddr_w = p.ddr_base_w + p.ddr_per_bw_w * bw_share
-    rails = {"VDD_GPU_SOC": gpu_w, "VDD_CPU_CV": cpu_w, "VIN_SYS_5V0": p.sys_5v0_w, "VDDQ_VDD2_1V8AO": ddr_w}
+    cpu_w = p.cpu_base_w + p.cpu_busy_w * min(1.0, host_share)
+    ddr_w = p.ddr_base_w + p.ddr_per_bw_w * min(1.0, dram_share)
+    return {"VDD_GPU_SOC": gpu_w, "VDD_CPU_CV": cpu_w, "VIN_SYS_5V0": p.sys_5v0_w, "VDDQ_VDD2_1V8AO": ddr_w}
+
+
+def _with_power(trace: StepTrace, f_mhz: float, step_time: float, busy: float, host_busy: float, p: OrinTwinParams) -> StepEstimate:
+    u = min(1.0, busy / step_time)
+    dram_share = float(trace.bytes.sum()) / (step_time * p.dram_bw_bytes_s)
+    rails = rail_power(f_mhz, u, host_busy / step_time, dram_share, p)
     return StepEstimate(f_mhz, step_time, busy, host_busy, u, rails)
 
 

@@ -1,0 +1,28 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    - the main job on the embedded default (sim device, local SQLite MLflow store)
+#   make test   - the test suite
+# Both create or refresh the local virtual environment (.venv) first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	. $(VENV)/bin/activate && ./scripts/main-job
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) mlflow.db mlruns .pytest_cache

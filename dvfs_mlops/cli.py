@@ -1,0 +1,134 @@
+"""`dvfs-mlops`: a click group of thin commands (parse, call, print).
+
+Errors a user can cause are `DvfsError`s: printed as one line on stderr, exit code 2, no traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import click
+
+from dvfs_mlops.errors import DvfsError
+
+DEVICE_OPTION = click.option("--device", "device_name", default="auto", show_default=True,
+                             type=click.Choice(["auto", "jetson", "nvml", "sim"]), help="Device backend.")
+SAMPLE_HZ_OPTION = click.option("--sample-hz", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
+                                help="Power sampling rate of the meter (jetson, nvml).")
+
+
+class DvfsGroup(click.Group):
+    """Turns DvfsError into one line and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DvfsError as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=DvfsGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dvfs-mlops")
+def main() -> None:
+    """Energy-optimal GPU clocks for on-device fine-tuning, as an MLOps pipeline."""
+
+
+def _echo_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False) -> Any:
+    from dvfs_mlops.device import open_device
+
+    return open_device(device_name, sample_hz=sample_hz, announce=None if quiet else _echo_err)
+
+
+@main.command()
+@DEVICE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def devices(device_name: str, as_json: bool) -> None:
+    """Show the backend, its frequency table, current clock and power rails."""
+    info = _open(device_name, quiet=as_json).info()
+    if as_json:
+        click.echo(json.dumps(info.to_dict(), indent=2))
+        return
+    label = " (SIMULATED)" if info.simulated else ""
+    click.echo(f"backend:      {info.backend}{label}")
+    click.echo(f"profile:      {info.profile}")
+    click.echo(f"frequencies:  {', '.join(f'{f:g}' for f in info.frequencies_mhz)} MHz")
+    click.echo(f"current:      {f'{info.current_mhz:g} MHz' if info.current_mhz else 'n/a'}")
+    click.echo(f"governor:     {info.governor or 'n/a'}")
+    click.echo(f"rails:        {', '.join(info.rails) or 'none found'}")
+    for k, v in info.detail.items():
+        click.echo(f"{k + ':':13s} {v}")
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--model-config", type=click.Path(), help="A transformers config.json (or folder) instead of a preset.")
+@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Padded sequence length of a batch.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
+@click.option("--twin-params", type=click.Path(exists=True, dir_okay=False), help="YAML with OrinTwinParams overrides.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, dtype: str,
+             twin_params: str | None, as_json: bool) -> None:
+    """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
+    from dvfs_mlops.simulate import simulate_curve
+
+    if model and model_config:
+        raise DvfsError("give either MODEL or --model-config, not both")
+    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, twin_params)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{result['model']}: batch {batch_size}, seq {seq_len}, {result['num_params'] / 1e6:.1f}M params "
+               f"on {result['device_profile']} (SIMULATED)")
+    click.echo(f"{'freq_mhz':>9} {'time_s':>9} {'power_w':>8} {'energy_j':>9} {'gpu_util':>8}")
+    for pt in [*result["points"], result["maxn"]]:
+        f = pt["freq_mhz"]
+        name = f"maxn@{pt['settled_mhz']:g}" if f == "maxn" else f"{f:g}"
+        mark = " <- optimal" if f == result["optimal_freq_mhz"] else ""
+        click.echo(f"{name:>9} {pt['time_s']:9.4f} {pt['avg_power_w']:8.2f} {pt['energy_j']:9.4f} {pt['gpu_util_pct']:7.1f}%{mark}")
+    click.echo(f"energy-optimal: {result['optimal_freq_mhz']:g} MHz, saving {100 * result['saving_vs_maxn']:.1f}% vs maxn (simulated)")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--freq", required=True, help="Clock in MHz from the device's table, or 'maxn'.")
+@DEVICE_OPTION
+@SAMPLE_HZ_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the EnergyReport as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(freq: str, device_name: str, sample_hz: float, as_json: bool, command: tuple[str, ...]) -> None:
+    """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
+    from dvfs_mlops.runner import run_metered
+
+    dev = _open(device_name, sample_hz, quiet=False)
+    rc, report = run_metered(dev, freq, list(command))
+    if as_json:
+        click.echo(json.dumps({"freq": freq, "device": dev.name, "device_profile": dev.profile, "returncode": rc, **report.to_dict()}, indent=2))
+    else:
+        label = " (SIMULATED)" if report.simulated else ""
+        click.echo(
+            f"energy{label}: {report.energy_j:.2f} J CPU+GPU, {report.energy_total_j:.2f} J all rails, "
+            f"{report.duration_s:.2f} s, avg {report.avg_power_w:.2f} W, peak {report.peak_power_w:.2f} W, "
+            f"{report.samples} samples; exit code {rc}",
+            err=True,
+        )
+    sys.exit(rc)
+
+
+@main.command()
+def restore() -> None:
+    """Put back clocks that a killed run left pinned (applies its restore journal)."""
+    from dvfs_mlops.device import restore_journals
+
+    restore_journals(announce=click.echo)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

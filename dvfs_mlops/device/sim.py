@@ -1,0 +1,130 @@
+"""The `sim` backend: a digital twin of the Jetson AGX Orin 64 GB (see twin/).
+
+Fine-tuning runs for real on the CPU; every training step is charged the time and energy the
+Orin would spend on it at the session's clock (`step(trace)`). Nothing on the host is changed, so
+no lock or journal is needed. Every report is marked `simulated`.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import numpy as np
+
+from dvfs_mlops.device.base import MAXN, DeviceInfo, FreqRequest, FreqSession, freq_label, parse_freq
+from dvfs_mlops.meter import EnergyReport, cpu_gpu_energy
+from dvfs_mlops.twin.params import OrinTwinParams
+from dvfs_mlops.twin.physics import RAILS, MaxnEstimate, StepEstimate, energy_curve, estimate_maxn, rail_power
+from dvfs_mlops.twin.trace import StepTrace
+
+
+class SimDevice:
+    name = "sim"
+    simulated = True
+
+    def __init__(self, params: OrinTwinParams | None = None, seed: int = 0):
+        self.params = params or OrinTwinParams()
+        self.profile = self.params.profile
+        self.seed = seed
+        self._curves: dict[str, tuple[dict[float, StepEstimate], MaxnEstimate]] = {}
+
+    @property
+    def frequencies_mhz(self) -> list[float]:
+        return sorted(self.params.frequencies_mhz)
+
+    def curve(self, trace: StepTrace) -> tuple[dict[float, StepEstimate], MaxnEstimate]:
+        """Noise-free per-step estimates at every clock and under maxn (memoised per trace)."""
+        if trace.key not in self._curves:
+            curve = energy_curve(trace, self.params)
+            self._curves[trace.key] = (curve, estimate_maxn(trace, self.params, curve))
+        return self._curves[trace.key]
+
+    def session(self, freq: FreqRequest, noise_key: str = "") -> "SimSession":
+        return SimSession(self, parse_freq(freq, self.frequencies_mhz), noise_key)
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo(
+            "sim", self.profile, self.frequencies_mhz, None, "nvhost_podgov (simulated maxn)", list(RAILS), True,
+            {"note": "simulated Jetson AGX Orin 64 GB twin; no hardware is touched"},
+        )
+
+
+class SimSession(FreqSession):
+    device: SimDevice
+
+    def __init__(self, device: SimDevice, freq: FreqRequest, noise_key: str = ""):
+        super().__init__(device, freq)
+        digest = hashlib.sha256(f"{device.seed}|{freq_label(freq)}|{noise_key}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        p = device.params
+        self.time_factor = float(1.0 + p.noise_time * rng.standard_normal())
+        self.power_factor = float(1.0 + p.noise_power * rng.standard_normal())
+        self._time_s = 0.0
+        self._busy_s = 0.0
+        self._joules = {r: 0.0 for r in RAILS}
+        self._series: list[float] = []
+        self._wall0 = 0.0
+        self.effective_mhz: float | None = None
+
+    def _apply(self) -> None:
+        self._wall0 = time.monotonic()
+
+    def _restore(self) -> None:
+        """Nothing on the host was changed."""
+
+    def _start_meter(self) -> None:
+        pass
+
+    def step(self, profile: Any = None) -> None:
+        """Charge one training step of `profile` (a StepTrace) at this session's clock."""
+        if profile is None:
+            return
+        curve, maxn = self.device.curve(profile)
+        if self.freq == MAXN:
+            t, rails, util = maxn.time_s, maxn.power_by_rail_w, maxn.gpu_util
+            self.effective_mhz = maxn.settled_mhz
+        else:
+            est = curve[float(self.freq)]
+            t, rails, util = est.time_s, est.power_by_rail_w, est.gpu_util
+            self.effective_mhz = float(self.freq)
+        t *= self.time_factor
+        self._time_s += t
+        self._busy_s += util * t
+        for r, w in rails.items():
+            self._joules[r] += w * self.power_factor * t
+        self._series.append(sum(rails.values()) * self.power_factor)
+
+    def _charge_wall_time(self) -> None:
+        """A run with no step trace (an external command): its wall time at an assumed load."""
+        p = self.device.params
+        wall = time.monotonic() - self._wall0
+        f = p.max_mhz if self.freq == MAXN else float(self.freq)
+        rails = rail_power(f, p.external_gpu_util, 1.0, 0.0, p)
+        self._time_s, self._busy_s = wall, p.external_gpu_util * wall
+        self._joules = {r: w * self.power_factor * wall for r, w in rails.items()}
+        self._series = [sum(rails.values()) * self.power_factor]
+        self.effective_mhz = f
+
+    def _build(self) -> EnergyReport:
+        total = float(sum(self._joules.values()))
+        return EnergyReport(
+            duration_s=self._time_s,
+            energy_j=cpu_gpu_energy(self._joules),
+            energy_total_j=total,
+            energy_by_rail_j=dict(self._joules),
+            avg_power_w=total / self._time_s if self._time_s > 0 else 0.0,
+            peak_power_w=max(self._series) if self._series else 0.0,
+            gpu_util_pct=100.0 * self._busy_s / self._time_s if self._time_s > 0 else None,
+            samples=len(self._series),
+            simulated=True,
+            power_series_w=list(self._series),
+        )
+
+    def _stop_meter(self) -> EnergyReport:
+        if not self._series:
+            self._charge_wall_time()
+        return self._build()
+
+    def _snapshot(self) -> EnergyReport:
+        return self._build()

@@ -1,0 +1,40 @@
+"""`dvfs-mlops simulate`: the twin's energy curve for one model and batch shape."""
+from __future__ import annotations
+
+from typing import Any
+
+from dvfs_mlops.twin.params import OrinTwinParams
+from dvfs_mlops.twin.physics import energy_curve, estimate_maxn
+from dvfs_mlops.twin.trace import TraceCache
+from dvfs_mlops.workloads.zoo import resolve_model
+
+
+def simulate_curve(model: str | None, model_config: str | None, seq_len: int, batch_size: int = 16,
+                   dtype: str = "float32", twin_params: str | None = None, cache: TraceCache | None = None) -> dict[str, Any]:
+    spec = resolve_model(model, model_config)
+    params = OrinTwinParams.from_yaml(twin_params) if twin_params else OrinTwinParams()
+    trace = (cache or TraceCache()).get(spec.config, batch_size, seq_len, dtype)
+    curve = energy_curve(trace, params)
+    maxn = estimate_maxn(trace, params, curve)
+    points = [
+        {"freq_mhz": f, "time_s": e.time_s, "avg_power_w": e.avg_power_w, "energy_j": e.energy_j,
+         "energy_total_j": e.energy_total_j, "gpu_util_pct": 100 * e.gpu_util}
+        for f, e in sorted(curve.items())
+    ]
+    optimal = min(points, key=lambda p: p["energy_j"])
+    return {
+        "model": spec.name,
+        "simulated": True,
+        "device_profile": params.profile,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "num_params": trace.num_params,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "points": points,
+        "maxn": {"freq_mhz": "maxn", "settled_mhz": maxn.settled_mhz, "time_s": maxn.time_s, "avg_power_w": maxn.avg_power_w,
+                 "energy_j": maxn.energy_j, "energy_total_j": maxn.energy_total_j, "gpu_util_pct": 100 * maxn.gpu_util},
+        "optimal_freq_mhz": optimal["freq_mhz"],
+        "saving_vs_maxn": 1.0 - optimal["energy_j"] / maxn.energy_j,
+    }

@@ -1,0 +1,1 @@
+"""Fakes that mimic real hardware interfaces exactly: Jetson sysfs trees and the pynvml module."""

@@ -1,0 +1,162 @@
+"""The sim-orin twin: trace capture, physics, and each calibration target of DESIGN §4."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dvfs_mlops.device.sim import SimDevice
+from dvfs_mlops.twin.calibration import calibrate
+from dvfs_mlops.twin.params import OrinTwinParams
+from dvfs_mlops.twin.physics import estimate_step
+from dvfs_mlops.twin.trace import KIND_KERNEL, TraceCache, capture_step_trace
+from dvfs_mlops.workloads.zoo import PRESETS, resolve_model
+
+
+@pytest.fixture(scope="module")
+def report(trace_cache_dir):
+    return calibrate(cache=TraceCache(trace_cache_dir))
+
+
+@pytest.fixture(scope="module")
+def summary(report):
+    return report.summary()
+
+
+def _failed(report, prefix):
+    return {k: v for k, v in report.check().items() if k.startswith(prefix)}
+
+
+# --- calibration targets, one test each ---------------------------------------------------------
+def test_energy_u_shaped_minimum_inside_table(report):
+    assert _failed(report, "u_shape") == {}
+    for p in report.points:
+        e = p.energy_by_freq_j
+        assert e[306.0] > e[p.optimal_mhz] < e[1300.5]
+
+
+def test_no_optimum_at_306(report):
+    assert all(p.optimal_mhz != 306.0 for p in report.points)
+
+
+def test_big_models_optimum_within_510_1020(report):
+    assert _failed(report, "big_optimum") == {}
+    assert report.big and all(510 <= p.optimal_mhz <= 1020 for p in report.big)
+
+
+def test_at_least_four_distinct_optima(summary):
+    assert summary["workloads"] >= 27
+    assert len(summary["distinct_optima_mhz"]) >= 4, summary["distinct_optima_mhz"]
+
+
+def test_deeper_models_optimum_higher(summary):
+    assert summary["mean_opt_deep_mhz"] > summary["mean_opt_shallow_mhz"]
+
+
+def test_savings_big_models_15_to_30_percent(summary):
+    assert 0.15 <= summary["saving_big_mean"] <= 0.30
+
+
+def test_savings_small_models_lower_0_to_20_percent(summary):
+    assert 0.0 <= summary["saving_small_mean"] <= 0.20
+    assert summary["saving_small_mean"] < summary["saving_big_mean"]
+
+
+def test_compute_bound_time_ratio_3_to_4(summary):
+    assert 3.0 <= summary["compute_bound_time_ratio"] <= 4.0
+
+
+def test_bert_large_maxn_power_45_to_65_w(summary):
+    assert 45 <= summary["bert_large_maxn_power_w"] <= 65
+
+
+def test_maxn_never_costs_more_than_pinned_max(report):
+    assert _failed(report, "maxn_le_pinned") == {}
+
+
+def test_every_target_holds(report):
+    assert report.check() == {}
+
+
+# --- mechanics ------------------------------------------------------------------------------------
+def test_trace_counts_attention_matmuls(trace_cache_dir):
+    """Eager attention: QK^T and AV bmm appear, so FLOPs exceed the 6*N*T dense estimate's matmul part."""
+    spec = resolve_model("bert-tiny")
+    t = capture_step_trace(spec.config, batch_size=4, seq_len=32)
+    matmul = t.flops[t.has_flop_formula].sum()
+    dense_params = 2 * (4 * 128 * 128 + 2 * 128 * 512)  # per layer, 2 layers
+    tokens = 4 * 32
+    assert matmul > 6 * dense_params * tokens  # attention adds on top
+    assert t.n_kernels > 50 and t.n_views > 0
+    assert t.bytes[-1] == 7 * 4 * t.num_params  # fused AdamW: 7x parameter bytes, fp32
+
+
+def test_trace_cache_roundtrip(tmp_path):
+    spec = resolve_model("bert-tiny")
+    cache = TraceCache(tmp_path)
+    a = cache.get(spec.config, 4, 16)
+    b = TraceCache(tmp_path).get(spec.config, 4, 16)  # from disk
+    assert a.key == b.key and np.array_equal(a.flops, b.flops) and np.array_equal(a.kinds, b.kinds)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_small_models_launch_bound_big_compute_bound(trace_cache_dir):
+    cache, p = TraceCache(trace_cache_dir), OrinTwinParams()
+    tiny = cache.get(PRESETS["bert-tiny"].config(), 16, 13)
+    big = cache.get(PRESETS["bert-large"].config(), 32, 128)
+    tiny_ratio = estimate_step(tiny, 306, p).time_s / estimate_step(tiny, 1300.5, p).time_s
+    big_ratio = estimate_step(big, 306, p).time_s / estimate_step(big, 1300.5, p).time_s
+    assert tiny_ratio < 1.6 < 3.0 < big_ratio
+    assert estimate_step(tiny, 1300.5, p).gpu_util < 0.4 < 0.9 < estimate_step(big, 1300.5, p).gpu_util
+
+
+def test_queue_matches_explicit_loop(trace_cache_dir):
+    """The vectorised queue equals the kernel-by-kernel recurrence."""
+    from dvfs_mlops.twin.physics import kernel_durations
+
+    p = OrinTwinParams()
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+    d = kernel_durations(t, 612, p)
+    clock_host, end, k = 0.0, 0.0, 0
+    for kind in t.kinds:
+        clock_host += p.host_per_kernel_s if kind == KIND_KERNEL else p.host_per_view_s
+        if kind == KIND_KERNEL:
+            end = max(clock_host, end) + d[k]
+            k += 1
+    assert estimate_step(t, 612, p).time_s == pytest.approx(end + p.host_per_step_s, rel=1e-9)
+
+
+def test_sim_sessions_deterministic_with_seed_and_noisy_across_repeats(trace_cache_dir):
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+
+    def run(seed, key):
+        s = SimDevice(seed=seed).session(714, noise_key=key)
+        with s:
+            for _ in range(5):
+                s.step(t)
+        return s.report()
+
+    a, b, c = run(1, "r0"), run(1, "r0"), run(1, "r1")
+    assert a.to_dict() == b.to_dict()
+    assert a.energy_j != c.energy_j
+    assert abs(a.energy_j / c.energy_j - 1) < 0.1
+    assert a.simulated and a.samples == 5 and len(a.power_series_w) == 5
+
+
+def test_sim_maxn_session_uses_load_tracking_clock(trace_cache_dir):
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-tiny"].config(), 16, 13)
+    s = SimDevice().session("maxn")
+    with s:
+        s.step(t)
+    assert s.effective_mhz < 1300.5  # launch-bound work: podgov clocks down
+
+
+def test_params_from_yaml_and_unknown_key(tmp_path):
+    from dvfs_mlops.errors import DvfsError
+
+    f = tmp_path / "board.yaml"
+    f.write_text("gpu_k: 20\nfrequencies_mhz: [900, 300, 600]\nprofile: my-board\n")
+    p = OrinTwinParams.from_yaml(f)
+    assert p.gpu_k == 20 and p.frequencies_mhz == (300.0, 600.0, 900.0) and p.profile == "my-board"
+    f.write_text("gpu_kk: 20\n")
+    with pytest.raises(DvfsError, match="gpu_kk"):
+        OrinTwinParams.from_yaml(f)
