@@ -54,19 +54,22 @@ def cpu_gpu_energy(by_rail: Mapping[str, float]) -> float:
     return float(sum(chosen)) if chosen else float(sum(by_rail.values()))
 
 
-def integrate(times_s: Sequence[float], watts: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Trapezoidal energy per rail (J) from timestamped samples."""
-    joules: dict[str, float] = {k: 0.0 for k in (watts[0] if watts else {})}
-    for i in range(1, len(times_s)):
-        dt = times_s[i] - times_s[i - 1]
-        for rail in joules:
-            joules[rail] += 0.5 * (watts[i - 1].get(rail, 0.0) + watts[i].get(rail, 0.0)) * dt
-    return joules
+def integrate(times_s: Sequence[float], watts: Sequence[Sequence[float]], rails: Sequence[str]) -> dict[str, float]:
+    """Trapezoidal energy per rail (J) from timestamped samples (one row of watts per sample)."""
+    import numpy as np
+
+    if len(times_s) < 2:
+        return {r: 0.0 for r in rails}
+    t = np.asarray(times_s, dtype=float)
+    w = np.asarray(watts, dtype=float).reshape(len(times_s), len(rails))
+    joules = (0.5 * (w[1:] + w[:-1]) * np.diff(t)[:, None]).sum(axis=0)
+    return {r: float(j) for r, j in zip(rails, joules)}
 
 
 def build_report(
     times_s: Sequence[float],
-    watts: Sequence[Mapping[str, float]],
+    watts: Sequence[Sequence[float]],
+    rails: Sequence[str],
     utils: Sequence[float],
     *,
     simulated: bool = False,
@@ -74,8 +77,8 @@ def build_report(
 ) -> EnergyReport:
     """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter)."""
     duration = (times_s[-1] - times_s[0]) if len(times_s) >= 2 else 0.0
-    by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts)
-    totals = [sum(w.values()) for w in watts]
+    by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts, rails)
+    totals = [float(sum(w)) for w in watts]
     total_j = float(sum(by_rail.values()))
     return EnergyReport(
         duration_s=duration,
@@ -100,7 +103,8 @@ class PowerSampler:
 
     def __init__(
         self,
-        read_rails: Callable[[], dict[str, float]],
+        read_rails: Callable[[], Sequence[float]],
+        rails: Sequence[str],
         read_util: Callable[[], float | None] | None = None,
         hz: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
@@ -108,47 +112,53 @@ class PowerSampler:
         if hz <= 0:
             raise ValueError("sample rate must be positive")
         self._read_rails = read_rails
+        self.rails = list(rails)
         self._read_util = read_util
         self._period = 1.0 / hz
         self._clock = clock
         self._times: list[float] = []
-        self._watts: list[dict[str, float]] = []
+        self._watts: list[Sequence[float]] = []
         self._utils: list[float] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def _sample(self) -> None:
-        watts = self._read_rails()
-        util = self._read_util() if self._read_util else None
-        now = self._clock()
-        with self._lock:
-            self._times.append(now)
-            self._watts.append(watts)
+        # list.append is atomic under the GIL; the reader only looks after join().
+        self._watts.append(self._read_rails())
+        if self._read_util is not None:
+            util = self._read_util()
             if util is not None:
                 self._utils.append(util)
+        self._times.append(self._clock())
 
     def _run(self) -> None:
-        next_t = self._clock() + self._period
-        while not self._stop.wait(max(0.0, next_t - self._clock())):
+        # time.sleep wakes cheaper than Event.wait (no lock/condition round trip); stop() waits
+        # at most one period for the loop to notice.
+        clock, period, stop = self._clock, self._period, self._stop
+        next_t = clock() + period
+        while True:
+            delay = next_t - clock()
+            if delay > 0:
+                time.sleep(delay)
+            if stop.is_set():
+                return
             self._sample()
-            next_t += self._period
-            if next_t < self._clock():  # fell behind (suspended): skip, don't burst
-                next_t = self._clock() + self._period
+            next_t += period
+            if next_t < clock():  # fell behind (suspended): skip, don't burst
+                next_t = clock() + period
 
     def start(self) -> None:
         self._sample()
         self._thread = threading.Thread(target=self._run, name="dvfs-power-sampler", daemon=True)
         self._thread.start()
 
-    def stop(self) -> tuple[list[float], list[dict[str, float]], list[float]]:
+    def stop(self) -> tuple[list[float], list[Sequence[float]], list[float]]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self._sample()
-        with self._lock:
-            return list(self._times), list(self._watts), list(self._utils)
+        return list(self._times), list(self._watts), list(self._utils)
 
     def report(self, energy_override_j: Mapping[str, float] | None = None) -> EnergyReport:
         times, watts, utils = self.stop()
-        return build_report(times, watts, utils, energy_override_j=energy_override_j)
+        return build_report(times, watts, self.rails, utils, energy_override_j=energy_override_j)

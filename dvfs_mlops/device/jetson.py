@@ -60,8 +60,9 @@ class Rail:
         self._power_mw = power is not None
 
     def watts(self) -> float:
-        vals = [int(os.pread(fd, 32, 0).split()[0]) for fd in self._fds]
-        return vals[0] / 1e3 if self._power_mw else vals[0] * vals[1] / 1e6
+        if self._power_mw:
+            return int(os.pread(self._fds[0], 32, 0)) / 1e3
+        return int(os.pread(self._fds[0], 32, 0)) * int(os.pread(self._fds[1], 32, 0)) / 1e6
 
     def close(self) -> None:
         for fd in self._fds:
@@ -101,6 +102,13 @@ def find_rails(root: Path | None = None) -> list[Rail]:
             elif power.exists():
                 rails.append(Rail(label, volt, power=power))
     return rails
+
+
+def _open_or_none(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
 
 
 class JetsonDevice:
@@ -214,6 +222,7 @@ class JetsonSession(FreqSession):
         self._original: dict[str, Any] | None = None
         self._sampler: PowerSampler | None = None
         self._rails: list = []
+        self._load_fd: int | None = None
 
     def _apply(self) -> None:
         dev = self.device
@@ -244,8 +253,17 @@ class JetsonSession(FreqSession):
         self._rails = find_rails(self.device.root)
         if not self._rails:
             raise DvfsError(f"no INA3221 power rails under {self.device.root}sys/bus/i2c/drivers; cannot meter energy")
-        rails = self._rails
-        self._sampler = PowerSampler(lambda: {r.name: r.watts() for r in rails}, self.device.gpu_load_pct, self.device.sample_hz)
+        readers = [r.watts for r in self._rails]
+        self._load_fd = _open_or_none(self.device.node / "device/load")
+        load_fd = self._load_fd
+
+        def read_load() -> float | None:
+            try:
+                return int(os.pread(load_fd, 16, 0)) / 10.0 if load_fd is not None else None  # per mille
+            except (OSError, ValueError):
+                return None
+
+        self._sampler = PowerSampler(lambda: [read() for read in readers], [r.name for r in self._rails], read_load, self.device.sample_hz)
         self._sampler.start()
 
     def _stop_meter(self) -> EnergyReport:
@@ -254,4 +272,6 @@ class JetsonSession(FreqSession):
         report = self._sampler.report()
         for r in self._rails:
             r.close()
+        if self._load_fd is not None:
+            os.close(self._load_fd)
         return report

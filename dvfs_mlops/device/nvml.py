@@ -144,7 +144,7 @@ class NvmlSession(FreqSession):
 
     def _start_meter(self) -> None:
         self._e0 = self.device.energy_mj()
-        self._sampler = PowerSampler(lambda: {"gpu": self.device.power_w()}, self.device.util_pct, self.device.sample_hz)
+        self._sampler = PowerSampler(lambda: (self.device.power_w(),), ["gpu"], self.device.util_pct, self.device.sample_hz)
         self._sampler.start()
 
     def _stop_meter(self) -> EnergyReport:

@@ -1,0 +1,1 @@
+"""Speed, overhead and quality benchmarks (not tests). `python -m benchmarks [NAME ...]`."""

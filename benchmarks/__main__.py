@@ -1,0 +1,33 @@
+"""Run the benchmarks and write benchmarks/results/report.md.
+
+usage: python -m benchmarks [meter] [sim] ...
+"""
+from __future__ import annotations
+
+import sys
+
+from benchmarks.common import write_report
+
+SUITES = {
+    "meter": ("Meter CPU cost (fake Jetson sysfs)", "benchmarks.meter_cost"),
+    "sim": ("Sim twin: capture and replay cost", "benchmarks.sim_replay"),
+}
+
+
+def main(argv: list[str]) -> None:
+    import importlib
+
+    chosen = argv or list(SUITES)
+    sections = []
+    for key in chosen:
+        title, module = SUITES[key]
+        print(f"running {key} ...", flush=True)
+        rows = importlib.import_module(module).run()
+        for m, v, t in rows:
+            print(f"  {m}: {v} (target {t})")
+        sections.append((title, rows))
+    print(f"report: {write_report(sections)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

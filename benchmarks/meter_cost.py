@@ -1,0 +1,35 @@
+"""CPU cost of the power sampler at 50 Hz on a fake AGX Orin sysfs tree (target <= 1 % of a core)."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import median_of
+
+
+def run(seconds: float = 3.0, hz: float = 50.0, repeats: int = 5) -> list[tuple[str, str, str]]:
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from tests.fakes.sysfs import make_orin_tree
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = make_orin_tree(Path(tmp) / "root", jetpack=6)
+        os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
+        os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
+        dev = JetsonDevice(sample_hz=hz)
+        samples = []
+
+        def once() -> float:
+            with dev.session(816) as s:
+                c0, w0 = time.process_time(), time.monotonic()
+                time.sleep(seconds)  # the main thread idles: all CPU time is the sampler's
+                c1, w1 = time.process_time(), time.monotonic()
+            samples.append(s.report().samples / s.report().duration_s)
+            return (c1 - c0) / (w1 - w0)
+
+        share, _ = median_of(once, repeats)
+    return [
+        (f"meter CPU share of one core at {hz:g} Hz (4 rails + load)", f"{100 * share:.3f} %", "<= 1 %"),
+        ("achieved sample rate", f"{sorted(samples)[len(samples) // 2]:.1f} Hz", f"{hz:g} Hz"),
+    ]
