@@ -153,10 +153,12 @@ class PowerSampler:
         self._thread.start()
 
     def stop(self) -> tuple[list[float], list[Sequence[float]], list[float]]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
+        """Stop sampling (idempotent): the final sample is taken once, when the thread has ended."""
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+            self._sample()
         return list(self._times), list(self._watts), list(self._utils)
 
     def report(self, energy_override_j: Mapping[str, float] | None = None) -> EnergyReport:

@@ -149,6 +149,7 @@ class NvmlSession(FreqSession):
 
     def _stop_meter(self) -> EnergyReport:
         assert self._sampler is not None
+        self._sampler.stop()  # first: the counter must cover the whole sampled interval
         override = None
         if self._e0 is not None:
             e1 = self.device.energy_mj()
