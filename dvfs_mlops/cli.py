@@ -122,6 +122,57 @@ def run(freq: str, device_name: str, sample_hz: float, as_json: bool, command: t
     sys.exit(rc)
 
 
+def _opt_int(name: str, value: str | None) -> int | None:
+    """MLproject passes every parameter; '' means "use the preset's value"."""
+    if value is None or str(value).strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DvfsError(f"{name} must be a whole number, got {value!r}") from None
+
+
+@main.command()
+@click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper.")
+@click.option("--models", default="", help="Comma-separated model presets (default: the preset's).")
+@click.option("--tasks", default="", help="Comma-separated GLUE tasks (default: the preset's).")
+@click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table.")
+@click.option("--steps", default="", help="Training steps per point; 0 = profile only (sim).")
+@click.option("--profile-steps", default="", help="Steps charged per point when --steps 0.")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default="", help="Repeats per point (default: the preset's, 1).")
+@DEVICE_OPTION
+@SAMPLE_HZ_OPTION
+@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]))
+@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--experiment", default="dvfs-sweep", show_default=True)
+@click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition).")
+@click.option("--train-size", default="", help="Synthetic training examples per task.")
+@click.option("--dev-size", default="", help="Synthetic dev examples per task.")
+@click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
+def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_steps: str, batch_size: int, repeats: str,
+          device_name: str, sample_hz: float, data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
+          train_size: str, dev_size: str, replay: bool) -> None:
+    """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
+    from dvfs_mlops import sweep as sweep_mod
+    from dvfs_mlops import tracking
+
+    tracking.check_reachable()  # before the device is even opened
+    dev = _open(device_name, sample_hz)
+    spec = sweep_mod.build_spec(
+        dev, preset, models=models, tasks=tasks, freqs=freqs, steps=_opt_int("--steps", steps),
+        profile_steps=_opt_int("--profile-steps", profile_steps), batch_size=batch_size, repeats=_opt_int("--repeats", repeats),
+        seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
+        sweep_id=sweep_id or None, train_size=_opt_int("--train-size", train_size), dev_size=_opt_int("--dev-size", dev_size),
+    )
+    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err)
+    label = " (SIMULATED)" if dev.simulated else ""
+    click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
+               f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
+    click.echo(f"compare them: mlflow ui --backend-store-uri {tracking.tracking_uri()}")
+
+
 @main.command()
 def restore() -> None:
     """Put back clocks that a killed run left pinned (applies its restore journal)."""

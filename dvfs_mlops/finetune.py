@@ -1,0 +1,152 @@
+"""The fine-tuning loop: transformers sequence classifier, AdamW, dynamic padding, fixed steps.
+
+Seeded and deterministic on CPU: the same seed gives the same batches, losses and accuracy at
+every clock. It calls `session.step(trace)` once per training step (the twin charges it; real
+hardware ignores it). `train=False` is the twin's profile-only mode: the same batches are
+planned and charged, nothing is computed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from dvfs_mlops.workloads.tokenizer import Encoded, collate, padded_length
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int = 50
+    epochs: float | None = None  # overrides steps when set
+    batch_size: int = 16
+    learning_rate: float = 1e-3  # random-init small models want a high rate; pretrained ~5e-5
+    weight_decay: float = 0.01
+    warmup_share: float = 0.1
+    seed: int = 0
+    eval_batch_size: int = 64
+    attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
+
+
+@dataclasses.dataclass
+class FinetuneResult:
+    steps: int
+    train_samples: int
+    train_loss: float | None  # mean over the last 10 % of steps
+    eval_metric: str
+    eval_value: float | None  # None when profile-only
+    padded_lengths: list[int]  # per step: what the twin replays at other clocks
+    wall_time_s: float
+    model: Any = dataclasses.field(default=None, repr=False)
+
+
+def num_steps(config: FinetuneConfig, n_train: int) -> int:
+    if config.epochs is not None:
+        return max(1, math.ceil(config.epochs * n_train / config.batch_size))
+    return config.steps
+
+
+def plan_batches(n_train: int, steps: int, batch_size: int, seed: int) -> list[np.ndarray]:
+    """Index batches for `steps` steps: reshuffled each epoch, always full."""
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    batches = []
+    for _ in range(steps):
+        while len(order) < batch_size:
+            order.extend(rng.permutation(n_train).tolist())
+        batches.append(np.asarray(order[:batch_size]))
+        order = order[batch_size:]
+    return batches
+
+
+def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None) -> Any:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    if pretrained:
+        return AutoModelForSequenceClassification.from_pretrained(pretrained, config=config, attn_implementation=attn)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+
+
+def finetune(
+    model_config: Any,
+    train: Encoded,
+    dev: Encoded,
+    pad_id: int,
+    config: FinetuneConfig,
+    *,
+    is_regression: bool,
+    session: Any = None,
+    trace_for: Callable[[int], Any] | None = None,
+    run_training: bool = True,
+    pretrained: str | None = None,
+    on_step: Callable[[int, float | None], None] | None = None,
+) -> FinetuneResult:
+    """Fine-tune (or, with run_training=False, only plan and charge) and evaluate on dev."""
+    steps = num_steps(config, len(train))
+    batches = plan_batches(len(train), steps, config.batch_size, config.seed)
+    lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
+    metric = "eval_pearson" if is_regression else "eval_accuracy"
+    t0 = time.monotonic()
+    if not run_training:
+        for n in lengths:
+            _charge(session, trace_for, n)
+        return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
+
+    import torch
+
+    torch.manual_seed(config.seed)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    warmup = max(1, int(config.warmup_share * steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup)) if s >= warmup else (s + 1) / warmup
+    )
+    label_dtype = torch.float32 if is_regression else torch.long
+    losses: list[float] = []
+    for step, (idx, n) in enumerate(zip(batches, lengths)):
+        ids, mask = collate([train.ids[i] for i in idx], pad_id)
+        labels = torch.as_tensor(train.labels[idx], dtype=label_dtype)
+        out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=labels)
+        out.loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = float(out.loss.detach())
+        losses.append(loss)
+        _charge(session, trace_for, n)
+        if on_step is not None:
+            on_step(step, loss)
+    wall = time.monotonic() - t0
+    tail = losses[-max(1, len(losses) // 10):]
+    value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size)
+    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model)
+
+
+def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -> None:
+    if session is not None:
+        session.step(trace_for(padded) if trace_for is not None else None)
+
+
+def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64) -> float:
+    """Accuracy, or Pearson correlation for regression, on the dev split."""
+    import torch
+
+    model.eval()
+    preds: list[np.ndarray] = []
+    with torch.no_grad():
+        for start in range(0, len(dev), batch_size):
+            ids, mask = collate(dev.ids[start:start + batch_size], pad_id)
+            logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits
+            preds.append(logits.squeeze(-1).numpy() if is_regression else logits.argmax(-1).numpy())
+    model.train()
+    p = np.concatenate(preds)
+    if is_regression:
+        if np.std(p) == 0 or np.std(dev.labels) == 0:
+            return 0.0
+        return float(np.corrcoef(p, dev.labels)[0, 1])
+    return float((p == dev.labels).mean())

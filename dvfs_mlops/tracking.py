@@ -1,0 +1,100 @@
+"""MLflow plumbing shared by the sweep, the governor and the launcher.
+
+Tracking URI: $MLFLOW_TRACKING_URI, else `sqlite:///mlflow.db` in the working directory. The store
+is checked before any clock is touched. Point runs are written with `MlflowClient.log_batch`
+(one round trip for params, metrics and tags) to keep the per-point overhead low; transient HTTP
+errors are retried by MLflow's own client (bounded retries with backoff).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Mapping, Sequence
+
+from dvfs_mlops.errors import DvfsError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+TAG_WORKLOAD = "dvfs.workload"
+TAG_POINT = "dvfs.point"
+TAG_SWEEP = "dvfs.sweep_id"
+TAG_SIMULATED = "dvfs.simulated"
+TAG_REPLAY = "dvfs.sim_replay"
+TAG_PROFILE_ONLY = "dvfs.profile_only"
+TAG_PARENT = "mlflow.parentRunId"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@contextlib.contextmanager
+def _quick_http() -> Iterator[None]:
+    """Few retries for the reachability check: a dead server should fail in seconds, not minutes."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "5"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def client() -> Any:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def check_reachable() -> Any:
+    """A client for the tracking store, or a clear error if it cannot be reached."""
+    uri = tracking_uri()
+    with _quick_http():
+        try:
+            c = client()
+            c.search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 - any failure here means "not usable"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DvfsError(f"MLflow tracking store {uri} is unreachable ({first[:200]}); start it or set MLFLOW_TRACKING_URI") from None
+    return c
+
+
+def experiment_id(c: Any, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name)
+    except Exception:  # noqa: BLE001 - created concurrently by another worker
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def log_run_batch(c: Any, run_id: str, params: Mapping[str, Any] = {}, metrics: Mapping[str, float] = {},
+                  tags: Mapping[str, str] = {}, series: Mapping[str, Sequence[float]] = {}) -> None:
+    """Params, metrics, tags and metric series in as few requests as MLflow allows (1000 per batch)."""
+    import time
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
+    for k, values in series.items():
+        ms += [Metric(k, float(v), now, i) for i, v in enumerate(values)]
+    ps = [Param(k, str(v)) for k, v in params.items()]
+    ts = [RunTag(k, str(v)) for k, v in tags.items()]
+    first = True
+    while first or ms:
+        chunk, ms = ms[:900], ms[900:]
+        c.log_batch(run_id, metrics=chunk, params=ps if first else [], tags=ts if first else [])
+        first = False

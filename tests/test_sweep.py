@@ -1,0 +1,168 @@
+"""The sweep end to end: `mlflow run . -e sweep --env-manager local -P preset=smoke`, resume, bad input."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+PARAMS = {"model", "model_type", "num_layers", "hidden_size", "num_params", "task", "avg_seq_len", "freq_mhz", "device",
+          "device_profile", "batch_size", "steps", "seed", "repeat", "split"}
+METRICS = {"energy_j", "energy_gpu_j", "energy_cpu_j", "energy_total_j", "avg_power_w", "peak_power_w", "time_s",
+           "gpu_util_pct", "samples_per_s", "energy_per_sample_j"}
+TAGS = {"dvfs.workload", "dvfs.point", "dvfs.sweep_id", "dvfs.simulated"}
+SMOKE_POINTS = 2 * 2 * 4  # 2 models x 2 tasks x (3 clocks + maxn)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
+
+
+def _runs(tmp_path: Path, status: str | None = None):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exps = [e.experiment_id for e in c.search_experiments()]
+    runs = c.search_runs(exps, max_results=10000)
+    children = [r for r in runs if "dvfs.point" in r.data.tags]
+    return [r for r in children if status is None or r.info.status == status], runs
+
+
+@pytest.fixture(scope="module")
+def smoke_store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smoke")
+    cmd = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep", "-P", "preset=smoke"]
+    out = subprocess.run(cmd, env=_env(tmp), capture_output=True, text=True, timeout=600, cwd=tmp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tmp, out
+
+
+def test_smoke_sweep_logs_one_run_per_point(smoke_store):
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    assert len(children) == SMOKE_POINTS
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert len({r.data.tags["dvfs.point"] for r in children}) == SMOKE_POINTS
+
+
+def test_parent_is_the_mlflow_run_run(smoke_store):
+    tmp, out = smoke_store
+    children, runs = _runs(tmp)
+    parents = {r.data.tags["mlflow.parentRunId"] for r in children}
+    assert len(parents) == 1
+    parent = next(r for r in runs if r.info.run_id in parents)
+    assert parent.data.tags.get("mlflow.project.entryPoint") == "sweep"  # created by `mlflow run`
+    assert parent.info.run_id in out.stderr + out.stdout
+
+
+def test_every_param_metric_tag_present(smoke_store):
+    tmp, _ = smoke_store
+    from mlflow.tracking import MlflowClient
+
+    children, _ = _runs(tmp)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    for r in children:
+        assert PARAMS <= r.data.params.keys(), PARAMS - r.data.params.keys()
+        assert METRICS | {"eval_accuracy"} <= r.data.metrics.keys()
+        assert TAGS <= r.data.tags.keys() and r.data.tags["dvfs.simulated"] == "true"
+        assert r.data.params["device"] == "sim" and r.data.params["device_profile"] == "sim-orin"
+    series = c.get_metric_history(children[0].info.run_id, "power_w")
+    assert len(series) == 4 and [m.step for m in series] == [0, 1, 2, 3]  # one per training step
+
+
+def test_accuracy_identical_across_clocks(smoke_store):
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    by_workload: dict[str, set] = {}
+    for r in children:
+        by_workload.setdefault(r.data.tags["dvfs.workload"], set()).add(r.data.metrics["eval_accuracy"])
+    assert len(by_workload) == 4 and all(len(v) == 1 for v in by_workload.values())
+    replays = [r for r in children if r.data.tags["dvfs.sim_replay"] == "true"]
+    assert len(replays) == SMOKE_POINTS - 4  # trained once per workload, replayed at the other clocks
+
+
+def test_energy_differs_by_clock_and_maxn_is_baseline(smoke_store):
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    w = [r for r in children if r.data.tags["dvfs.workload"] == "bert-tiny/rte"]
+    energies = {r.data.params["freq_mhz"]: r.data.metrics["energy_j"] for r in w}
+    assert set(energies) == {"maxn", "510", "816", "1300.5"}
+    assert energies["510"] < energies["1300.5"]
+
+
+def test_parent_has_plots_and_summary_csv(smoke_store):
+    tmp, _ = smoke_store
+    from mlflow.tracking import MlflowClient
+
+    children, _ = _runs(tmp)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    parent = children[0].data.tags["mlflow.parentRunId"]
+    names = {a.path for a in c.list_artifacts(parent)} | {a.path for a in c.list_artifacts(parent, "plots")}
+    assert "summary.csv" in names and "plots/bert-tiny_rte.png" in names and len([n for n in names if n.endswith(".png")]) == 4
+    csv = Path(c.download_artifacts(parent, "summary.csv", str(tmp)))
+    assert len(csv.read_text().strip().splitlines()) == SMOKE_POINTS + 1
+
+
+def test_rerun_adds_no_runs(smoke_store):
+    tmp, _ = smoke_store
+    r = run_cli("sweep", "--preset", "smoke", env=_env(tmp), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "ran 0 points" in r.stdout
+    children, _ = _runs(tmp)
+    assert len(children) == SMOKE_POINTS
+
+
+def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
+    env = _env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny"],
+                            env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if line.startswith("[3/"):
+            break
+    time.sleep(0.3)  # land inside the next point
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    finished, _ = _runs(tmp_path, "FINISHED")
+    assert 3 <= len(finished) < 8
+    r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    finished, _ = _runs(tmp_path, "FINISHED")
+    keys = [x.data.tags["dvfs.point"] for x in finished]
+    assert len(keys) == 8 and len(set(keys)) == 8
+    running, _ = _runs(tmp_path, "RUNNING")
+    assert running == []  # the killed point's run was closed (KILLED), not left dangling
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "huge"], "unknown preset 'huge'"),
+    (["--preset", "smoke", "--models", "bert-xl"], "unknown model 'bert-xl'"),
+    (["--preset", "smoke", "--tasks", "squad"], "unknown task 'squad'"),
+    (["--preset", "smoke", "--freqs", "700"], "unknown frequency '700'"),
+    (["--preset", "smoke", "--steps", "x"], "--steps must be a whole number"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    r = run_cli("sweep", *args, env=_env(tmp_path))
+    assert r.returncode == 2
+    err = [l for l in r.stderr.splitlines() if l.startswith("Error")]
+    assert len(err) == 1 and message in err[0] and "Traceback" not in r.stderr
+
+
+def test_data_dir_missing_files(tmp_path):
+    r = run_cli("sweep", "--preset", "smoke", "--tasks", "sst2", "--data-dir", str(tmp_path), env=_env(tmp_path))
+    assert r.returncode == 2 and "has no SST-2/ folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreachable_tracking_checked_before_clocks(orin6, tmp_path, state_dir):
+    env = {**_env(tmp_path), "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    t0 = time.monotonic()
+    r = run_cli("sweep", "--preset", "smoke", "--device", "jetson", env=env)
+    assert r.returncode == 2 and "unreachable" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 60
+    assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.glob("restore-*"))
