@@ -11,6 +11,7 @@ from benchmarks.common import write_report
 SUITES = {
     "meter": ("Meter CPU cost (fake Jetson sysfs)", "benchmarks.meter_cost"),
     "sim": ("Sim twin: capture and replay cost", "benchmarks.sim_replay"),
+    "sweep": ("Sweep: MLflow overhead and quick preset", "benchmarks.sweep_overhead"),
 }
 
 
