@@ -35,6 +35,7 @@ class DvfsGroup(click.Group):
 @click.version_option(package_name="dvfs-mlops")
 def main() -> None:
     """Energy-optimal GPU clocks for on-device fine-tuning, as an MLOps pipeline."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def _echo_err(msg: str) -> None:
@@ -171,6 +172,95 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
     click.echo(f"compare them: mlflow ui --backend-store-uri {tracking.tracking_uri()}")
+
+
+@main.command()
+@click.option("--sweep-id", default="", help="The sweep to learn from (default: the latest in --experiment).")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X")
+@click.option("--trials", default=60, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--register/--no-register", default=True, show_default=True, help="Register the model as a new version.")
+def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool) -> None:
+    """Train the governor: Optuna over decision trees, scored by leave-one-workload-out CV."""
+    from dvfs_mlops.governor.train import train_governor
+
+    out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err)
+    r = out.result
+    click.echo(f"{'policy':<12} {'LOOCV regret':>13} {'LOOCV accuracy':>15}")
+    for name, s in (("tuned tree", r.tree), ("FFG", r.ffg), ("paper-mlg", r.paper)):
+        click.echo(f"{name:<12} {100 * s.regret:12.2f}% {s.accuracy:15.3f}")
+    click.echo(f"best tree: depth {_depth(r.policy.policy)}, features {', '.join(r.best_params.features)}")
+    if out.version is not None:
+        click.echo(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
+    else:
+        click.echo(f"logged {out.model_uri} (not registered)")
+
+
+def _depth(policy: dict) -> int:
+    from dvfs_mlops.governor.policy_tree import tree_depth
+
+    return tree_depth(policy["tree"])
+
+
+@main.group()
+def registry() -> None:
+    """The governor in the MLflow Model Registry."""
+
+
+@registry.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def registry_list(as_json: bool) -> None:
+    """Versions with aliases and LOOCV figures."""
+    from dvfs_mlops.registry import list_versions
+
+    versions = list_versions()
+    if as_json:
+        click.echo(json.dumps(versions, indent=2, default=str))
+        return
+    if not versions:
+        click.echo("no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`")
+    for v in versions:
+        m = v["metrics"]
+        regret = f"regret {100 * m['tree_loocv_regret']:.2f}%" if "tree_loocv_regret" in m else "no LOOCV figures"
+        aliases = ",".join(v["aliases"]) or "-"
+        click.echo(f"v{v['version']:<3} {aliases:<20} {v['tags'].get('objective', '?'):<8} {v['tags'].get('device_profile', '?'):<22} "
+                   f"sweep {v['tags'].get('sweep_id') or '-':<18} {regret}")
+
+
+@registry.command("show")
+@click.argument("version")
+def registry_show(version: str) -> None:
+    """One version's tags, aliases and metrics (JSON)."""
+    from dvfs_mlops.registry import show_version
+
+    click.echo(json.dumps(show_version(version), indent=2, default=str))
+
+
+@registry.command("bootstrap")
+def registry_bootstrap() -> None:
+    """Register the published tree (registry/baselines/paper-mlg.json) as a version."""
+    from dvfs_mlops.registry import bootstrap
+
+    bootstrap(say=click.echo)
+
+
+@registry.command("promote")
+@click.argument("version")
+@click.option("--force", is_flag=True, help="Promote even if a gate fails.")
+def registry_promote(version: str, force: bool) -> None:
+    """Check the gates of registry/governor.yaml, then alias VERSION as production."""
+    from dvfs_mlops.registry import promote
+
+    promote(version, force=force, say=click.echo)
+
+
+@registry.command("rollback")
+def registry_rollback() -> None:
+    """Swap production and previous back."""
+    from dvfs_mlops.registry import rollback
+
+    rollback(say=click.echo)
 
 
 @main.command()

@@ -42,8 +42,8 @@ class SweepPreset:
 
 
 PRESETS: dict[str, SweepPreset] = {
-    # 2 tiny models x 2 tasks x 3 clocks + maxn, a few steps: under a minute on a CPU (tests).
-    "smoke": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "rte"), ("510", "816", "1300.5"), steps=4, train_size=128, dev_size=64),
+    # 2 tiny models x 3 tasks (2 train, 1 eval) x 3 clocks + maxn, a few steps: under a minute on a CPU.
+    "smoke": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), ("510", "816", "1300.5"), steps=4, train_size=128, dev_size=64),
     # The smallest BERT and Pythia on sst2, mrpc, rte at every clock + maxn: minutes on 2 cores.
     "quick": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), None, steps=60),
     # The study: 12 models x 9 tasks. On the twin, steps=0 profiles without training.

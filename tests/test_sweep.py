@@ -17,7 +17,8 @@ PARAMS = {"model", "model_type", "num_layers", "hidden_size", "num_params", "tas
 METRICS = {"energy_j", "energy_gpu_j", "energy_cpu_j", "energy_total_j", "avg_power_w", "peak_power_w", "time_s",
            "gpu_util_pct", "samples_per_s", "energy_per_sample_j"}
 TAGS = {"dvfs.workload", "dvfs.point", "dvfs.sweep_id", "dvfs.simulated"}
-SMOKE_POINTS = 2 * 2 * 4  # 2 models x 2 tasks x (3 clocks + maxn)
+SMOKE_POINTS = 2 * 3 * 4  # 2 models x 3 tasks x (3 clocks + maxn)
+SMOKE_WORKLOADS = 6
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -83,9 +84,9 @@ def test_accuracy_identical_across_clocks(smoke_store):
     by_workload: dict[str, set] = {}
     for r in children:
         by_workload.setdefault(r.data.tags["dvfs.workload"], set()).add(r.data.metrics["eval_accuracy"])
-    assert len(by_workload) == 4 and all(len(v) == 1 for v in by_workload.values())
+    assert len(by_workload) == SMOKE_WORKLOADS and all(len(v) == 1 for v in by_workload.values())
     replays = [r for r in children if r.data.tags["dvfs.sim_replay"] == "true"]
-    assert len(replays) == SMOKE_POINTS - 4  # trained once per workload, replayed at the other clocks
+    assert len(replays) == SMOKE_POINTS - SMOKE_WORKLOADS  # trained once per workload, replayed at the other clocks
 
 
 def test_energy_differs_by_clock_and_maxn_is_baseline(smoke_store):
@@ -105,7 +106,7 @@ def test_parent_has_plots_and_summary_csv(smoke_store):
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
     parent = children[0].data.tags["mlflow.parentRunId"]
     names = {a.path for a in c.list_artifacts(parent)} | {a.path for a in c.list_artifacts(parent, "plots")}
-    assert "summary.csv" in names and "plots/bert-tiny_rte.png" in names and len([n for n in names if n.endswith(".png")]) == 4
+    assert "summary.csv" in names and "plots/bert-tiny_rte.png" in names and len([n for n in names if n.endswith(".png")]) == SMOKE_WORKLOADS
     csv = Path(c.download_artifacts(parent, "summary.csv", str(tmp)))
     assert len(csv.read_text().strip().splitlines()) == SMOKE_POINTS + 1
 
@@ -130,12 +131,12 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     finished, _ = _runs(tmp_path, "FINISHED")
-    assert 3 <= len(finished) < 8
+    assert 3 <= len(finished) < 12
     r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     finished, _ = _runs(tmp_path, "FINISHED")
     keys = [x.data.tags["dvfs.point"] for x in finished]
-    assert len(keys) == 8 and len(set(keys)) == 8
+    assert len(keys) == 12 and len(set(keys)) == 12
     running, _ = _runs(tmp_path, "RUNNING")
     assert running == []  # the killed point's run was closed (KILLED), not left dangling
 

@@ -1,0 +1,102 @@
+"""Log a TreePolicy as a models-from-code pyfunc with its artifacts (policy.json, tree.txt, tree.png)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from dvfs_mlops.governor.policy_tree import INPUT_COLUMNS
+
+CODE = Path(__file__).resolve().parent / "model_code.py"
+TREE_CODE = Path(__file__).resolve().parent / "policy_tree.py"
+
+
+def input_example() -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109_483_778, "avg_seq_len": 71.3, "gpu_util_pct": 95.0},
+        {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7_628_288, "avg_seq_len": 12.8, "gpu_util_pct": 30.0},
+    ])
+
+
+def signature() -> Any:
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
+                     ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct")])
+    outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
+    params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,))])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Any = None, feature_names: list[str] | None = None) -> dict[str, str]:
+    """policy.json, tree.txt and tree.png in `out`; returns the artifact map for log_model."""
+    paths = {"policy": out / "policy.json", "tree_txt": out / "tree.txt", "tree_png": out / "tree.png"}
+    paths["policy"].write_text(json.dumps(policy, indent=2, sort_keys=True))
+    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names))
+    plot_tree_png(policy, paths["tree_png"], classifier, feature_names)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: list[str] | None = None) -> str:
+    if classifier is not None:
+        from sklearn.tree import export_text
+
+        return export_text(classifier, feature_names=list(feature_names or []))
+    lines: list[str] = []
+
+    def walk(n: Mapping[str, Any], depth: int) -> None:
+        pad = "|   " * depth + "|--- "
+        if "freq_mhz" in n:
+            lines.append(f"{pad}freq_mhz: {n['freq_mhz']:g}")
+            return
+        lines.append(f"{pad}{n['feature']} <= {n['threshold']:g}")
+        walk(n["left"], depth + 1)
+        lines.append(f"{pad}{n['feature']} >  {n['threshold']:g}")
+        walk(n["right"], depth + 1)
+
+    walk(node, 0)
+    return "\n".join(lines) + "\n"
+
+
+def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: Any = None, feature_names: list[str] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 6))
+    if classifier is not None:
+        from sklearn.tree import plot_tree
+
+        plot_tree(classifier, feature_names=feature_names, class_names=[f"{c:g} MHz" for c in classifier.classes_],
+                  filled=True, ax=ax, fontsize=8, impurity=False)
+    else:
+        ax.axis("off")
+        ax.text(0.01, 0.99, tree_text(policy["tree"]), family="monospace", va="top", fontsize=10)
+    ax.set_title(f"governor {policy.get('name', '')}: objective {policy.get('objective', 'energy')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, classifier: Any = None,
+                 feature_names: list[str] | None = None, extra_artifacts: Mapping[str, str] | None = None,
+                 metrics: Mapping[str, float] | None = None, tags: Mapping[str, str] | None = None) -> Any:
+    """Log (and optionally register) the governor in the active MLflow run; returns ModelInfo."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts = write_tree_artifacts(policy, Path(tmp), classifier, feature_names)
+        artifacts.update(extra_artifacts or {})
+        info = mlflow.pyfunc.log_model(
+            name="governor", python_model=str(CODE), code_paths=[str(TREE_CODE)], artifacts=artifacts,
+            signature=signature(), input_example=input_example(), registered_model_name=registered_name,
+            pip_requirements=["mlflow", "pandas"], tags=dict(tags or {}), metadata={"objective": policy.get("objective", "energy")},
+        )
+    if metrics:
+        mlflow.log_metrics(dict(metrics))
+    return info

@@ -1,0 +1,78 @@
+"""`dvfs-mlops train`: sweep -> dataset -> Optuna LOOCV search -> logged (and registered) governor."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from dvfs_mlops import tracking
+from dvfs_mlops.governor.dataset import load_sweep_dataset
+from dvfs_mlops.governor.objectives import parse_objective
+from dvfs_mlops.governor.search import SearchResult, run_search
+
+
+@dataclasses.dataclass
+class TrainOutcome:
+    result: SearchResult
+    run_id: str
+    version: int | None
+    model_uri: str
+
+
+def importance_plot(study: Any, path: Path) -> bool:
+    """Optuna's hyper-parameter importance chart; False when the study can't support one yet."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import optuna
+
+        ax = optuna.visualization.matplotlib.plot_param_importances(study)
+        ax.figure.tight_layout()
+        ax.figure.savefig(path, dpi=90)
+        plt.close(ax.figure)
+        return True
+    except Exception:  # noqa: BLE001 - too few trials, or all params constant
+        return False
+
+
+def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
+                   seed: int = 0, register: bool = True, say: Callable[[str], None] = print) -> TrainOutcome:
+    import mlflow
+
+    from dvfs_mlops.governor.pyfunc import log_governor
+    from dvfs_mlops.registry import GOVERNOR_EXPERIMENT, load_config
+
+    obj = parse_objective(objective)
+    dataset = load_sweep_dataset(sweep_id, experiment)
+    c = tracking.client()
+    cfg = load_config()
+    env_run = os.environ.get("MLFLOW_RUN_ID")
+    exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, GOVERNOR_EXPERIMENT)
+    label = " (SIMULATED sweep)" if dataset.simulated else ""
+    say(f"training on sweep {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
+        f"{len(dataset.frequencies)} clocks, objective {obj.name}, {trials} trials")
+    with mlflow.start_run(run_id=env_run, experiment_id=None if env_run else exp_id,
+                          run_name=None if env_run else f"governor {dataset.sweep_id} {obj.name}") as run:
+        tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id,
+                "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
+        mlflow.set_tags(tags)
+        result = run_search(dataset, obj, trials=trials, seed=seed, mlflow_client=c, parent_run_id=run.info.run_id,
+                            experiment_id=run.info.experiment_id)
+        metrics = {**result.tree.as_metrics("tree"), **result.ffg.as_metrics("ffg"), **result.paper.as_metrics("paper"),
+                   "n_workloads": float(result.n_workloads)}
+        mlflow.log_params({f"best_{k}": v for k, v in dataclasses.asdict(result.best_params).items()})
+        with tempfile.TemporaryDirectory() as tmp:
+            extra = {}
+            if importance_plot(result.study, Path(tmp) / "importance.png"):
+                extra["importance"] = str(Path(tmp) / "importance.png")
+            info = log_governor(result.policy.policy, registered_name=cfg.name if register else None, classifier=result.classifier,
+                                feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=metrics, tags=tags)
+    version = int(info.registered_model_version) if register and info.registered_model_version else None
+    if version is not None:
+        for k, v in tags.items():
+            c.set_model_version_tag(cfg.name, str(version), k, v)
+    return TrainOutcome(result, run.info.run_id, version, info.model_uri)
