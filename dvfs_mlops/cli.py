@@ -203,6 +203,67 @@ def _depth(policy: dict) -> int:
     return tree_depth(policy["tree"])
 
 
+@main.command("finetune")
+@click.option("--model", default="", help="A model preset (see `dvfs-mlops simulate --help`).")
+@click.option("--model-config", default="", help="A transformers config.json (or folder) instead of a preset.")
+@click.option("--task", required=True, help="A GLUE task: sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli.")
+@click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder.")
+@click.option("--governor", "governor_uri", default="", help="A models:/ URI (default models:/dvfs-governor@production).")
+@DEVICE_OPTION
+@SAMPLE_HZ_OPTION
+@click.option("--steps", default=60, show_default=True, type=click.IntRange(min=1))
+@click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--learning-rate", default=None, type=float, help="Default 1e-3 from scratch, 5e-5 with --pretrained.")
+@click.option("--probe-steps", default=5, show_default=True, type=click.IntRange(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
+@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]))
+@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--train-size", default=2048, show_default=True, type=click.IntRange(min=1), help="Synthetic training examples.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")
+@click.option("--dry-run", is_flag=True, help="Stop after the decision.")
+@click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
+@click.option("--json", "as_json", is_flag=True)
+def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
+                 steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
+                 data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
+    """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
+    from dvfs_mlops import tracking
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.launcher import run_finetune
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    if not (model or model_config or pretrained):
+        raise DvfsError("name the model: --model PRESET, --model-config PATH or --pretrained NAME_OR_PATH")
+    tracking.check_reachable()
+    prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
+                                data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
+    dev = _open(device_name, sample_hz, quiet=as_json)
+    lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
+    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
+    summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
+                           strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+
+
+@main.command("evaluate")
+@click.option("--sweep-id", default="", help="Default: the latest sweep in --experiment.")
+@click.option("--experiment", default="dvfs-sweep", show_default=True)
+@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]))
+@click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True,
+              help="Comma-separated: production, ffg, paper-mlg, maxn, oracle, or models:/ URIs.")
+@click.option("--objective", default="energy", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
+    """Savings of each policy against MAXN and regret against the oracle, from a sweep's measured points."""
+    from dvfs_mlops.evaluate import evaluate_sweep, format_table
+
+    report = evaluate_sweep(sweep_id or None, experiment, split, [p.strip() for p in policies.split(",") if p.strip()], objective,
+                            say=_echo_err)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_table(report))
+
+
 @main.group()
 def registry() -> None:
     """The governor in the MLflow Model Registry."""

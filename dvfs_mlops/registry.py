@@ -42,6 +42,11 @@ def _client() -> Any:
 
 
 def _version(c: Any, name: str, version: str | int) -> Any:
+    if str(version) == "latest":
+        versions = c.search_model_versions(f"name='{name}'")
+        if not versions:
+            raise DvfsError(f"{name} has no versions yet; run dvfs-mlops train or dvfs-mlops registry bootstrap")
+        version = max(int(v.version) for v in versions)
     try:
         return c.get_model_version(name, str(version))
     except Exception:  # noqa: BLE001

@@ -1,0 +1,238 @@
+"""`dvfs-mlops evaluate`: each policy's clock on held-out workloads, read from a sweep's measured points.
+
+Savings are against MAXN (1 - E/E_maxn), regret against the oracle (E/E_oracle - 1, the oracle being
+the best pinned clock under the objective). Means overall and by size (<= 70M, > 70M parameters),
+the largest saving and the worst case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from dvfs_mlops import tracking
+from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.errors import DvfsError, unknown
+from dvfs_mlops.governor.dataset import GovernorDataset, WorkloadCurve, load_sweep_dataset
+from dvfs_mlops.governor.objectives import Objective, parse_objective
+from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, choice_for, paper_tree
+
+EVALUATE_EXPERIMENT = "dvfs-evaluate"
+SMALL_PARAMS = 70_000_000
+BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
+
+
+@dataclasses.dataclass
+class PyfuncPolicy:
+    """A registered governor (any models:/ URI) as a policy."""
+
+    model: Any
+    meta: dict[str, Any]
+    name: str
+
+    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
+        import pandas as pd
+
+        row = features.as_row() if hasattr(features, "as_row") else dict(features)
+        out = self.model.predict(pd.DataFrame([row]), params={"frequencies": list(frequencies or [])})
+        return float(out["freq_mhz"].iloc[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyRow:
+    workload: str
+    policy: str
+    freq: str
+    energy_j: float
+    time_s: float
+    accuracy: float | None
+    saving_vs_maxn: float
+    regret_vs_oracle: float
+    num_params: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySummary:
+    policy: str
+    n: int
+    mean_saving: float
+    mean_saving_small: float | None
+    mean_saving_big: float | None
+    max_saving: float
+    max_saving_workload: str
+    worst_saving: float
+    worst_workload: str
+    mean_regret: float
+
+
+@dataclasses.dataclass
+class EvalReport:
+    sweep_id: str
+    split: str
+    objective: str
+    simulated: bool
+    rows: list[PolicyRow]
+    summaries: list[PolicySummary]
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "split": self.split, "objective": self.objective, "simulated": self.simulated,
+                "run_id": self.run_id, "summaries": [dataclasses.asdict(s) for s in self.summaries],
+                "rows": [dataclasses.asdict(r) for r in self.rows]}
+
+
+def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]:
+    if freq == MAXN:
+        return curve.maxn_energy_j, curve.maxn_time_s, curve.accuracy.get(MAXN)
+    f = float(freq)
+    if f not in curve.energy_j:
+        raise DvfsError(f"the sweep has no point {curve.workload}@{f:g}; a policy chose a clock the sweep did not measure")
+    return curve.energy_j[f], curve.time_s[f], curve.accuracy.get(freq_label(f))
+
+
+def evaluate_dataset(dataset: GovernorDataset, policies: dict[str, Any], objective: Objective, split: str = "eval") -> EvalReport:
+    """Pure evaluation on measured curves (no MLflow): rows per workload x policy, and summaries."""
+    curves = dataset.curves if split == "all" else dataset.split(split).curves
+    if not curves:
+        raise DvfsError(f"sweep {dataset.sweep_id} has no {split!r} workloads to evaluate (the paper preset has eval tasks; or use --split train)")
+    rows: list[PolicyRow] = []
+    for c in curves:
+        oracle_e = c.energy_j[c.label(objective)]
+        for name, policy in policies.items():
+            freq = choice_for(policy, c, dataset.frequencies)
+            e, t, acc = _point(c, freq)
+            rows.append(PolicyRow(c.workload, name, freq_label(freq), e, t, acc, 1.0 - e / c.maxn_energy_j, e / oracle_e - 1.0,
+                                  c.features.num_params))
+    return EvalReport(dataset.sweep_id, split, objective.name, dataset.simulated, rows, summarise(rows, list(policies)))
+
+
+def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySummary]:
+    out = []
+    for name in order:
+        rs = [r for r in rows if r.policy == name]
+        if not rs:
+            continue
+        small = [r.saving_vs_maxn for r in rs if r.num_params <= SMALL_PARAMS]
+        big = [r.saving_vs_maxn for r in rs if r.num_params > SMALL_PARAMS]
+        best = max(rs, key=lambda r: r.saving_vs_maxn)
+        worst = min(rs, key=lambda r: r.saving_vs_maxn)
+        out.append(PolicySummary(name, len(rs), float(np.mean([r.saving_vs_maxn for r in rs])),
+                                 float(np.mean(small)) if small else None, float(np.mean(big)) if big else None,
+                                 best.saving_vs_maxn, best.workload, worst.saving_vs_maxn, worst.workload,
+                                 float(np.mean([r.regret_vs_oracle for r in rs]))))
+    return out
+
+
+def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    from dvfs_mlops.registry import resolve
+
+    policies: dict[str, Any] = {}
+    for name in names:
+        if name == "maxn":
+            policies[name] = MaxNPolicy()
+        elif name == "oracle":
+            policies[name] = OraclePolicy(objective)
+        elif name == "ffg":
+            train = dataset.split("train").curves
+            if not train:
+                raise DvfsError(f"sweep {dataset.sweep_id} has no training workloads to fit FFG on")
+            policies[name] = FixedPolicy.fit(train, objective)
+        elif name == "paper-mlg":
+            policies[name] = paper_tree()
+        elif name == "production" or name.startswith("models:/"):
+            try:
+                model, meta = resolve(None if name == "production" else name)
+            except DvfsError as e:
+                if name == "production":
+                    say(f"skipping 'production': {e}")
+                    continue
+                raise
+            label = name if name != "production" else f"production (v{meta['version']})"
+            policies[label] = PyfuncPolicy(model, meta, label)
+        else:
+            raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
+    return policies
+
+
+def format_table(report: EvalReport) -> str:
+    def pct(x: float | None) -> str:
+        return "   -  " if x is None else f"{100 * x:6.2f}%"
+
+    label = " (SIMULATED)" if report.simulated else ""
+    lines = [f"sweep {report.sweep_id}{label}, split {report.split}, objective {report.objective}",
+             f"{'policy':<24} {'n':>3} {'saving':>8} {'<=70M':>8} {'>70M':>8} {'max':>8} {'worst':>8} {'regret':>8}  max / worst workload"]
+    for s in report.summaries:
+        lines.append(f"{s.policy:<24} {s.n:>3} {pct(s.mean_saving):>8} {pct(s.mean_saving_small):>8} {pct(s.mean_saving_big):>8} "
+                     f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8}  {s.max_saving_workload} / {s.worst_workload}")
+    lines.append("saving = 1 - E/E(maxn), mean over workloads; regret = E/E(oracle) - 1")
+    if report.run_id:
+        lines.append(f"logged run {report.run_id} in {EVALUATE_EXPERIMENT}")
+    return "\n".join(lines)
+
+
+def savings_chart(report: EvalReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.policy for s in report.summaries]
+    groups = [("all", [s.mean_saving for s in report.summaries]), ("<= 70M", [s.mean_saving_small or 0 for s in report.summaries]),
+              ("> 70M", [s.mean_saving_big or 0 for s in report.summaries])]
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
+    for i, (label, vals) in enumerate(groups):
+        ax.bar(x + (i - 1) * 0.27, [100 * v for v in vals], 0.27, label=label)
+    ax.set_xticks(x, names, rotation=15)
+    ax.set_ylabel("energy saving vs MAXN (%)")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.legend()
+    ax.set_title(f"sweep {report.sweep_id}, {report.split} workloads" + (" (SIMULATED)" if report.simulated else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", split: str = "eval",
+                   policies: Sequence[str] = BUILTIN, objective: str = "energy", log: bool = True,
+                   say: Callable[[str], None] = print) -> EvalReport:
+    obj = parse_objective(objective)
+    dataset = load_sweep_dataset(sweep_id, experiment)
+    report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
+    if log:
+        import pandas as pd
+
+        import os
+
+        c = tracking.client()
+        tags = {tracking.TAG_SWEEP: report.sweep_id, tracking.TAG_SIMULATED: str(report.simulated).lower()}
+        env_run = os.environ.get("MLFLOW_RUN_ID")  # under `mlflow run . -e evaluate`
+        if env_run:
+            run = c.get_run(env_run)
+            tracking.log_run_batch(c, env_run, tags=tags)
+        else:
+            run = c.create_run(tracking.experiment_id(c, EVALUATE_EXPERIMENT), run_name=f"evaluate {report.sweep_id} {split}", tags=tags)
+        metrics = {}
+        for s in report.summaries:
+            key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+            metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
+                            f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret})
+            if s.mean_saving_small is not None:
+                metrics[f"{key}_mean_saving_small"] = s.mean_saving_small
+            if s.mean_saving_big is not None:
+                metrics[f"{key}_mean_saving_big"] = s.mean_saving_big
+        tracking.log_run_batch(c, run.info.run_id, params={"sweep_id": report.sweep_id, "split": split, "objective": obj.name,
+                                                           "policies": ",".join(policies)}, metrics=metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            pd.DataFrame([dataclasses.asdict(r) for r in report.rows]).to_csv(Path(tmp) / "evaluation.csv", index=False)
+            pd.DataFrame([dataclasses.asdict(s) for s in report.summaries]).to_csv(Path(tmp) / "summary.csv", index=False)
+            savings_chart(report, Path(tmp) / "savings.png")
+            c.log_artifacts(run.info.run_id, tmp)
+        if not env_run:
+            c.set_terminated(run.info.run_id, "FINISHED")
+        report.run_id = run.info.run_id
+    return report

@@ -1,0 +1,162 @@
+"""`DvfsCallback`: the governor inside a user's own transformers `Trainer` script.
+
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    with DvfsCallback(governor="models:/dvfs-governor@production", device="auto") as dvfs:
+        trainer = Trainer(..., callbacks=[dvfs])
+        trainer.train()
+    print(dvfs.report.energy_j)
+
+On train begin it computes the workload's features from the model and the training data,
+asks the governor for a clock, pins it and starts metering; on train end it restores the clock
+and logs the energy into the Trainer's MLflow run when one is active. The `with` block (and an
+atexit hook) guarantees the restore when training raises, which Trainer callbacks never see.
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from transformers import TrainerCallback
+
+from dvfs_mlops.device.base import FreqRequest
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.workloads.features import WorkloadFeatures
+
+ENCODER_MODEL_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mobilebert"}
+
+
+def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
+    """Mean unpadded length of the first `limit` training examples (input_ids / attention_mask)."""
+    if dataset is None:
+        return None
+    total, n = 0, 0
+    try:
+        for i in range(min(limit, len(dataset))):
+            item = dataset[i]
+            if "attention_mask" in item:
+                total += int(sum(int(x) for x in item["attention_mask"]))
+            elif "input_ids" in item:
+                total += len(item["input_ids"])
+            else:
+                return None
+            n += 1
+    except (TypeError, KeyError, IndexError):
+        return None
+    return total / n if n else None
+
+
+class DvfsCallback(TrainerCallback):
+    def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
+                 gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
+                 announce: Any = print):
+        self.governor_uri = governor
+        self._device_arg = device
+        self.freq_override = freq
+        self.gpu_util_pct = gpu_util_pct
+        self.avg_seq_len = avg_seq_len
+        self.sample_hz = sample_hz
+        self.announce = announce or (lambda _m: None)
+        self.device: Any = None
+        self.session: Any = None
+        self.decision: dict[str, Any] = {}
+        self.features: WorkloadFeatures | None = None
+        self.report: Any = None
+        self._trace: Any = None
+        self._run_id: str | None = None
+        self._atexit_registered = False
+
+    # context manager: restore even when trainer.train() raises ---------------------------------
+    def __enter__(self) -> "DvfsCallback":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Stop metering and restore the clock if a session is open (idempotent)."""
+        if self.session is not None:
+            session, self.session = self.session, None
+            session.__exit__(None, None, None)
+            self.report = session.report()
+
+    # Trainer hooks ---------------------------------------------------------------------------------
+    def _open_device(self) -> Any:
+        if not isinstance(self._device_arg, str):
+            return self._device_arg
+        from dvfs_mlops.device import open_device
+
+        return open_device(self._device_arg, sample_hz=self.sample_hz, announce=self.announce)
+
+    def _features(self, model: Any, train_dataloader: Any, batch_size: int) -> WorkloadFeatures:
+        cfg = model.config
+        layers = next((getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers") if getattr(cfg, k, None)), None)
+        hidden = next((getattr(cfg, k) for k in ("hidden_size", "d_model", "n_embd") if getattr(cfg, k, None)), None)
+        if layers is None or hidden is None:
+            raise DvfsError(f"cannot compute the governor's features: {type(cfg).__name__} has no layer count or hidden size")
+        avg = self.avg_seq_len or _dataset_avg_len(getattr(train_dataloader, "dataset", None))
+        if avg is None:
+            raise DvfsError("cannot compute avg_seq_len from the training data (no input_ids/attention_mask); pass DvfsCallback(avg_seq_len=...)")
+        params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        mtype = "encoder" if getattr(cfg, "model_type", "") in ENCODER_MODEL_TYPES else "decoder"
+        return WorkloadFeatures(mtype, int(layers), int(hidden), int(params), float(avg), self.gpu_util_pct)
+
+    def _twin_trace(self, model: Any, batch_size: int, avg_len: float) -> Any:
+        from dvfs_mlops.twin.trace import TraceCache
+
+        padded = max(8, -(-int(round(avg_len)) // 8) * 8)
+        return TraceCache().get(model.config, batch_size, padded, "float32", int(getattr(model.config, "num_labels", 2)))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
+        import mlflow
+
+        self.device = self._open_device()
+        batch = int(getattr(args, "per_device_train_batch_size", 8))
+        feats = self._features(model, train_dataloader, batch)
+        if self.device.simulated or feats.gpu_util_pct is None:
+            self._trace = self._twin_trace(model, batch, feats.avg_seq_len)
+        if feats.gpu_util_pct is None:  # the twin's estimate at maxn
+            from dvfs_mlops.device.sim import SimDevice
+
+            feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
+        self.features = feats
+        if self.freq_override is not None:
+            freq, path, meta = self.freq_override, f"fixed by the caller: {self.freq_override}", {"uri": None}
+        else:
+            from dvfs_mlops.launcher import check_profile, decide
+            from dvfs_mlops.registry import resolve
+
+            gov, meta = resolve(self.governor_uri)
+            check_profile(meta, self.device, False, self.announce)
+            freq, path = decide(gov, meta, feats, self.device.frequencies_mhz)
+        self.decision = {"freq": freq, "path": path, "governor": {k: v for k, v in meta.items() if k != "tags"}}
+        self.announce(f"dvfs: {path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
+        active = mlflow.active_run()
+        self._run_id = active.info.run_id if active else None
+        session = self.device.session(freq, **({"noise_key": "trainer"} if self.device.simulated else {}))
+        session.__enter__()
+        self.session = session
+        if not self._atexit_registered:
+            atexit.register(self.close)
+            self._atexit_registered = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session is not None and self.device is not None and self.device.simulated:
+            self.session.step(self._trace)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+        if self.report is not None and self._run_id:
+            self._log(self._run_id)
+
+    def _log(self, run_id: str) -> None:
+        from dvfs_mlops import tracking
+
+        r = self.report
+        metrics = {"dvfs_energy_j": r.energy_j, "dvfs_energy_total_j": r.energy_total_j, "dvfs_avg_power_w": r.avg_power_w,
+                   "dvfs_peak_power_w": r.peak_power_w, "dvfs_time_s": r.duration_s, "dvfs_gpu_util_pct": r.gpu_util_pct}
+        g = self.decision.get("governor", {})
+        tags = {"dvfs.freq_mhz": str(self.decision.get("freq")), "decision.path": str(self.decision.get("path")),
+                "governor.uri": str(g.get("uri")), "governor.version": str(g.get("version") or ""),
+                "dvfs.simulated": str(r.simulated).lower()}
+        tracking.log_run_batch(tracking.client(), run_id, metrics=metrics, tags=tags)

@@ -1,0 +1,179 @@
+"""`dvfs-mlops finetune`: resolve the production governor, decide, pin, fine-tune, log, restore."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from dvfs_mlops import tracking
+from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.finetune import FinetuneConfig, finetune, num_steps, plan_batches
+from dvfs_mlops.workloads.features import WorkloadFeatures
+from dvfs_mlops.workloads.tokenizer import padded_length
+
+FINETUNE_EXPERIMENT = "dvfs-finetune"
+
+
+@dataclasses.dataclass
+class Decision:
+    freq_mhz: float
+    path: str  # "num_layers=12 > 7, avg_seq_len=71.3 > 53 -> 816 MHz"
+    features: WorkloadFeatures
+    governor: dict[str, Any]  # uri, name, version, alias, tags
+    expected_saving: float | None  # twin's estimate vs maxn (simulated)
+    util_source: str  # how gpu_util_pct was obtained
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"freq_mhz": self.freq_mhz, "path": self.path, "features": self.features.as_row(),
+                "governor": {k: v for k, v in self.governor.items() if k != "tags"}, "expected_saving_vs_maxn": self.expected_saving,
+                "expected_saving_simulated": True, "gpu_util_source": self.util_source}
+
+
+def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> tuple[Any, list[int]]:
+    """The twin's view of this job: per-step estimates for the median padded length of its batches."""
+    from dvfs_mlops.device.sim import SimDevice
+
+    batches = plan_batches(len(prepared.train), max(1, steps), batch_size, seed)
+    lengths = sorted(padded_length([len(prepared.train.ids[i]) for i in b]) for b in batches)
+    trace = prepared.trace_provider(batch_size)(lengths[len(lengths) // 2])
+    return SimDevice().curve(trace), lengths
+
+
+def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_steps: int) -> tuple[float, str]:
+    """GPU utilisation at maxn: a short probe on the device, or (0 steps) the twin's estimate."""
+    if probe_steps <= 0:
+        (_, maxn), _ = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
+    probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
+    trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
+    session = device.session(MAXN, **({"noise_key": "probe"} if device.simulated else {}))
+    with session:
+        finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
+                 is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
+                 run_training=not device.simulated)
+    util = session.report().gpu_util_pct
+    if util is None:
+        raise DvfsError(f"the {device.name} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
+    return float(util), f"probe: {probe_steps} steps at maxn" + (" (SIMULATED)" if device.simulated else "")
+
+
+def decide(model: Any, meta: dict[str, Any], features: WorkloadFeatures, frequencies: list[float]) -> tuple[float, str]:
+    import pandas as pd
+
+    row = pd.DataFrame([features.as_row()])
+    try:
+        out = model.predict(row, params={"frequencies": [float(f) for f in frequencies]})
+    except Exception as e:  # noqa: BLE001
+        raise DvfsError(f"governor {meta['uri']} could not decide for these features ({str(e).splitlines()[0][:200]})") from None
+    return float(out["freq_mhz"].iloc[0]), str(out["decision_path"].iloc[0]) if "decision_path" in out else f"{out['freq_mhz'].iloc[0]:g} MHz"
+
+
+def check_profile(meta: dict[str, Any], device: Any, strict: bool, say: Callable[[str], None]) -> None:
+    trained_for = meta.get("tags", {}).get("device_profile")
+    if trained_for and trained_for != device.profile:
+        msg = f"governor {meta['uri']} was trained for device profile {trained_for!r}, this device is {device.profile!r}"
+        if strict:
+            raise DvfsError(msg + " (--strict); retrain on this device or drop --strict")
+        say(f"warning: {msg}; its clocks are snapped to this device's table")
+
+
+def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri: str | None, probe_steps: int, strict: bool,
+                  say: Callable[[str], None]) -> tuple[Decision, Any]:
+    from dvfs_mlops.registry import resolve
+
+    model, meta = resolve(governor_uri)
+    check_profile(meta, device, strict, say)
+    util, source = measure_gpu_util(device, prepared, cfg, probe_steps)
+    features = prepared.features.with_gpu_util(util)
+    freq, path = decide(model, meta, features, device.frequencies_mhz)
+    saving = None
+    try:
+        (curve, maxn), _ = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        nearest = min(curve, key=lambda f: abs(f - freq))
+        saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
+    except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none
+        saving = None
+    return Decision(freq, path, features, meta, saving, source), model
+
+
+def describe_decision(d: Decision, device: Any) -> list[str]:
+    g = d.governor
+    who = f"{g['name']} v{g['version']}" + (f" (@{g['alias']})" if g.get("alias") else "") if g.get("name") else g["uri"]
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.features.as_row().items()]
+    lines = [f"governor: {who}", "features: " + ", ".join(shown) + f"  [gpu util: {d.util_source}]", f"decision: {d.path}"]
+    if d.expected_saving is not None:
+        lines.append(f"expected saving vs maxn: {100 * d.expected_saving:.1f}% (twin estimate, SIMULATED)")
+    return lines
+
+
+def save_model_artifacts(result: Any, prepared: Any, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result.model.save_pretrained(out)
+    enc = prepared.encoder
+    if hasattr(enc.backend, "save_pretrained"):
+        enc.backend.save_pretrained(out)
+    else:
+        enc.backend.save(str(out / "tokenizer.json"))
+
+
+def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_uri: str | None = None, probe_steps: int = 5,
+                 dry_run: bool = False, strict: bool = False, save_model: bool = True, pretrained: str | None = None,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """The launcher. Returns a JSON-able summary (decision, and the run's id/metrics unless dry-run)."""
+    from dvfs_mlops.sweep import point_metrics
+
+    c = tracking.check_reachable()  # before any clock is touched
+    decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say)
+    for line in describe_decision(decision, device):
+        say(line)
+    summary: dict[str, Any] = {"decision": decision.to_dict(), "device": device.name, "device_profile": device.profile,
+                               "simulated": device.simulated, "workload": prepared.name}
+    if dry_run:
+        say("dry run: stopping after the decision (no clock was changed)")
+        return summary
+    env_run = os.environ.get("MLFLOW_RUN_ID")
+    exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, FINETUNE_EXPERIMENT)
+    g = decision.governor
+    tags = {"governor.name": str(g.get("name") or ""), "governor.version": str(g.get("version") or ""),
+            "governor.alias": str(g.get("alias") or ""), "governor.uri": g["uri"], "decision.path": decision.path,
+            tracking.TAG_SIMULATED: str(device.simulated).lower(), tracking.TAG_WORKLOAD: prepared.name}
+    run_id = env_run or c.create_run(exp_id, run_name=f"{prepared.name}@{decision.freq_mhz:g}", tags=tags).info.run_id
+    if env_run:
+        tracking.log_run_batch(c, run_id, tags=tags)
+    try:
+        trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
+        session = device.session(decision.freq_mhz, **({"noise_key": "finetune"} if device.simulated else {}))
+        say(f"pinning {decision.freq_mhz:g} MHz on {device.name}" + (" (SIMULATED)" if device.simulated else "") + ", fine-tuning ...")
+        with session:
+            result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
+                              is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
+                              pretrained=pretrained)
+        report = session.report()
+        metrics = point_metrics(report, result, decision.freq_mhz)
+        f = decision.features
+        params = {"model": prepared.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
+                  "num_params": f.num_params, "task": prepared.data.task.name, "avg_seq_len": round(f.avg_seq_len, 3),
+                  "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(decision.freq_mhz),
+                  "device": device.name, "device_profile": device.profile, "batch_size": cfg.batch_size, "steps": result.steps,
+                  "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source}
+        tracking.log_run_batch(c, run_id, params=params, metrics={**metrics, "expected_saving_vs_maxn": decision.expected_saving},
+                               series={"power_w": report.power_series_w[:1000]})
+        if save_model and result.model is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                save_model_artifacts(result, prepared, Path(tmp) / "model")
+                c.log_artifacts(run_id, str(Path(tmp) / "model"), artifact_path="model")
+        if not env_run:
+            c.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        if not env_run:
+            c.set_terminated(run_id, "FAILED" if not isinstance(sys.exc_info()[1], KeyboardInterrupt) else "KILLED")
+        raise
+    label = " (SIMULATED)" if device.simulated else ""
+    say(f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s at {decision.freq_mhz:g} MHz; "
+        f"{result.eval_metric} {result.eval_value:.3f}; run {run_id} in {FINETUNE_EXPERIMENT}; clocks restored")
+    summary.update({"run_id": run_id, "metrics": {k: v for k, v in metrics.items() if v is not None}})
+    return summary

@@ -1,0 +1,238 @@
+"""Launcher, DvfsCallback and evaluate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A store whose production governor is the published tree (bootstrap + promote)."""
+    tmp = tmp_path_factory.mktemp("launcher")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    assert run_cli("registry", "bootstrap", env=env).returncode == 0
+    r = run_cli("registry", "promote", "1", env=env)
+    assert r.returncode == 0, r.stderr
+    return tmp, env
+
+
+@pytest.fixture
+def tracking_env(store, monkeypatch):
+    tmp, env = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    return tmp
+
+
+def test_decision_explanation_matches_the_tree(store):
+    from dvfs_mlops.governor.policies import paper_tree
+
+    _, env = store
+    r = run_cli("finetune", "--model", "bert-base", "--task", "rte", "--device", "sim", "--dry-run", "--probe-steps", "0",
+                "--train-size", "256", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["decision"]
+    expected = paper_tree().explain(d["features"], TABLE)
+    assert d["path"] == expected
+    assert d["path"].endswith("-> 816 MHz") and "num_layers=12 > 7" in d["path"] and "avg_seq_len=" in d["path"]
+    assert d["freq_mhz"] == 816.0 and d["governor"]["version"] == 1 and d["governor"]["alias"] == "production"
+    assert f"decision: {expected}" in r.stderr and "expected saving vs maxn" in r.stderr and "SIMULATED" in r.stderr
+    assert "dry run" in r.stderr
+
+
+def test_finetune_logs_a_run_with_governor_tags_and_model(store):
+    tmp, env = store
+    from mlflow.tracking import MlflowClient
+
+    r = run_cli("finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--steps", "3", "--train-size", "64",
+                "--probe-steps", "2", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    run = c.get_run(out["run_id"])
+    assert c.get_experiment(run.info.experiment_id).name == "dvfs-finetune" and run.info.status == "FINISHED"
+    t = run.data.tags
+    assert t["governor.name"] == "dvfs-governor" and t["governor.version"] == "1" and t["governor.alias"] == "production"
+    assert t["decision.path"] == out["decision"]["path"] and t["dvfs.simulated"] == "true"
+    assert {"energy_j", "time_s", "avg_power_w", "eval_accuracy", "gpu_util_pct"} <= run.data.metrics.keys()
+    assert run.data.params["freq_mhz"] == f"{out['decision']['freq_mhz']:g}"
+    names = {a.path for a in c.list_artifacts(run.info.run_id, "model")}
+    assert "model/config.json" in names and "model/tokenizer.json" in names
+    # the probe measured the GPU utilisation at maxn on the (simulated) device
+    assert "probe: 2 steps at maxn" in out["decision"]["gpu_util_source"]
+
+
+def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    import dvfs_mlops.launcher as launcher
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    seen = []
+
+    def exploding(*args, session=None, **kwargs):
+        seen.append(orin6.range_hz)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(launcher, "finetune", exploding)
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=2), probe_steps=0, say=lambda m: None)
+    pinned = seen[0]
+    assert pinned[0] == pinned[1] and pinned[0] in [int(f * 1e6) for f in TABLE]  # it was pinned during training
+    assert orin6.range_hz == (306000000, 1300500000)  # and restored after the error
+    c = MlflowClient()
+    runs = c.search_runs([c.get_experiment_by_name("dvfs-finetune").experiment_id], filter_string="attributes.status = 'FAILED'")
+    assert runs, "the failed fine-tune is logged as FAILED"
+
+
+def test_no_production_says_how_to_make_one(tmp_path):
+    r = run_cli("finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--dry-run", "--probe-steps", "0",
+                "--train-size", "32", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert r.returncode == 2 and "registry bootstrap" in r.stderr and "registry promote" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_profile_mismatch_warns_or_refuses_with_strict(store):
+    _, env = store
+    args = ["finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--dry-run", "--probe-steps", "0", "--train-size", "32"]
+    r = run_cli(*args, env=env)
+    assert r.returncode == 0 and "trained for device profile 'jetson-agx-orin-64gb'" in r.stderr and "warning" in r.stderr
+    r = run_cli(*args, "--strict", env=env)
+    assert r.returncode == 2 and "--strict" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--governor", "models:/nope@production"], "no nope version has alias 'production'"),
+    (["--governor", "models:/dvfs-governor/42"], "has no version 42"),
+    (["--model", "bert-huge"], "unknown model 'bert-huge'"),
+    (["--task", "squad"], "unknown task 'squad'"),
+])
+def test_launcher_bad_input(store, args, message):
+    _, env = store
+    options = {"--model": "bert-tiny", "--task": "sst2", **dict(zip(args[::2], args[1::2]))}
+    flat = [x for kv in options.items() for x in kv]
+    r = run_cli("finetune", *flat, "--device", "sim", "--dry-run", "--probe-steps", "0", "--train-size", "32", env=env)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
+    import mlflow
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(w.train)
+
+        def __getitem__(self, i):
+            ids = w.train.ids[i]
+            return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": int(w.train.labels[i])}
+
+    def collate(items):
+        from dvfs_mlops.workloads.tokenizer import collate as pad
+
+        ids, mask = pad([x["input_ids"] for x in items], w.encoder.pad_id)
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor([x["labels"] for x in items])}
+
+    seen = []
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            seen.append(orin6.range_hz)
+
+    from dvfs_mlops.finetune import build_model
+
+    model = build_model(w.model_config, seed=0)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8, report_to=[],
+                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("user-script")) as run:
+        with DvfsCallback(device="jetson", announce=None) as dvfs:
+            Trainer(model=model, args=args, train_dataset=DS(), data_collator=collate, callbacks=[dvfs, Probe()]).train()
+    assert len(seen) == 3 and len(set(seen)) == 1 and seen[0][0] == seen[0][1]  # pinned for every step
+    assert seen[0][0] / 1e6 == dvfs.decision["freq"]
+    assert orin6.range_hz == (306000000, 1300500000)  # restored on train end
+    assert dvfs.report.energy_j > 0 and dvfs.report.simulated is False
+    logged = mlflow.get_run(run.info.run_id).data
+    assert logged.metrics["dvfs_energy_j"] == pytest.approx(dvfs.report.energy_j) and "decision.path" in logged.tags
+
+
+def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=32, dev_size=8)
+    from dvfs_mlops.finetune import build_model
+
+    model = build_model(w.model_config, seed=0)
+
+    class Args:
+        per_device_train_batch_size = 8
+
+    with pytest.raises(ValueError, match="diverged"):
+        with DvfsCallback(device="jetson", freq=612, avg_seq_len=13.0, announce=None) as dvfs:
+            dvfs.on_train_begin(Args(), None, None, model=model)
+            assert orin6.range_hz == (612000000, 612000000)
+            raise ValueError("loss diverged")
+    assert orin6.range_hz == (306000000, 1300500000)
+
+
+def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split, acc=0.8, util=60.0):
+    run = c.create_run(exp, tags={"dvfs.point": f"{model}/{task}@{freq}#0", "dvfs.sweep_id": sweep, "dvfs.workload": f"{model}/{task}",
+                                  "dvfs.simulated": "true"})
+    from dvfs_mlops import tracking
+
+    tracking.log_run_batch(c, run.info.run_id, params={"model": model, "task": task, "freq_mhz": freq, "model_type": "encoder",
+                                                       "num_layers": 12, "hidden_size": 768, "num_params": params_m, "avg_seq_len": 40.0,
+                                                       "split": split, "repeat": 0, "device_profile": "sim-orin"},
+                           metrics={"energy_j": energy, "time_s": time_s, "gpu_util_pct": util, "eval_accuracy": acc})
+    c.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("dvfs-sweep")
+    # energies at maxn, 612, 816 (J), time (s)
+    table = {
+        ("big", "sst2", "train"): ({"maxn": 100, "612": 70, "816": 80}, 200_000_000),
+        ("small", "sst2", "train"): ({"maxn": 10, "612": 9, "816": 8}, 10_000_000),
+        ("big", "rte", "eval"): ({"maxn": 200, "612": 150, "816": 120}, 200_000_000),
+        ("small", "rte", "eval"): ({"maxn": 20, "612": 19, "816": 15}, 10_000_000),
+    }
+    for (model, task, split), (energy, params) in table.items():
+        for freq, e in energy.items():
+            _log_point(c, exp, "hand", model, task, freq, e, 1.0, params, split)
+    r = run_cli("evaluate", "--sweep-id", "hand", "--policies", "ffg,maxn,oracle", "--json", env={"MLFLOW_TRACKING_URI": uri})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    s = {x["policy"]: x for x in d["summaries"]}
+    # FFG on train: totals 612 -> 79, 816 -> 88 => 612. eval: big 150/200 -> 25 % saving, small 19/20 -> 5 %
+    assert s["ffg"]["mean_saving"] == pytest.approx((0.25 + 0.05) / 2)
+    assert s["ffg"]["mean_saving_big"] == pytest.approx(0.25) and s["ffg"]["mean_saving_small"] == pytest.approx(0.05)
+    assert s["ffg"]["max_saving"] == pytest.approx(0.25) and s["ffg"]["worst_saving"] == pytest.approx(0.05)
+    assert s["ffg"]["mean_regret"] == pytest.approx((150 / 120 - 1 + 19 / 15 - 1) / 2)
+    # oracle: 816 for both eval workloads: 40 % and 25 %
+    assert s["oracle"]["mean_saving"] == pytest.approx((0.4 + 0.25) / 2) and s["oracle"]["mean_regret"] == 0
+    assert s["maxn"]["mean_saving"] == 0 and s["maxn"]["mean_regret"] == pytest.approx((200 / 120 - 1 + 20 / 15 - 1) / 2)
+    assert {x["workload"] for x in d["rows"]} == {"big/rte", "small/rte"}
+    run = c.get_run(d["run_id"])
+    assert c.get_experiment(run.info.experiment_id).name == "dvfs-evaluate"
+    assert {a.path for a in c.list_artifacts(d["run_id"])} >= {"evaluation.csv", "summary.csv", "savings.png"}
+
+
+def test_evaluate_unknown_policy(tmp_path):
+    r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
