@@ -270,6 +270,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                                  "dvfs.device_profile": device.profile})
     progress = _Progress(len(points), len(points) - len(todo))
     ran: list[str] = []
+    completed = False
     try:
         by_workload: dict[str, list[Point]] = {}
         for p in todo:
@@ -288,11 +289,13 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 summary = _run_point(c, exp_id, parent_id, spec, device, point, prepared, split, trace_for, trained)
                 ran.append(point.key)
                 progress.finish(point.key, summary)
+        completed = True
     finally:
         progress.close()
-        _log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
+        if completed:  # plots and CSV describe a complete sweep; an interrupted one gets them on resume
+            _log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
         if created:
-            c.set_terminated(parent_id, "FINISHED")
+            c.set_terminated(parent_id, "FINISHED" if completed else "KILLED")
     return SweepOutcome(spec.sweep_id, parent_id, ran, sorted(done), exp_id)
 
 

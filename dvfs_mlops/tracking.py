@@ -43,10 +43,23 @@ def _quick_http() -> Iterator[None]:
                 os.environ[k] = v
 
 
+# Transient HTTP errors against a tracking server are retried by MLflow's client with exponential
+# backoff; we bound it (4 retries, factor 1: 1+2+4+8 s) so a dead server fails a point in ~15 s,
+# not MLflow's default of minutes. Users can override both variables.
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def bound_http_retries() -> None:
+    for k, v in HTTP_RETRY_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+
+
 def client() -> Any:
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    bound_http_retries()
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
