@@ -295,7 +295,11 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         if completed:  # plots and CSV describe a complete sweep; an interrupted one gets them on resume
             _log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
         if created:
-            c.set_terminated(parent_id, "FINISHED" if completed else "KILLED")
+            try:
+                c.set_terminated(parent_id, "FINISHED" if completed else "KILLED")
+            except Exception:  # noqa: BLE001 - never mask the error that stopped the sweep
+                if completed:
+                    raise
     return SweepOutcome(spec.sweep_id, parent_id, ran, sorted(done), exp_id)
 
 
@@ -309,7 +313,7 @@ def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any
         tracking.TAG_WORKLOAD: point.workload, tracking.TAG_SIMULATED: str(device.simulated).lower(),
         tracking.TAG_REPLAY: str(replay).lower(), tracking.TAG_PROFILE_ONLY: str(profile_only).lower(),
     }
-    run = c.create_run(exp_id, run_name=point.key, tags=tags)
+    run = _tracked(lambda: c.create_run(exp_id, run_name=point.key, tags=tags), point)
     run_id = run.info.run_id
     try:
         noise = {"noise_key": f"{point.workload}#{point.repeat}"} if device.simulated else {}
@@ -330,15 +334,31 @@ def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any
         report = session.report()
         effective = getattr(session, "effective_mhz", None) or (None if point.freq == MAXN else float(point.freq))
         metrics = point_metrics(report, result, effective)
-        tracking.log_run_batch(c, run_id, params=_point_params(spec, point, prepared.features, device, split), metrics=metrics,
-                               series={"power_w": _downsample(report.power_series_w)})
-        c.set_terminated(run_id, "FINISHED")
+        _tracked(lambda: tracking.log_run_batch(c, run_id, params=_point_params(spec, point, prepared.features, device, split),
+                                                metrics=metrics, series={"power_w": _downsample(report.power_series_w)}), point)
+        _tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
     except BaseException:
-        c.set_terminated(run_id, "FAILED" if not isinstance(sys.exc_info()[1], KeyboardInterrupt) else "KILLED")
+        status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"
+        try:
+            c.set_terminated(run_id, status)
+        except Exception:  # noqa: BLE001 - the store itself may be what failed; the resume redoes the point
+            pass
         raise
     acc = metrics.get(result.eval_metric)
     label = "SIMULATED " if device.simulated else ""
     return f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
+
+
+def _tracked(call: Callable[[], Any], point: Point) -> Any:
+    """An MLflow call of a point; a store that fails (after MLflow's bounded retries) is one clear error."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return call()
+    except (MlflowException, OSError) as e:  # requests' errors are OSErrors
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DvfsError(f"the tracking store {tracking.tracking_uri()} failed while logging {point.key} ({first}); "
+                        "that point is not recorded and the clocks are restored; re-run the same sweep to resume") from None
 
 
 def sweep_frame(c: Any, experiment_ids: list[str], sweep_id: str) -> Any:

@@ -1,0 +1,103 @@
+"""A shared MLflow tracking server (SQLite backend on 127.0.0.1): concurrent workers, a server that dies."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dvfs_mlops.device.guard import list_journals
+from tests.conftest import REPO
+
+WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc", "rte", "cola")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, root: Path):
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+        self.proc = subprocess.Popen(
+            [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{root}/server.db", "--artifacts-destination", str(root / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2"],
+            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path)
+    yield s
+    s.stop()
+
+
+def _sweep_cmd(model: str, task: str) -> list[str]:
+    return [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
+            "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
+
+
+def test_eight_concurrent_workers_every_point_exactly_once(server):
+    from mlflow.tracking import MlflowClient
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri}
+    procs = [subprocess.Popen(_sweep_cmd(m, t), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for m, t in WORKLOADS]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    c = MlflowClient(tracking_uri=server.uri)
+    exp = c.get_experiment_by_name("dvfs-sweep")
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.`dvfs.point` != ''", max_results=1000)
+    keys = sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED")
+    expected = sorted(f"{m}/{t}@{f}#0" for m, t in WORKLOADS for f in ("maxn", "816"))
+    assert keys == expected  # 16 points, each exactly once
+    assert len(runs) == len(expected)
+
+
+def test_server_dying_mid_sweep_fails_the_point_cleanly(server, orin6, state_dir):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    cmd = [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2",
+           "--steps", "6", "--train-size", "32", "--dev-size", "16", "--device", "jetson"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("[1/"):
+            break
+    server.stop()
+    _, rest = proc.communicate(timeout=300)
+    err = "".join(seen) + rest
+    assert proc.returncode == 2, err
+    errors = [l for l in err.splitlines() if l.startswith("Error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert "[1/" in err  # the first point landed before the server died
+    assert "tracking store" in errors[0] and "re-run the same sweep" in errors[0]
+    assert "Traceback" not in err
+    assert orin6.range_hz == (306000000, 1300500000) and list_journals(state_dir) == []
