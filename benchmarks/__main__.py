@@ -12,6 +12,8 @@ SUITES = {
     "meter": ("Meter CPU cost (fake Jetson sysfs)", "benchmarks.meter_cost"),
     "sim": ("Sim twin: capture and replay cost", "benchmarks.sim_replay"),
     "sweep": ("Sweep: MLflow overhead and quick preset", "benchmarks.sweep_overhead"),
+    "decision": ("Governor decision latency", "benchmarks.decision_latency"),
+    "overhead": ("Instrumented vs bare fine-tune step", "benchmarks.step_overhead"),
 }
 
 

@@ -21,14 +21,30 @@ SAMPLE_HZ_OPTION = click.option("--sample-hz", default=50.0, show_default=True, 
 
 
 class DvfsGroup(click.Group):
-    """Turns DvfsError into one line and exit code 2."""
+    """Every user error is one line on stderr and exit code 2: ours (DvfsError) and click's usage errors."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return super().invoke(ctx)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except DvfsError as e:
-            click.echo(f"Error: {e}", err=True)
-            ctx.exit(2)
+            _one_line_error(str(e))
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "dvfs-mlops"
+            _one_line_error(f"{e.format_message()} (see '{where} --help')")
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _one_line_error(message: str) -> None:
+    click.echo("Error: " + " ".join(message.split()), err=True)
+    sys.exit(2)
 
 
 @click.group(cls=DvfsGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,10 +52,20 @@ class DvfsGroup(click.Group):
 def main() -> None:
     """Energy-optimal GPU clocks for on-device fine-tuning, as an MLOps pipeline."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import logging
+
+    for noisy in ("mlflow.store.db.utils", "alembic", "mlflow.tracking.fluent"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _echo_err(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def _announce(dev: Any, requested: str) -> None:
+    from dvfs_mlops.device import describe_device
+
+    _echo_err(describe_device(dev, requested))
 
 
 def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False) -> Any:
@@ -106,9 +132,13 @@ def simulate(model: str | None, model_config: str | None, seq_len: int, batch_si
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, device_name: str, sample_hz: float, as_json: bool, command: tuple[str, ...]) -> None:
     """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
-    from dvfs_mlops.runner import run_metered
+    from dvfs_mlops.device import parse_freq
+    from dvfs_mlops.runner import check_command, run_metered
 
-    dev = _open(device_name, sample_hz, quiet=False)
+    dev = _open(device_name, sample_hz, quiet=True)
+    parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
+    check_command(list(command))
+    _announce(dev, device_name)
     rc, report = run_metered(dev, freq, list(command))
     if as_json:
         click.echo(json.dumps({"freq": freq, "device": dev.name, "device_profile": dev.profile, "returncode": rc, **report.to_dict()}, indent=2))
@@ -160,13 +190,14 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_
     from dvfs_mlops import tracking
 
     tracking.check_reachable()  # before the device is even opened
-    dev = _open(device_name, sample_hz)
+    dev = _open(device_name, sample_hz, quiet=True)
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=_opt_int("--steps", steps),
         profile_steps=_opt_int("--profile-steps", profile_steps), batch_size=batch_size, repeats=_opt_int("--repeats", repeats),
         seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
         sweep_id=sweep_id or None, train_size=_opt_int("--train-size", train_size), dev_size=_opt_int("--dev-size", dev_size),
     )
+    _announce(dev, device_name)
     out = sweep_mod.run_sweep(spec, dev, announce=_echo_err)
     label = " (SIMULATED)" if dev.simulated else ""
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
@@ -238,11 +269,12 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
                                 data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
-    dev = _open(device_name, sample_hz, quiet=as_json)
+    dev = _open(device_name, sample_hz, quiet=True)
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
-                           strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err)
+                           strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
+                           announce_device=not as_json)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
 

@@ -82,11 +82,14 @@ def check_profile(meta: dict[str, Any], device: Any, strict: bool, say: Callable
 
 
 def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri: str | None, probe_steps: int, strict: bool,
-                  say: Callable[[str], None]) -> tuple[Decision, Any]:
+                  say: Callable[[str], None], announce_device: bool = False) -> tuple[Decision, Any]:
+    from dvfs_mlops.device import describe_device
     from dvfs_mlops.registry import resolve
 
-    model, meta = resolve(governor_uri)
+    model, meta = resolve(governor_uri)  # a missing governor is an error before the device is used
     check_profile(meta, device, strict, say)
+    if announce_device:
+        say(describe_device(device))
     util, source = measure_gpu_util(device, prepared, cfg, probe_steps)
     features = prepared.features.with_gpu_util(util)
     freq, path = decide(model, meta, features, device.frequencies_mhz)
@@ -122,12 +125,12 @@ def save_model_artifacts(result: Any, prepared: Any, out: Path) -> None:
 
 def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_uri: str | None = None, probe_steps: int = 5,
                  dry_run: bool = False, strict: bool = False, save_model: bool = True, pretrained: str | None = None,
-                 say: Callable[[str], None] = print) -> dict[str, Any]:
+                 say: Callable[[str], None] = print, announce_device: bool = False) -> dict[str, Any]:
     """The launcher. Returns a JSON-able summary (decision, and the run's id/metrics unless dry-run)."""
     from dvfs_mlops.sweep import point_metrics
 
     c = tracking.check_reachable()  # before any clock is touched
-    decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say)
+    decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say, announce_device=announce_device)
     for line in describe_decision(decision, device):
         say(line)
     summary: dict[str, Any] = {"decision": decision.to_dict(), "device": device.name, "device_profile": device.profile,

@@ -16,10 +16,7 @@ def run_metered(device: Any, freq: str, command: list[str]) -> tuple[int, Energy
     SIGINT/SIGTERM reaching us are forwarded to the child; the session restores the clock on the
     way out whatever happens.
     """
-    if not command:
-        raise DvfsError("no command given; usage: dvfs-mlops run --freq MHZ -- CMD ARGS...")
-    if shutil.which(command[0]) is None:
-        raise DvfsError(f"command not found: {command[0]}")
+    check_command(command)
     session = device.session(freq)
     with session:
         proc = subprocess.Popen(command)
@@ -29,6 +26,13 @@ def run_metered(device: Any, freq: str, command: list[str]) -> tuple[int, Energy
             _stop_child(proc)
             raise
     return (rc if rc >= 0 else 128 - rc), session.report()
+
+
+def check_command(command: list[str]) -> None:
+    if not command:
+        raise DvfsError("no command given; usage: dvfs-mlops run --freq MHZ -- CMD ARGS...")
+    if shutil.which(command[0]) is None:
+        raise DvfsError(f"command not found: {command[0]}")
 
 
 def _stop_child(proc: subprocess.Popen) -> None:

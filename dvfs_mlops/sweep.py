@@ -140,6 +140,10 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         raise DvfsError("--steps 0 (profile only) exists only on the sim device: real hardware has to train to be measured")
     if data_dir is not None:
         data_source = "tsv"
+        from dvfs_mlops.workloads.glue_tsv import check_task_dir
+
+        for t in task_list:
+            check_task_dir(Path(data_dir), get_task(t))
     spec = SweepSpec(
         models=tuple(model_list), tasks=tuple(task_list), freqs=tuple(freq_list), steps=n_steps,
         profile_steps=p.profile_steps if profile_steps is None else profile_steps, batch_size=batch_size,

@@ -19,14 +19,14 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
 
         if name == "jetson" or find_gpu_devfreq() is not None:
             dev: Device = JetsonDevice(sample_hz=sample_hz)
-            _say(announce, name, f"jetson ({dev.profile}, devfreq {dev.node})")  # type: ignore[attr-defined]
+            _say(announce, name, dev)
             return dev
     if name in ("auto", "nvml"):
         from dvfs_mlops.device.nvml import NvmlDevice
 
         try:
             dev = NvmlDevice(index=gpu_index, nvml=nvml_module, sample_hz=sample_hz)
-            _say(announce, name, f"nvml ({dev.gpu_name}, GPU {gpu_index})")  # type: ignore[attr-defined]
+            _say(announce, name, dev)
             return dev
         except DeviceNotFoundError:
             if name == "nvml":
@@ -34,13 +34,24 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
     from dvfs_mlops.device.sim import SimDevice
 
     dev = SimDevice(params=twin_params, seed=seed)
-    _say(announce, name, "sim (simulated Jetson AGX Orin 64 GB twin: measurements are SIMULATED)")
+    _say(announce, name, dev)
     return dev
 
 
-def _say(announce: Callable[[str], None] | None, requested: str, what: str) -> None:
+def describe_device(dev: Any, requested: str = "") -> str:
+    """The one-line 'device: ...' announcement (simulation always said so)."""
+    if dev.name == "jetson":
+        what = f"jetson ({dev.profile}, devfreq {dev.node})"
+    elif dev.name == "nvml":
+        what = f"nvml ({dev.gpu_name}, GPU {dev.index})"
+    else:
+        what = f"sim ({dev.profile}: simulated Jetson AGX Orin 64 GB twin, measurements are SIMULATED)"
+    return f"device: {what}" + (" [auto]" if requested == "auto" else "")
+
+
+def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> None:
     if announce is not None:
-        announce(f"device: {what}" + (" [auto]" if requested == "auto" else ""))
+        announce(describe_device(dev, requested))
 
 
 def restore_journals(announce: Callable[[str], None] = print, directory: Any = None, nvml_module: Any = None) -> int:
@@ -92,4 +103,5 @@ def _describe(settings: dict) -> str:
     return ", ".join(f"{k}={settings[k]}" for k in keys)
 
 
-__all__ = ["BACKENDS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "open_device", "parse_freq", "restore_journals"]
+__all__ = ["BACKENDS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "describe_device", "freq_label", "open_device",
+           "parse_freq", "restore_journals"]

@@ -99,9 +99,19 @@ def _parse_label(text: str, task: TaskSpec, path: Path, lineno: int) -> float:
     raise DvfsError(f"{path}:{lineno}: label {text!r} is not one of {', '.join(task.labels)}")
 
 
+def check_task_dir(data_dir: Path, task: TaskSpec) -> Path:
+    """The task's folder under a GLUE data dir, with both files present (checked before a sweep starts)."""
+    folder = data_dir / task.glue_dir
+    layout = f"GLUE layout: {task.glue_dir}/train.tsv, {task.glue_dir}/{task.dev_file}"
+    if not folder.is_dir():
+        raise DvfsError(f"{data_dir} has no {task.glue_dir}/ folder for task {task.name} ({layout})")
+    for name in ("train.tsv", task.dev_file):
+        if not (folder / name).is_file():
+            raise DvfsError(f"{folder / name} does not exist ({layout})")
+    return folder
+
+
 def read_task_dir(data_dir: Path, task: TaskSpec) -> tuple[list[Example], list[Example]]:
     """train.tsv and the dev file of one task under a GLUE data dir."""
-    folder = data_dir / task.glue_dir
-    if not folder.is_dir():
-        raise DvfsError(f"{data_dir} has no {task.glue_dir}/ folder for task {task.name} (GLUE layout: {task.glue_dir}/train.tsv, {task.glue_dir}/{task.dev_file})")
+    folder = check_task_dir(data_dir, task)
     return read_glue_tsv(folder / "train.tsv", task), read_glue_tsv(folder / task.dev_file, task)
