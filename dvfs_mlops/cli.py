@@ -212,11 +212,12 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_
 @click.option("--trials", default=60, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--register/--no-register", default=True, show_default=True, help="Register the model as a new version.")
-def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool) -> None:
+@click.option("--storage", default="", help="Optuna storage URL (default: optuna.db beside a SQLite tracking DB).")
+def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str) -> None:
     """Train the governor: Optuna over decision trees, scored by leave-one-workload-out CV."""
     from dvfs_mlops.governor.train import train_governor
 
-    out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err)
+    out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None)
     r = out.result
     click.echo(f"{'policy':<12} {'LOOCV regret':>13} {'LOOCV accuracy':>15}")
     for name, s in (("tuned tree", r.tree), ("FFG", r.ffg), ("paper-mlg", r.paper)):

@@ -85,7 +85,8 @@ def experiment_id(c: Any, name: str) -> str:
             c.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     try:
-        return c.create_experiment(name)
+        # MLflow 3's UI opens "model training" experiments on their runs table, not the GenAI overview
+        return c.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"})
     except Exception:  # noqa: BLE001 - created concurrently by another worker
         exp = c.get_experiment_by_name(name)
         if exp is None:

@@ -59,10 +59,11 @@ def test_sweep_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
         parent = children[0].data.tags["mlflow.parentRunId"]
         driver = _browser(tmp_path)
         try:
-            driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}")
+            driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}/runs")
             text = _wait_for(driver, lambda t: "sweep " in t)
-            driver.save_screenshot(str(tmp_path / "experiment.png"))
             assert "sweep sweep-" in text, text[:2000]
+            driver.save_screenshot(str(tmp_path / "experiment.png"))
+            assert "5 matching runs" in text  # the parent and its 4 nested point runs
             # the parent run's page lists its child runs; a child's page shows energy_j
             driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}/runs/{children[0].info.run_id}")
             text = _wait_for(driver, lambda t: "energy_j" in t)

@@ -40,7 +40,7 @@ def importance_plot(study: Any, path: Path) -> bool:
 
 
 def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
-                   seed: int = 0, register: bool = True, say: Callable[[str], None] = print) -> TrainOutcome:
+                   seed: int = 0, register: bool = True, say: Callable[[str], None] = print, storage: str | None = None) -> TrainOutcome:
     import mlflow
 
     from dvfs_mlops.governor.pyfunc import log_governor
@@ -60,7 +60,7 @@ def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
         tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id,
                 "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
         mlflow.set_tags(tags)
-        result = run_search(dataset, obj, trials=trials, seed=seed, mlflow_client=c, parent_run_id=run.info.run_id,
+        result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, mlflow_client=c, parent_run_id=run.info.run_id,
                             experiment_id=run.info.experiment_id)
         metrics = {**result.tree.as_metrics("tree"), **result.ffg.as_metrics("ffg"), **result.paper.as_metrics("paper"),
                    "n_workloads": float(result.n_workloads)}
