@@ -224,7 +224,7 @@ def resolve(uri: str | None = None, config: RegistryConfig | None = None) -> tup
             mv = _alias_version(c, name, ref)
             if mv is None:
                 hint = ("register one with `dvfs-mlops train` (or `dvfs-mlops registry bootstrap` for the published tree), "
-                        f"then `dvfs-mlops registry promote VERSION`")
+                        "then `dvfs-mlops registry promote VERSION`")
                 raise DvfsError(f"no {name} version has alias '{ref}'; {hint}")
             meta["alias"] = ref
         else:

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,7 +22,7 @@ from dvfs_mlops.device.base import MAXN, FreqRequest, freq_label, parse_freq
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
 from dvfs_mlops.meter import EnergyReport
-from dvfs_mlops.workloads.tasks import CHARACTERISATION_TASKS, TASKS, get_task
+from dvfs_mlops.workloads.tasks import TASKS, get_task
 from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
 
 POWER_SERIES_MAX_POINTS = 1000

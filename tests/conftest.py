@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,7 +74,5 @@ def devfreq_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-
     return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)

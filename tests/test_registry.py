@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import run_cli
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -46,7 +46,7 @@ def test_version_carries_tags_metrics_and_artifacts(store):
     import mlflow
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    path = Path(mlflow.artifacts.download_artifacts(f"models:/dvfs-governor/1", dst_path=str(tmp / "model")))
+    path = Path(mlflow.artifacts.download_artifacts("models:/dvfs-governor/1", dst_path=str(tmp / "model")))
     names = {p.name for p in path.rglob("*")}
     assert {"policy.json", "tree.txt", "tree.png", "MLmodel", "model_code.py", "policy_tree.py"} <= names
     assert not [p for p in path.rglob("*") if p.suffix in (".pkl", ".pickle", ".joblib", ".cloudpickle")]
@@ -88,6 +88,7 @@ def test_gates_block_a_worse_version_and_force_overrides(store):
     from dvfs_mlops.governor.pyfunc import log_governor
 
     c = _client(tmp)
+    assert run_cli("registry", "promote", "1", env=env).returncode == 0  # v1 is production (idempotent)
     prod_run = c.get_model_version("dvfs-governor", "1").run_id
     prod_m = c.get_run(prod_run).data.metrics
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])

@@ -5,7 +5,6 @@ Debian's chromium and chromium-driver so CI runs it.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian'
 
 
 def _browser(tmp: Path):
-    selenium = pytest.importorskip("selenium", reason="needs selenium (pip install -e '.[dev]')")
+    pytest.importorskip("selenium", reason="needs selenium (pip install -e '.[dev]')")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -56,7 +55,6 @@ def test_sweep_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
         c = MlflowClient(tracking_uri=server.uri)
         exp = c.get_experiment_by_name("dvfs-sweep")
         children = [x for x in c.search_runs([exp.experiment_id]) if "dvfs.point" in x.data.tags]
-        parent = children[0].data.tags["mlflow.parentRunId"]
         driver = _browser(tmp_path)
         try:
             driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}/runs")

@@ -6,7 +6,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from dvfs_mlops.governor.policy_tree import INPUT_COLUMNS
 
 CODE = Path(__file__).resolve().parent / "model_code.py"
 TREE_CODE = Path(__file__).resolve().parent / "policy_tree.py"
