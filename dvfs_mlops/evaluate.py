@@ -19,9 +19,9 @@ from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.governor.dataset import GovernorDataset, WorkloadCurve, load_sweep_dataset
 from dvfs_mlops.governor.objectives import Objective, parse_objective
 from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, choice_for, paper_tree
+from dvfs_mlops.workloads.features import SMALL_MODEL_PARAMS
 
 EVALUATE_EXPERIMENT = "dvfs-evaluate"
-SMALL_PARAMS = 70_000_000
 BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
 
 
@@ -115,8 +115,8 @@ def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySum
         rs = [r for r in rows if r.policy == name]
         if not rs:
             continue
-        small = [r.saving_vs_maxn for r in rs if r.num_params <= SMALL_PARAMS]
-        big = [r.saving_vs_maxn for r in rs if r.num_params > SMALL_PARAMS]
+        small = [r.saving_vs_maxn for r in rs if r.num_params <= SMALL_MODEL_PARAMS]
+        big = [r.saving_vs_maxn for r in rs if r.num_params > SMALL_MODEL_PARAMS]
         best = max(rs, key=lambda r: r.saving_vs_maxn)
         worst = min(rs, key=lambda r: r.saving_vs_maxn)
         out.append(PolicySummary(name, len(rs), float(np.mean([r.saving_vs_maxn for r in rs])),

@@ -33,20 +33,20 @@ class Decision:
                 "expected_saving_simulated": True, "gpu_util_source": self.util_source}
 
 
-def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> tuple[Any, list[int]]:
+def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> Any:
     """The twin's view of this job: per-step estimates for the median padded length of its batches."""
     from dvfs_mlops.device.sim import SimDevice
 
     batches = plan_batches(len(prepared.train), max(1, steps), batch_size, seed)
     lengths = sorted(padded_length([len(prepared.train.ids[i]) for i in b]) for b in batches)
     trace = prepared.trace_provider(batch_size)(lengths[len(lengths) // 2])
-    return SimDevice().curve(trace), lengths
+    return SimDevice().curve(trace)
 
 
 def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_steps: int) -> tuple[float, str]:
     """GPU utilisation at maxn: a short probe on the device, or (0 steps) the twin's estimate."""
     if probe_steps <= 0:
-        (_, maxn), _ = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
     trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
@@ -95,7 +95,7 @@ def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri:
     freq, path = decide(model, meta, features, device.frequencies_mhz)
     saving = None
     try:
-        (curve, maxn), _ = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
         nearest = min(curve, key=lambda f: abs(f - freq))
         saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
     except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none

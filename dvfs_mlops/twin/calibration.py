@@ -14,11 +14,11 @@ import numpy as np
 from dvfs_mlops.twin.params import OrinTwinParams
 from dvfs_mlops.twin.physics import energy_curve, estimate_maxn
 from dvfs_mlops.twin.trace import TraceCache
+from dvfs_mlops.workloads.features import SMALL_MODEL_PARAMS
 
 # Mean tokenised lengths of the GLUE tasks (DESIGN §5).
 TASK_MEAN_TOKENS = {"cola": 11, "sst2": 13, "stsb": 31, "qqp": 30, "mnli": 39, "wnli": 38, "qnli": 51, "mrpc": 53, "rte": 73}
 CHARACTERISATION_TASKS = ("sst2", "qnli", "mrpc")
-SMALL_MODEL_PARAMS = 70e6
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# The study's size split: results are reported for models <= 70M and > 70M parameters.
+SMALL_MODEL_PARAMS = 70_000_000
 FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")
 
 
