@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import platform
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -19,7 +19,7 @@ def run(repeats: int = 5) -> list[tuple[str, str, str]]:
     for name in ("bert-base", "pythia-1b"):
         cfg = PRESETS[name].config()
 
-        def cap() -> float:
+        def cap(cfg=cfg) -> float:
             t0 = time.perf_counter()
             capture_step_trace(cfg, 16, 64)
             return time.perf_counter() - t0
@@ -27,7 +27,7 @@ def run(repeats: int = 5) -> list[tuple[str, str, str]]:
         cap_s, _ = median_of(cap, 3)
         trace = capture_step_trace(cfg, 16, 64)
 
-        def replay() -> float:
+        def replay(trace=trace) -> float:
             t0 = time.perf_counter()
             for _ in range(200):
                 estimate_step(trace, 816.0, p)
@@ -36,7 +36,7 @@ def run(repeats: int = 5) -> list[tuple[str, str, str]]:
         rep_s, _ = median_of(replay, repeats)
         dev = SimDevice()
 
-        def session_step() -> float:
+        def session_step(dev=dev, trace=trace) -> float:
             s = dev.session(816)
             with s:
                 t0 = time.perf_counter()

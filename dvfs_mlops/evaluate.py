@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from dvfs_mlops import tracking
 from dvfs_mlops.device.base import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
-from dvfs_mlops.governor.dataset import GovernorDataset, WorkloadCurve, load_sweep_dataset
+from dvfs_mlops.governor.dataset import (
+    GovernorDataset,
+    WorkloadCurve,
+    load_sweep_dataset,
+)
 from dvfs_mlops.governor.objectives import Objective, parse_objective
-from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, choice_for, paper_tree
+from dvfs_mlops.governor.policies import (
+    FixedPolicy,
+    MaxNPolicy,
+    OraclePolicy,
+    choice_for,
+    paper_tree,
+)
 from dvfs_mlops.workloads.features import SMALL_MODEL_PARAMS
 
 EVALUATE_EXPERIMENT = "dvfs-evaluate"
@@ -204,9 +215,9 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
     dataset = load_sweep_dataset(sweep_id, experiment)
     report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
     if log:
-        import pandas as pd
-
         import os
+
+        import pandas as pd
 
         c = tracking.client()
         tags = {tracking.TAG_SWEEP: report.sweep_id, tracking.TAG_SIMULATED: str(report.simulated).lower()}

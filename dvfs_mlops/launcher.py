@@ -5,8 +5,9 @@ import dataclasses
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.device.base import MAXN, freq_label

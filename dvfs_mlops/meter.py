@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 # The study's "energy" is CPU + GPU; these rail names carry it on an AGX Orin.
 CPU_GPU_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV")

@@ -5,11 +5,13 @@ too so older MLflow UIs show it. Gates come from registry/governor.yaml.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.errors import DvfsError
@@ -139,10 +141,8 @@ def _set_production(c: Any, cfg: RegistryConfig, new: Any, old: Any | None) -> N
         c.set_registered_model_alias(cfg.name, cfg.previous, old.version)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # stages are deprecated; set for older UIs only
-        try:
+        with contextlib.suppress(Exception):  # a store without stages
             c.transition_model_version_stage(cfg.name, new.version, "Production", archive_existing_versions=True)
-        except Exception:  # noqa: BLE001 - a store without stages
-            pass
 
 
 def promote(version: str | int, force: bool = False, config: RegistryConfig | None = None,

@@ -8,14 +8,16 @@ the steps (no training, no eval metrics, tag `dvfs.profile_only=true`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.device.base import MAXN, FreqRequest, freq_label, parse_freq
@@ -95,7 +97,7 @@ class SweepSpec:
         d["freqs"] = [freq_label(f) for f in self.freqs]
         return d
 
-    def with_default_id(self) -> "SweepSpec":
+    def with_default_id(self) -> SweepSpec:
         if self.sweep_id:
             return self
         digest = hashlib.sha256(json.dumps(self.definition(), sort_keys=True).encode()).hexdigest()[:10]
@@ -300,7 +302,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         if created:
             try:
                 c.set_terminated(parent_id, "FINISHED" if completed else "KILLED")
-            except Exception:  # noqa: BLE001 - never mask the error that stopped the sweep
+            except Exception:
                 if completed:
                     raise
     return SweepOutcome(spec.sweep_id, parent_id, ran, sorted(done), exp_id)
@@ -342,10 +344,8 @@ def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any
         _tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
     except BaseException:
         status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"
-        try:
+        with contextlib.suppress(Exception):  # the store itself may be what failed; the resume redoes the point
             c.set_terminated(run_id, status)
-        except Exception:  # noqa: BLE001 - the store itself may be what failed; the resume redoes the point
-            pass
         raise
     acc = metrics.get(result.eval_metric)
     label = "SIMULATED " if device.simulated else ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 
@@ -87,7 +88,7 @@ def experiment_id(c: Any, name: str) -> str:
     try:
         # MLflow 3's UI opens "model training" experiments on their runs table, not the GenAI overview
         return c.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"})
-    except Exception:  # noqa: BLE001 - created concurrently by another worker
+    except Exception:
         exp = c.get_experiment_by_name(name)
         if exp is None:
             raise

@@ -73,6 +73,6 @@ def devfreq_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     return log
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> "subprocess.CompletedProcess[str]":
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)

@@ -4,6 +4,7 @@ what they were every time, and a sweep killed over and over must end with exactl
 run per point once resumed."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -121,9 +122,10 @@ def _tiny_sweep_spec(device):
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload, monkeypatch, fault):
-    import dvfs_mlops.workloads.prepare as prepare
-    from dvfs_mlops.sweep import run_sweep
     from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.sweep import run_sweep
+    from dvfs_mlops.workloads import prepare
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     rng = random.Random(f"sweep-{fault}")
@@ -131,10 +133,8 @@ def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload
     total_steps = len(spec.points()) * spec.steps
     for _ in range(TRIALS):
         _arm(monkeypatch, fault, rng.randint(1, total_steps))
-        try:
+        with contextlib.suppress(Injected, KeyboardInterrupt, SystemExit):
             run_sweep(spec, JetsonDevice(), announce=lambda m: None)
-        except (Injected, KeyboardInterrupt, SystemExit):
-            pass
         _assert_restored(orin6, state_dir)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
     run_sweep(spec, JetsonDevice(), announce=lambda m: None)
@@ -148,8 +148,7 @@ def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_finetune_faults(orin6, state_dir, store, workload, monkeypatch, fault):
-    import dvfs_mlops.launcher as launcher
-    import dvfs_mlops.registry as registry
+    from dvfs_mlops import launcher, registry
     from dvfs_mlops.finetune import FinetuneConfig
 
     registry.bootstrap(say=lambda m: None)

@@ -25,17 +25,15 @@ def _child(freq: str, action: str) -> subprocess.Popen:
 
 
 def test_restore_after_exception_in_process(orin6):
-    with pytest.raises(RuntimeError):
-        with JetsonDevice().session(510):
-            assert orin6.range_hz == (510000000, 510000000)
-            raise RuntimeError("training crashed")
+    with pytest.raises(RuntimeError), JetsonDevice().session(510):
+        assert orin6.range_hz == (510000000, 510000000)
+        raise RuntimeError("training crashed")
     assert orin6.range_hz == DEFAULT
 
 
 def test_restore_after_keyboard_interrupt_in_process(orin6):
-    with pytest.raises(KeyboardInterrupt):
-        with JetsonDevice().session(510):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), JetsonDevice().session(510):
+        raise KeyboardInterrupt
     assert orin6.range_hz == DEFAULT
 
 

@@ -111,7 +111,7 @@ def test_energy_tracks_changing_power(orin):
 def test_permission_error_is_clear(orin, monkeypatch):
     import builtins
 
-    import dvfs_mlops.device.jetson as jetson
+    from dvfs_mlops.device import jetson
 
     real_open = builtins.open
 

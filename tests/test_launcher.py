@@ -45,7 +45,7 @@ def test_decision_explanation_matches_the_tree(store):
 
 
 def test_finetune_logs_a_run_with_governor_tags_and_model(store):
-    tmp, env = store
+    _tmp, env = store
     from mlflow.tracking import MlflowClient
 
     r = run_cli("finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--steps", "3", "--train-size", "64",
@@ -69,7 +69,7 @@ def test_finetune_logs_a_run_with_governor_tags_and_model(store):
 def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    import dvfs_mlops.launcher as launcher
+    from dvfs_mlops import launcher
     from dvfs_mlops.device.jetson import JetsonDevice
     from dvfs_mlops.finetune import FinetuneConfig
     from dvfs_mlops.workloads.prepare import prepare_workload

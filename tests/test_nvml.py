@@ -7,7 +7,11 @@ import pytest
 from dvfs_mlops.device import open_device, restore_journals
 from dvfs_mlops.device.guard import list_journals
 from dvfs_mlops.device.nvml import NvmlDevice
-from dvfs_mlops.errors import DevicePermissionError, DeviceNotFoundError, UnknownNameError
+from dvfs_mlops.errors import (
+    DeviceNotFoundError,
+    DevicePermissionError,
+    UnknownNameError,
+)
 from tests.fakes.fake_pynvml import FakeGPU, make_module
 
 
@@ -31,9 +35,8 @@ def test_lock_and_reset(state_dir):
 
 def test_restore_after_exception():
     m = make_module()
-    with pytest.raises(ValueError):
-        with NvmlDevice(nvml=m).session(900):
-            raise ValueError("x")
+    with pytest.raises(ValueError), NvmlDevice(nvml=m).session(900):
+        raise ValueError("x")
     assert m._gpus[0].locked is None
 
 

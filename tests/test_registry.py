@@ -111,7 +111,7 @@ def test_gates_block_a_worse_version_and_force_overrides(store):
 
 
 def test_bootstrap_registers_the_published_tree(store):
-    tmp, env = store
+    _tmp, env = store
     r = run_cli("registry", "bootstrap", env=env)
     assert r.returncode == 0 and "registered the published tree" in r.stdout
     listing = json.loads(run_cli("registry", "list", "--json", env=env).stdout)

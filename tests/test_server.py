@@ -69,7 +69,7 @@ def test_eight_concurrent_workers_every_point_exactly_once(server):
     procs = [subprocess.Popen(_sweep_cmd(m, t), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for m, t in WORKLOADS]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     c = MlflowClient(tracking_uri=server.uri)
     exp = c.get_experiment_by_name("dvfs-sweep")

@@ -70,9 +70,9 @@ def test_every_param_metric_tag_present(smoke_store):
     children, _ = _runs(tmp)
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
     for r in children:
-        assert PARAMS <= r.data.params.keys(), PARAMS - r.data.params.keys()
+        assert r.data.params.keys() >= PARAMS, PARAMS - r.data.params.keys()
         assert METRICS | {"eval_accuracy"} <= r.data.metrics.keys()
-        assert TAGS <= r.data.tags.keys() and r.data.tags["dvfs.simulated"] == "true"
+        assert r.data.tags.keys() >= TAGS and r.data.tags["dvfs.simulated"] == "true"
         assert r.data.params["device"] == "sim" and r.data.params["device_profile"] == "sim-orin"
     series = c.get_metric_history(children[0].info.run_id, "power_w")
     assert len(series) == 4 and [m.step for m in series] == [0, 1, 2, 3]  # one per training step

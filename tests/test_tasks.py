@@ -129,7 +129,7 @@ def test_hub_code_path_on_local_files(tmp_path, monkeypatch):
     """The hub loader, with datasets reading local TSVs instead of the network."""
     import datasets
 
-    import dvfs_mlops.workloads.tasks as tasks
+    from dvfs_mlops.workloads import tasks
 
     rte = tmp_path / "rte.tsv"
     rte.write_text("sentence1\tsentence2\tlabel\nA man runs.\tA person runs.\t0\nIt rains.\tIt is dry.\t1\n")

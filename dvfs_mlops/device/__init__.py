@@ -1,9 +1,18 @@
 """Device backends behind one interface; `open_device("auto")` picks jetson, then nvml, then sim."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from dvfs_mlops.device.base import MAXN, Device, DeviceInfo, FreqRequest, FreqSession, freq_label, parse_freq
+from dvfs_mlops.device.base import (
+    MAXN,
+    Device,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
 from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, unknown
 
 BACKENDS = ("auto", "jetson", "nvml", "sim")

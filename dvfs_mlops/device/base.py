@@ -10,14 +10,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Any, Protocol, Sequence, Union, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from dvfs_mlops.device.guard import TerminationGuard
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.meter import EnergyReport
 
 MAXN = "maxn"
-FreqRequest = Union[float, str]  # a clock in MHz or "maxn"
+FreqRequest = float | str  # a clock in MHz or "maxn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class FreqSession(abc.ABC):
     simulated twin advances its virtual clock.
     """
 
-    def __init__(self, device: "Device", freq: FreqRequest):
+    def __init__(self, device: Device, freq: FreqRequest):
         self.device = device
         self.freq = freq
         self._report: EnergyReport | None = None
@@ -90,7 +91,7 @@ class FreqSession(abc.ABC):
     def _stop_meter(self) -> EnergyReport: ...
 
     # public ----------------------------------------------------------------------------------
-    def step(self, profile: Any = None) -> None:
+    def step(self, profile: Any = None) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once per training step; real hardware needs nothing."""
 
     def report(self) -> EnergyReport:
@@ -102,7 +103,7 @@ class FreqSession(abc.ABC):
     def _snapshot(self) -> EnergyReport:
         raise RuntimeError("report() is available after the session has exited")
 
-    def __enter__(self) -> "FreqSession":
+    def __enter__(self) -> FreqSession:
         self._signals.install()
         try:
             with self._signals.deferring():

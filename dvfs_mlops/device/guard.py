@@ -19,8 +19,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dvfs_mlops.errors import DeviceBusyError
 
@@ -64,7 +65,7 @@ class Journal:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_file(cls, path: Path) -> "Journal":
+    def from_file(cls, path: Path) -> Journal:
         return cls(**json.loads(path.read_text()))
 
 

@@ -12,9 +12,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops.device.base import MAXN, DeviceInfo, FreqRequest, FreqSession, freq_label, parse_freq
+from dvfs_mlops.device.base import (
+    MAXN,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
 from dvfs_mlops.device.guard import ClockOwnership
-from dvfs_mlops.errors import DevicePermissionError, DeviceNotFoundError, DvfsError
+from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
 from dvfs_mlops.meter import EnergyReport, PowerSampler
 
 GPU_OF_NODE_NAMES = ("ga10b", "gpu", "gv11b", "gp10b")
@@ -88,7 +95,7 @@ def find_rails(root: Path | None = None) -> list[Rail]:
             if volt.exists() and curr.exists():
                 rails.append(Rail(label, volt, curr))
     for iio in sorted(drivers.glob("ina3221x/*/iio:device*")):
-        for n in range(0, 8):
+        for n in range(8):
             label_file = iio / f"rail_name_{n}"
             if not label_file.exists():
                 continue
@@ -186,7 +193,7 @@ class JetsonDevice:
                 self._write("governor", gov)
 
     # API ---------------------------------------------------------------------------------------
-    def session(self, freq: FreqRequest) -> "JetsonSession":
+    def session(self, freq: FreqRequest) -> JetsonSession:
         return JetsonSession(self, parse_freq(freq, self.frequencies_mhz))
 
     def info(self) -> DeviceInfo:

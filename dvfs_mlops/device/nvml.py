@@ -8,9 +8,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from dvfs_mlops.device.base import MAXN, DeviceInfo, FreqRequest, FreqSession, freq_label, parse_freq
+from dvfs_mlops.device.base import (
+    MAXN,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
 from dvfs_mlops.device.guard import ClockOwnership
-from dvfs_mlops.errors import DevicePermissionError, DeviceNotFoundError, DvfsError
+from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
 from dvfs_mlops.meter import EnergyReport, PowerSampler
 
 
@@ -102,7 +109,7 @@ class NvmlDevice:
             return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_GRAPHICS))
         return None
 
-    def session(self, freq: FreqRequest) -> "NvmlSession":
+    def session(self, freq: FreqRequest) -> NvmlSession:
         return NvmlSession(self, parse_freq(freq, self.frequencies_mhz))
 
     def info(self) -> DeviceInfo:

@@ -12,10 +12,24 @@ from typing import Any
 
 import numpy as np
 
-from dvfs_mlops.device.base import MAXN, DeviceInfo, FreqRequest, FreqSession, freq_label, parse_freq
+from dvfs_mlops.device.base import (
+    MAXN,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
 from dvfs_mlops.meter import EnergyReport, cpu_gpu_energy
 from dvfs_mlops.twin.params import OrinTwinParams
-from dvfs_mlops.twin.physics import RAILS, MaxnEstimate, StepEstimate, energy_curve, estimate_maxn, rail_power
+from dvfs_mlops.twin.physics import (
+    RAILS,
+    MaxnEstimate,
+    StepEstimate,
+    energy_curve,
+    estimate_maxn,
+    rail_power,
+)
 from dvfs_mlops.twin.trace import StepTrace
 
 
@@ -40,7 +54,7 @@ class SimDevice:
             self._curves[trace.key] = (curve, estimate_maxn(trace, self.params, curve))
         return self._curves[trace.key]
 
-    def session(self, freq: FreqRequest, noise_key: str = "") -> "SimSession":
+    def session(self, freq: FreqRequest, noise_key: str = "") -> SimSession:
         return SimSession(self, parse_freq(freq, self.frequencies_mhz), noise_key)
 
     def info(self) -> DeviceInfo:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor.objectives import Objective
@@ -35,7 +36,7 @@ class GovernorDataset:
     device_profile: str
     simulated: bool
 
-    def split(self, name: str | None) -> "GovernorDataset":
+    def split(self, name: str | None) -> GovernorDataset:
         if name is None:
             return self
         return dataclasses.replace(self, curves=[c for c in self.curves if c.split == name])

@@ -10,8 +10,9 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from dvfs_mlops.device.base import MAXN, FreqRequest
 from dvfs_mlops.errors import DvfsError
@@ -49,7 +50,7 @@ class FixedPolicy:
     name: str = "ffg"
 
     @classmethod
-    def fit(cls, curves: Sequence[WorkloadCurve], objective: Objective) -> "FixedPolicy":
+    def fit(cls, curves: Sequence[WorkloadCurve], objective: Objective) -> FixedPolicy:
         """FFG: the clock with the least total cost (energy by default) summed over `curves`."""
         freqs = sorted(set.intersection(*(set(c.energy_j) for c in curves)))
         costs = [objective.costs(c.energy_j, c.time_s, c.maxn_time_s) for c in curves]
@@ -81,14 +82,14 @@ class TreePolicy:
         return policy_tree.explain(path, policy_tree.snap(freq, frequencies))
 
     @classmethod
-    def from_file(cls, path: str | Path, name: str = "tree") -> "TreePolicy":
+    def from_file(cls, path: str | Path, name: str = "tree") -> TreePolicy:
         data = json.loads(Path(path).read_text())
         if data.get("format") != policy_tree.FORMAT:
             raise DvfsError(f"{path} is not a governor policy file (format {data.get('format')!r}, expected {policy_tree.FORMAT})")
         return cls(data, name)
 
     @classmethod
-    def from_sklearn(cls, clf: Any, feature_names: Sequence[str], metadata: Mapping[str, Any] | None = None) -> "TreePolicy":
+    def from_sklearn(cls, clf: Any, feature_names: Sequence[str], metadata: Mapping[str, Any] | None = None) -> TreePolicy:
         t = clf.tree_
 
         def node(i: int) -> dict[str, Any]:

@@ -10,7 +10,8 @@ so loading a governor needs mlflow, pandas and this, and unpickles nothing.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 FORMAT = "dvfs-governor-policy/1"
 INPUT_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
-
+from typing import Any
 
 CODE = Path(__file__).resolve().parent / "model_code.py"
 TREE_CODE = Path(__file__).resolve().parent / "policy_tree.py"

@@ -13,13 +13,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.governor.dataset import NUMERIC_FEATURES, GovernorDataset, WorkloadCurve, feature_matrix
+from dvfs_mlops.governor.dataset import (
+    NUMERIC_FEATURES,
+    GovernorDataset,
+    WorkloadCurve,
+    feature_matrix,
+)
 from dvfs_mlops.governor.objectives import Objective
 from dvfs_mlops.governor.policies import FixedPolicy, TreePolicy, paper_tree
 

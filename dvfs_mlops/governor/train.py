@@ -4,8 +4,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.governor.dataset import load_sweep_dataset

@@ -66,10 +66,10 @@ class DvfsCallback(TrainerCallback):
         self._atexit_registered = False
 
     # context manager: restore even when trainer.train() raises ---------------------------------
-    def __enter__(self) -> "DvfsCallback":
+    def __enter__(self) -> DvfsCallback:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self.close()
         return False
 

@@ -71,14 +71,14 @@ class OrinTwinParams:
         return self.volt_v0 + self.volt_v1 * x * x
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "OrinTwinParams":
+    def from_yaml(cls, path: str | Path) -> OrinTwinParams:
         import yaml
 
         data = yaml.safe_load(Path(path).read_text()) or {}
         return cls.from_dict(data, source=str(path))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "parameters") -> "OrinTwinParams":
+    def from_dict(cls, data: dict[str, Any], source: str = "parameters") -> OrinTwinParams:
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(data) - names)
         if bad:

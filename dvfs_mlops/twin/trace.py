@@ -70,7 +70,7 @@ class StepTrace:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "StepTrace":
+    def from_json(cls, d: dict[str, Any]) -> StepTrace:
         return cls(
             key=d["key"],
             kinds=np.asarray(d["kinds"], dtype=np.int8),
@@ -137,7 +137,7 @@ def _make_mode(recorder: _Recorder) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _TraceMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             recorder.record(func, args, kwargs, out)

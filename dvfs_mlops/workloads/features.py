@@ -21,7 +21,7 @@ class WorkloadFeatures:
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def with_gpu_util(self, pct: float | None) -> "WorkloadFeatures":
+    def with_gpu_util(self, pct: float | None) -> WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)
 
 

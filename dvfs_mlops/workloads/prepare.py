@@ -2,13 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from dvfs_mlops.workloads.features import WorkloadFeatures, classifier_config, workload_features
+from dvfs_mlops.workloads.features import (
+    WorkloadFeatures,
+    classifier_config,
+    workload_features,
+)
 from dvfs_mlops.workloads.tasks import TaskData, load_task
-from dvfs_mlops.workloads.tokenizer import Encoded, TextEncoder, pretrained_tokenizer, train_wordpiece, training_texts
+from dvfs_mlops.workloads.tokenizer import (
+    Encoded,
+    TextEncoder,
+    pretrained_tokenizer,
+    train_wordpiece,
+    training_texts,
+)
 from dvfs_mlops.workloads.zoo import ModelSpec, resolve_model
 
 

@@ -8,7 +8,8 @@ trace cache small).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,15 @@ class TextEncoder:
 
 def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, max_length: int = 128) -> TextEncoder:
     """A BERT-style uncased WordPiece trained on `texts` (deterministic for the same texts)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)

@@ -49,7 +49,7 @@ class NVMLError(Exception):
 
 
 def _subclass(name: str, value: int) -> type:
-    def new(typ, *args):  # noqa: ANN001
+    def new(typ, *args):
         obj = NVMLError.__new__(typ, value)
         return obj
 
