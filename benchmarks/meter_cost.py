@@ -5,8 +5,21 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import median_of
+
+
+def sampler_cpu_share(dev: Any, seconds: float, rates: list[float] | None = None) -> float:
+    """CPU seconds per wall second of one metered session whose main thread sleeps: all of that
+    CPU time is the sampler's. Appends the achieved sample rate to `rates` when given."""
+    with dev.session(816) as s:
+        c0, w0 = time.process_time(), time.monotonic()
+        time.sleep(seconds)
+        c1, w1 = time.process_time(), time.monotonic()
+    if rates is not None:
+        rates.append(s.report().samples / s.report().duration_s)
+    return (c1 - c0) / (w1 - w0)
 
 
 def run(seconds: float = 3.0, hz: float = 50.0, repeats: int = 5) -> list[tuple[str, str, str]]:
@@ -18,18 +31,9 @@ def run(seconds: float = 3.0, hz: float = 50.0, repeats: int = 5) -> list[tuple[
         os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
         os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
         dev = JetsonDevice(sample_hz=hz)
-        samples = []
-
-        def once() -> float:
-            with dev.session(816) as s:
-                c0, w0 = time.process_time(), time.monotonic()
-                time.sleep(seconds)  # the main thread idles: all CPU time is the sampler's
-                c1, w1 = time.process_time(), time.monotonic()
-            samples.append(s.report().samples / s.report().duration_s)
-            return (c1 - c0) / (w1 - w0)
-
-        share, _ = median_of(once, repeats)
+        rates: list[float] = []
+        share, _ = median_of(lambda: sampler_cpu_share(dev, seconds, rates), repeats)
     return [
         (f"meter CPU share of one core at {hz:g} Hz (4 rails + load)", f"{100 * share:.3f} %", "<= 1 %"),
-        ("achieved sample rate", f"{sorted(samples)[len(samples) // 2]:.1f} Hz", f"{hz:g} Hz"),
+        ("achieved sample rate", f"{sorted(rates)[len(rates) // 2]:.1f} Hz", f"{hz:g} Hz"),
     ]
