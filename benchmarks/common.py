@@ -1,9 +1,12 @@
 """Helpers shared by the benchmarks: medians over repeats and the markdown report."""
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import statistics
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -14,9 +17,21 @@ def median_of(fn: Callable[[], float], repeats: int = 5) -> tuple[float, list[fl
     return statistics.median(values), values
 
 
-def machine() -> str:
-    import os
+@contextlib.contextmanager
+def fake_orin(sample_hz: float = 50.0) -> Iterator[object]:
+    """A JetsonDevice on a fake AGX Orin sysfs tree (JetPack 6): the sampler does a board's reads.
+    Sets DVFS_SYSFS_ROOT and DVFS_STATE_DIR for the process, as a benchmark owns its process."""
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from tests.fakes.sysfs import make_orin_tree
 
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = make_orin_tree(Path(tmp) / "root", jetpack=6)
+        os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
+        os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
+        yield JetsonDevice(sample_hz=sample_hz)
+
+
+def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 

@@ -1,13 +1,10 @@
 """CPU cost of the power sampler at 50 Hz on a fake AGX Orin sysfs tree (target <= 1 % of a core)."""
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median_of
+from benchmarks.common import fake_orin, median_of
 
 
 def sampler_cpu_share(dev: Any, seconds: float, rates: list[float] | None = None) -> float:
@@ -23,14 +20,7 @@ def sampler_cpu_share(dev: Any, seconds: float, rates: list[float] | None = None
 
 
 def run(seconds: float = 3.0, hz: float = 50.0, repeats: int = 5) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from tests.fakes.sysfs import make_orin_tree
-
-    with tempfile.TemporaryDirectory() as tmp:
-        fake = make_orin_tree(Path(tmp) / "root", jetpack=6)
-        os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
-        os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
-        dev = JetsonDevice(sample_hz=hz)
+    with fake_orin(hz) as dev:
         rates: list[float] = []
         share, _ = median_of(lambda: sampler_cpu_share(dev, seconds, rates), repeats)
     return [

@@ -15,13 +15,11 @@ accounted directly (sampler CPU time + hook time per step), which does not depen
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+from benchmarks.common import fake_orin
 from benchmarks.meter_cost import sampler_cpu_share
 
 
@@ -49,18 +47,12 @@ def run(blocks: int = 16, steps: int = 10) -> list[tuple[str, str, str]]:
 
 
 def _measure(blocks: int, steps: int, label: str) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.device.jetson import JetsonDevice
     from dvfs_mlops.finetune import FinetuneConfig, finetune
     from dvfs_mlops.workloads.prepare import prepare_workload
-    from tests.fakes.sysfs import make_orin_tree
 
-    with tempfile.TemporaryDirectory() as tmp:
-        fake = make_orin_tree(Path(tmp) / "root", jetpack=6)
-        os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
-        os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
+    with fake_orin(50.0) as dev:
         w = prepare_workload("bert-mini", "mrpc", train_size=512, dev_size=16)
         cfg = FinetuneConfig(steps=steps)
-        dev = JetsonDevice(sample_hz=50)
 
         def step_times(session) -> list[float]:
             stamps: list[float] = []
