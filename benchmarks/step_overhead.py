@@ -67,8 +67,8 @@ def _measure(blocks: int, steps: int, label: str) -> list[tuple[str, str, str]]:
         step_times(None)  # warm-up: allocator, trace of first shapes
         bare: list[list[float]] = []
         inst: list[list[float]] = []
-        for b in range(blocks):
-            order = ("bare", "inst") if b % 4 in (0, 3) else ("inst", "bare")  # ABBA
+        for block in range(blocks):
+            order = ("bare", "inst") if block % 4 in (0, 3) else ("inst", "bare")  # ABBA
             for arm in order:
                 if arm == "bare":
                     bare.append(step_times(None))
