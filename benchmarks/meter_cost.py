@@ -15,7 +15,8 @@ def sampler_cpu_share(dev: Any, seconds: float, rates: list[float] | None = None
         time.sleep(seconds)
         c1, w1 = time.process_time(), time.monotonic()
     if rates is not None:
-        rates.append(s.report().samples / s.report().duration_s)
+        report = s.report()
+        rates.append(report.samples / report.duration_s)
     return (c1 - c0) / (w1 - w0)
 
 

@@ -68,12 +68,12 @@ def _measure(blocks: int, steps: int, label: str) -> list[tuple[str, str, str]]:
         bare: list[list[float]] = []
         inst: list[list[float]] = []
         for block in range(blocks):
-            order = ("bare", "inst") if block % 4 in (0, 3) else ("inst", "bare")  # ABBA
-            for arm in order:
-                if arm == "bare":
-                    bare.append(step_times(None))
-                else:
-                    inst.append(instrumented())
+            bare_first = block % 4 in (0, 3)  # ABBA order
+            if bare_first:
+                bare.append(step_times(None))
+            inst.append(instrumented())
+            if not bare_first:
+                bare.append(step_times(None))
 
         hook_s = _hook_cost(dev)
         sampler_share = sampler_cpu_share(dev, seconds=2.0)
