@@ -1,7 +1,8 @@
 """The governor in the MLflow Model Registry: register, list, show, promote (gated), rollback, resolve.
 
 Aliases are the source of truth (`production`, `previous`); the legacy stage "Production" is set
-too so older MLflow UIs show it. Gates come from registry/governor.yaml.
+too so older MLflow UIs show it. Gates come from governor.yaml of the package's registry data
+(`dvfs_mlops/registry_data/`, or $DVFS_REGISTRY_DIR); a missing file is an error.
 """
 from __future__ import annotations
 
@@ -28,15 +29,26 @@ class RegistryConfig:
 
 
 def load_config(path: str | Path | None = None) -> RegistryConfig:
+    """governor.yaml of the registry data (or PATH). A missing or malformed file is an error, never "no gates"."""
     import yaml
 
-    from dvfs_mlops.governor.policies import registry_dir
+    from dvfs_mlops.governor.policies import registry_file
 
-    p = Path(path) if path else registry_dir() / "governor.yaml"
-    data = yaml.safe_load(p.read_text()) if p.exists() else {}
-    aliases = data.get("aliases", {})
+    p = Path(path) if path else registry_file("governor.yaml", what="registry config (promotion gates)")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise DvfsError(f"registry config (promotion gates) {p} not found") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise DvfsError(f"cannot read registry config {p}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gates"), list):
+        raise DvfsError(f"registry config {p} has no 'gates:' list (write 'gates: []' to promote without gates)")
+    bad = [i for i, g in enumerate(data["gates"]) if not isinstance(g, dict) or "metric" not in g]
+    if bad:
+        raise DvfsError(f"registry config {p}: gate #{bad[0] + 1} has no 'metric:'")
+    aliases = data.get("aliases") or {}
     return RegistryConfig(data.get("name", "dvfs-governor"), aliases.get("production", "production"),
-                          aliases.get("previous", "previous"), list(data.get("gates", [])))
+                          aliases.get("previous", "previous"), list(data["gates"]))
 
 
 def _client() -> Any:
@@ -185,7 +197,7 @@ def governor_experiment(c: Any) -> str:
 
 
 def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] = print) -> int:
-    """Register the published tree (registry/baselines/paper-mlg.json) as a version."""
+    """Register the published tree (registry data: baselines/paper-mlg.json) as a version."""
     import mlflow
 
     from dvfs_mlops.governor.policies import paper_tree

@@ -114,16 +114,31 @@ class OraclePolicy:
         return curve.label(self.objective)
 
 
+REGISTRY_DIR_ENV = "DVFS_REGISTRY_DIR"
+
+
 def registry_dir() -> Path:
-    """`registry/` of the checkout ($DVFS_REGISTRY_DIR overrides)."""
-    env = os.environ.get("DVFS_REGISTRY_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "registry"
+    """The registry data: `dvfs_mlops/registry_data/` inside the installed package ($DVFS_REGISTRY_DIR overrides).
+
+    It holds governor.yaml (name, aliases, promotion gates) and baselines/paper-mlg.json (the published tree).
+    """
+    env = os.environ.get(REGISTRY_DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "registry_data"
+
+
+def registry_file(*parts: str, what: str) -> Path:
+    """A file of the registry data, or a one-line error naming where it was looked for."""
+    path = registry_dir().joinpath(*parts)
+    if not path.is_file():
+        env = os.environ.get(REGISTRY_DIR_ENV)
+        why = (f"${REGISTRY_DIR_ENV}={env} names a folder without it" if env
+               else "the package's registry data is missing; reinstall dvfs-mlops")
+        raise DvfsError(f"{what} {path} not found ({why})")
+    return path
 
 
 def paper_tree() -> TreePolicy:
-    path = registry_dir() / "baselines" / "paper-mlg.json"
-    if not path.exists():
-        raise DvfsError(f"published tree {path} not found; set DVFS_REGISTRY_DIR to the project's registry/ folder")
+    path = registry_file("baselines", "paper-mlg.json", what="published tree")
     return TreePolicy.from_file(path, name="paper-mlg")
 
 

@@ -3,8 +3,9 @@
 Files are read as plain tab-separated text, never with CSV quoting (MRPC and others contain
 unbalanced double quotes). Headers are matched by name, with the aliases seen in the wild (SST-2
 copies headed `text\\tlabel`); headerless files (CoLA always, STS-B copies) are read by position.
-U+FEFF (BOM / zero-width no-break space) is stripped from every field. A malformed row names the
-file and line.
+U+FEFF (BOM / zero-width no-break space) is stripped from every field. Rows are as wide as line 1
+(trailing empty fields aside): a wider row has a stray tab, which would shift the columns, so it is
+refused like a row too short for the columns read. A malformed row names the file and line.
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def _clean(field: str) -> str:
     return field.replace("\ufeff", "").strip()
 
 
+def _fields(line: str) -> list[str]:
+    """The tab-separated fields of one line, without a trailing CR or trailing empty fields."""
+    fields = line.rstrip("\r").split("\t")
+    while len(fields) > 1 and not _clean(fields[-1]):
+        fields.pop()
+    return fields
+
+
 def _index(header: list[str], names: tuple[str, ...]) -> int | None:
     for n in names:
         if n in header:
@@ -61,7 +70,8 @@ def read_glue_tsv(path: Path, task: TaskSpec) -> list[Example]:
         lines.pop()
     if not lines:
         raise DvfsError(f"{path} is empty")
-    first = [_clean(f) for f in lines[0].rstrip("\r").split("\t")]
+    first = [_clean(f) for f in _fields(lines[0])]
+    width = len(first)
     ia = _index(first, layout.text_a) if layout.text_a else None
     il = _index(first, layout.label) if layout.label else None
     if ia is not None and il is not None:
@@ -74,14 +84,18 @@ def read_glue_tsv(path: Path, task: TaskSpec) -> list[Example]:
         start = 0
     else:
         raise DvfsError(f"{path}:1: header {first} has no {'/'.join(layout.text_a)} and {'/'.join(layout.label)} columns")
+    # a label read as "the last column" (-1) is a column of its own, after the texts
+    needed = max(i for i in (ia, ib, il) if i is not None and i >= 0) + 1 + (1 if il < 0 else 0)
     examples: list[Example] = []
     for lineno, line in enumerate(lines[start:], start=start + 1):
         if not line.strip():
             continue
-        fields = line.rstrip("\r").split("\t")
-        needed = max(i for i in (ia, ib, il) if i is not None and i >= 0) + 1
+        fields = _fields(line)
         if len(fields) < needed:
             raise DvfsError(f"{path}:{lineno}: expected at least {needed} tab-separated fields, found {len(fields)}")
+        if len(fields) > width:
+            raise DvfsError(f"{path}:{lineno}: expected {width} tab-separated fields as on line 1, found {len(fields)} "
+                            "(a tab inside a field?)")
         label_text = _clean(fields[il])
         examples.append(Example(_clean(fields[ia]), _clean(fields[ib]) if ib is not None else None,
                                 _parse_label(label_text, task, path, lineno)))
