@@ -3,11 +3,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fakes.sysfs import FakeJetson, make_orin_tree
+from tests.fakes.kernelfs import KernelTree, fuse_available, mount_orin
+from tests.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,6 +20,9 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("DVFS_STATE_DIR", str(state))
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(tmp_path_factory.mktemp("empty-sysfs")))
+    # The fake boards have no GPU: train on the CPU (the documented --torch-device override).
+    # Tests of the CUDA check unset it.
+    monkeypatch.setenv("DVFS_TORCH_DEVICE", "cpu")
     return state
 
 
@@ -51,26 +56,41 @@ def orin6(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeJetson:
     return fake
 
 
+def _kernel_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jetpack: int) -> Iterator[KernelTree]:
+    ok, why = fuse_available()
+    if not ok:
+        if os.environ.get("DVFS_REQUIRE_FUSE") == "1":  # CI sets it: a skipped kernel test would hide a broken setup
+            pytest.fail(f"DVFS_REQUIRE_FUSE=1 but the FUSE kernel tree cannot be mounted: {why}")
+        pytest.skip(f"FUSE kernel tree unavailable: {why}")
+    tree = mount_orin(tmp_path / "kernel", jetpack=jetpack)
+    try:
+        monkeypatch.setenv("DVFS_SYSFS_ROOT", str(tree.root))
+        yield tree
+    finally:
+        tree.unmount()
+
+
+@pytest.fixture(params=[5, 6], ids=["jetpack5", "jetpack6"])
+def orin_kernel(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelTree]:
+    """A fake Orin served over FUSE by a daemon that enforces the kernel's devfreq rules (min_freq <= max_freq,
+    cur_freq under caps, read-only and EIO knobs): see tests/fakes/kernelfs.py. DVFS_SYSFS_ROOT is the mount."""
+    yield from _kernel_tree(tmp_path, monkeypatch, request.param)
+
+
 @pytest.fixture
-def devfreq_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Enforce the kernel's devfreq rule (min_freq <= max_freq after every write) and log writes."""
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from dvfs_mlops.errors import DvfsError
+def orin6_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelTree]:
+    yield from _kernel_tree(tmp_path, monkeypatch, 6)
 
-    log: list[tuple[str, int]] = []
-    original = JetsonDevice._write
 
-    def checked(self: JetsonDevice, name: str, value: str) -> None:
-        if name in ("min_freq", "max_freq"):
-            lo, hi = self.current_range_hz()
-            lo, hi = (int(value), hi) if name == "min_freq" else (lo, int(value))
-            if lo > hi:
-                raise DvfsError(f"kernel: EINVAL writing {name}={value} (min {lo} > max {hi})")
-            log.append((name, int(value)))
-        original(self, name, value)
+@pytest.fixture
+def kernel(orin: FakeJetson) -> FakeKernel:
+    """The kernel's devfreq rules over the `orin` tree (JetsonDevice(writer=kernel.write))."""
+    return FakeKernel(orin)
 
-    monkeypatch.setattr(JetsonDevice, "_write", checked)
-    return log
+
+@pytest.fixture
+def kernel6(orin6: FakeJetson) -> FakeKernel:
+    return FakeKernel(orin6)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -40,40 +40,105 @@ def test_old_iio_rail_layout(tmp_path):
     assert rails == pytest.approx({"GPU": 5.0, "CPU": 3.0, "SOC": 1.0})
 
 
-def test_pin_lowering_writes_min_first_and_restores(orin, devfreq_writes):
-    dev = JetsonDevice()
-    with dev.session(612):
-        assert orin.range_hz == (612000000, 612000000)
-    assert devfreq_writes[:2] == [("min_freq", 612000000), ("max_freq", 612000000)]
-    assert orin.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
-    # restore raised max first? max was already 612 -> 1300.5 is raising, min 306 lowering: min first is valid
-    assert orin.read("governor") == "nvhost_podgov"
+# The kernel-rule tests run on orin_kernel: a FUSE-served tree whose daemon enforces devfreq's rules
+# (tests/fakes/kernelfs.py), so JetsonDevice writes real files and the kernel fake judges each write(2).
+def test_pin_lowering_writes_min_first_and_restores(orin_kernel):
+    k = orin_kernel
+    with JetsonDevice().session(612):
+        assert k.range_hz == (612000000, 612000000)
+        assert k.read("cur_freq") == "612000000"
+    assert k.writes[:2] == [("min_freq", 612000000), ("max_freq", 612000000)]
+    assert k.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
+    assert k.read("governor") == "nvhost_podgov"
+    assert all(err == 0 for _, _, err in k.log)  # the kernel refused nothing
 
 
-def test_pin_raising_writes_max_first(orin, devfreq_writes):
+def test_pin_raising_writes_max_first(orin_kernel):
+    k = orin_kernel
     dev = JetsonDevice()
     dev.write_range(306000000, 408000000)  # someone capped the GPU low
-    devfreq_writes.clear()
+    k.log.clear()
     with dev.session(1020):
-        assert orin.range_hz == (1020000000, 1020000000)
-    assert devfreq_writes[:2] == [("max_freq", 1020000000), ("min_freq", 1020000000)]
-    assert orin.range_hz == (306000000, 408000000)  # restored exactly what it found
-    assert devfreq_writes[2:] == [("min_freq", 306000000), ("max_freq", 408000000)]
+        assert k.range_hz == (1020000000, 1020000000)
+    assert k.writes[:2] == [("max_freq", 1020000000), ("min_freq", 1020000000)]
+    assert k.range_hz == (306000000, 408000000)  # restored exactly what it found
+    assert k.writes[2:] == [("min_freq", 306000000), ("max_freq", 408000000)]
+    assert all(err == 0 for _, _, err in k.log)
 
 
-def test_maxn_opens_the_full_range(orin, devfreq_writes):
+def test_the_kernel_tree_refuses_min_above_max(orin_kernel):
+    import errno
+
+    k = orin_kernel
+    (k.node / "min_freq").write_text("1020000000")  # max is 1300.5 MHz: fine
+    with pytest.raises(OSError) as e:
+        (k.node / "max_freq").write_text("612000000")  # now max < min
+    assert e.value.errno == errno.EINVAL and k.range_hz == (1020000000, 1300500000)
+    with pytest.raises(OSError) as e:
+        (k.node / "governor").write_text("turbo")
+    assert e.value.errno == errno.EINVAL
+
+
+def test_naive_write_order_is_refused_by_the_kernel(orin_kernel):
+    """The order write_range uses is what makes a raise legal: max first."""
+    k = orin_kernel
     dev = JetsonDevice()
-    dev.write_range(816000000, 816000000)
-    devfreq_writes.clear()
-    with dev.session("maxn"):
-        assert orin.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
-    assert orin.range_hz == (816000000, 816000000)
+    dev.write_range(306000000, 408000000)
+    with pytest.raises(DvfsError, match="Invalid argument"):
+        dev._write("min_freq", "1020000000")  # min before max while raising: EINVAL
+    assert k.range_hz == (306000000, 408000000)
+    assert ("min_freq", "1020000000", 22) in k.log
 
 
-def test_maxn_on_default_state_writes_nothing(orin, devfreq_writes):
-    with JetsonDevice().session("maxn"):
+def test_maxn_writes_nothing_and_keeps_the_range_found(orin_kernel):
+    k = orin_kernel
+    dev = JetsonDevice()
+    dev.write_range(306000000, 816000000)  # e.g. a lower power mode's cap
+    k.log.clear()
+    with dev.session("maxn") as s:
+        assert k.range_hz == (306000000, 816000000)
+    assert k.log == [] and k.range_hz == (306000000, 816000000)
+    assert s.report().clock_mhz_measured == pytest.approx(816)
+
+
+def test_throttled_clock_does_not_hold(orin_kernel):
+    k = orin_kernel
+    k.set_throttle_cap_hz(510000000)  # thermal throttling: QoS max below the pin wins
+    with JetsonDevice(sample_hz=200).session(918) as s:
+        assert k.range_hz == (918000000, 918000000) and k.read("cur_freq") == "510000000"
+        time.sleep(0.1)
+    assert s.report().clock_held is False and s.report().clock_mhz_measured == pytest.approx(510)
+
+
+def test_nvpmodel_mode_cap_holds_the_clock_below_the_pin(orin6_kernel):
+    k = orin6_kernel
+    k.set_nvpmodel_mode(2)  # MODE_30W caps the GPU at 612 MHz
+    with JetsonDevice(sample_hz=200).session(918) as s:
+        time.sleep(0.1)
+    assert s.context.get("above_mode_cap") is True
+    assert s.report().clock_held is False and s.report().clock_mhz_measured == pytest.approx(612)
+
+
+def test_read_only_devfreq_is_a_permission_error_and_nothing_changes(orin_kernel, state_dir):
+    k = orin_kernel
+    k.read_only = True
+    with pytest.raises(DevicePermissionError, match="--observe"), JetsonDevice().session(612):
         pass
-    assert devfreq_writes == []
+    assert k.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1]) and k.writes == []
+    assert not list(state_dir.glob("restore-*.json"))  # nothing pinned, nothing to restore
+
+
+def test_meter_retries_one_eio_and_counts_a_sample_lost_to_two(orin6_kernel):
+    k = orin6_kernel
+    with JetsonDevice(sample_hz=100).session(816) as s:
+        time.sleep(0.1)
+        k.fail_rail_reads(1)  # a transient error: the retry reads the rail
+        time.sleep(0.1)
+        k.fail_rail_reads(2)  # the retry fails too: the sample is lost
+        time.sleep(0.1)
+    r = s.report()
+    assert r.samples_failed == 1  # one lost in ~30: the counter sees it (and may flag the run degraded)
+    assert r.energy_by_rail_j["VDD_GPU_SOC"] == pytest.approx(12.0 * r.duration_s, rel=0.05)
 
 
 def test_invalid_frequency_lists_valid_ones(orin):
@@ -108,23 +173,12 @@ def test_energy_tracks_changing_power(orin):
     assert e == pytest.approx(12 * 0.5 + 22 * 0.5, rel=0.05)
 
 
-def test_permission_error_is_clear(orin, monkeypatch):
-    import builtins
-
-    from dvfs_mlops.device import jetson
-
-    real_open = builtins.open
-
-    def deny(path, mode="r", *a, **k):
-        if "w" in mode and str(path).endswith(("min_freq", "max_freq")):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, mode, *a, **k)
-
-    monkeypatch.setattr(jetson, "open", deny, raising=False)
+def test_permission_error_is_clear(orin_kernel):
+    orin_kernel.read_only = True  # as for a user who is not root (chmod cannot show that to root)
     with pytest.raises(DevicePermissionError, match="run as root"):
         with JetsonDevice().session(612):
             pass
-    assert orin.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
+    assert orin_kernel.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 
 
 def test_refuses_symlink_out_of_node(orin, tmp_path):

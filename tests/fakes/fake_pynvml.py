@@ -19,6 +19,13 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
+NVML_TEMPERATURE_GPU = 0
+# clocks event reasons (nvml.h): bit 0x2 is "applications clocks setting", which locked clocks also raise
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
+nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksThrottleReasonApplicationsClocksSetting = 0x2  # the older name, still exported
 
 _ERROR_NAMES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -81,6 +88,9 @@ class FakeGPU:
         self.energy_counter = energy_counter
         self.util = 87
         self.permission = True
+        self.uuid = "GPU-6b1f0c2e-8a1d-4c3b-9f6e-2d7a5b4c3e10"
+        self.cap_mhz: int | None = None  # a thermal/power cap holding the clock below the lock
+        self.temperature_c = 41
         self._t0 = time.monotonic()
         self.calls: list[tuple] = []
 
@@ -107,8 +117,12 @@ def make_module(gpus: list[FakeGPU] | None = None, driver_loaded: bool = True) -
             raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
         state["init"] = True
 
+    m._shutdowns = 0
+
     def nvmlShutdown():
+        need_init()
         state["init"] = False
+        m._shutdowns += 1
 
     def nvmlDeviceGetCount():
         need_init()
@@ -157,7 +171,18 @@ def make_module(gpus: list[FakeGPU] | None = None, driver_loaded: bool = True) -
         return c_nvmlUtilization_t(h.util, 30)
 
     def nvmlDeviceGetClockInfo(h, kind):
-        return h.locked[0] if h.locked else max(h.graphics_clocks)
+        clock = h.locked[1] if h.locked else max(h.graphics_clocks)
+        return min(clock, h.cap_mhz) if h.cap_mhz else clock
+
+    def nvmlDeviceGetUUID(h):
+        return h.uuid
+
+    def nvmlDeviceGetCurrentClocksEventReasons(h):
+        reasons = nvmlClocksEventReasonApplicationsClocksSetting if h.locked else 0
+        return reasons | (nvmlClocksEventReasonSwThermalSlowdown if h.cap_mhz else 0)
+
+    def nvmlDeviceGetTemperature(h, sensor):
+        return h.temperature_c
 
     for fn in list(locals().values()):
         if callable(fn) and getattr(fn, "__name__", "").startswith("nvml"):

@@ -4,7 +4,12 @@ The layout mirrors the real kernels: the devfreq class entry is a relative symli
 /sys/devices, `device` and `of_node` are relative symlinks, the devicetree `name` property ends
 in a NUL byte, INA3221 chips appear under the i2c driver as symlinks to their device, each with
 a hwmon directory of in{N}_label / in{N}_input (mV) / curr{N}_input (mA), one "NC" channel and the
-channel-7 shunt sum.
+channel-7 shunt sum. Besides sysfs: thermal zones (sys/class/thermal/thermal_zone{N}/type, temp in
+millidegrees C), the EMC clock in debugfs, and nvpmodel's files (etc/nvpmodel.conf, var/lib/nvpmodel/status).
+
+These are plain files: reading cur_freq returns whatever was last written. For a tree that behaves like the
+kernel (the min_freq <= max_freq rule, cur_freq under caps, injected EIO), serve it through
+tests/fakes/kernelfs.py.
 """
 from __future__ import annotations
 
@@ -14,6 +19,12 @@ from pathlib import Path
 
 ORIN_TABLE_HZ = [306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000,
                  1020000000, 1122000000, 1224000000, 1300500000]
+
+# nvpmodel power modes of the fake board: (ID, NAME, GPU MAX_FREQ in Hz, -1: no cap).
+NVPMODEL_MODES = [(0, "MAXN", -1), (1, "MODE_15W", 408000000), (2, "MODE_30W", 612000000), (3, "MODE_50W", 816000000)]
+EMC_RATE_HZ = 3199000000
+GPU_TEMP_MC = 45500  # millidegrees C
+CPU_TEMP_MC = 44000
 
 
 @dataclasses.dataclass
@@ -82,8 +93,10 @@ def _ina3221(root: Path, addr: str, channels: dict[int, tuple[str, int, int]]) -
     return hw
 
 
-def make_orin_tree(root: Path, jetpack: int = 6) -> FakeJetson:
-    """A fake AGX Orin 64 GB: GPU devfreq, a non-GPU devfreq node, two INA3221 chips."""
+def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0) -> FakeJetson:
+    """A fake AGX Orin 64 GB: GPU devfreq, a non-GPU devfreq node, two INA3221 chips, thermal zones,
+    the EMC clock, and nvpmodel in mode `nvpmodel_mode` (0 MAXN, 1 15 W, 2 30 W, 3 50 W; a capped mode
+    also leaves its GPU cap in max_freq, as nvpmodel does)."""
     root.mkdir(parents=True, exist_ok=True)
     if jetpack == 5:
         node = _devfreq(root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b@17000000", "ga10b")
@@ -103,7 +116,49 @@ def make_orin_tree(root: Path, jetpack: int = 6) -> FakeJetson:
         3: ("NC", 0, 0),
     })
     _w(root / "proc/device-tree/model", "NVIDIA Jetson AGX Orin Developer Kit\x00")
+    _thermal(root, jetpack)
+    _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{EMC_RATE_HZ}\n")
+    _nvpmodel(root, nvpmodel_mode)
+    cap = nvpmodel_gpu_cap_hz(nvpmodel_mode)
+    if cap is not None:  # nvpmodel writes the mode's GPU MAX_FREQ into devfreq when it sets the mode
+        _w(node / "max_freq", f"{cap}\n")
+        _w(node / "cur_freq", f"{cap}\n")
     return FakeJetson(root=root, node=node, hwmon=[chip1, chip2])
+
+
+def _thermal(root: Path, jetpack: int) -> None:
+    """cpu zone first, the GPU zone last: nothing may rely on a zone's index, only on its type.
+
+    The GPU zone is thermal_zone9 so a test that writes its own thermal_zone9 replaces it.
+    """
+    names = ("CPU-therm", "GPU-therm") if jetpack == 5 else ("cpu-thermal", "gpu-thermal")
+    for n, name, temp in ((0, names[0], CPU_TEMP_MC), (9, names[1], GPU_TEMP_MC)):
+        zone = root / f"sys/devices/virtual/thermal/thermal_zone{n}"
+        _w(zone / "type", name + "\n")
+        _w(zone / "temp", f"{temp}\n")
+        _link(root / f"sys/class/thermal/thermal_zone{n}", f"../../devices/virtual/thermal/thermal_zone{n}")
+
+
+def nvpmodel_conf() -> str:
+    blocks = []
+    for mode_id, name, gpu_max in NVPMODEL_MODES:
+        blocks.append(f"< POWER_MODEL ID={mode_id} NAME={name} >\nCPU_ONLINE CORE_0 1\nGPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on\n"
+                      f"GPU MIN_FREQ 0\nGPU MAX_FREQ {gpu_max}\nEMC MAX_FREQ 0\n")
+    return "\n".join(blocks) + "\n< PM_CONFIG DEFAULT=0 >\n"
+
+
+def nvpmodel_gpu_cap_hz(mode_id: int) -> int | None:
+    """The GPU MAX_FREQ of a mode of the fake conf (None: no cap)."""
+    for m, _name, gpu_max in NVPMODEL_MODES:
+        if m == mode_id:
+            return gpu_max if gpu_max > 0 else None
+    raise KeyError(mode_id)
+
+
+def _nvpmodel(root: Path, mode_id: int) -> None:
+    nvpmodel_gpu_cap_hz(mode_id)  # KeyError for a mode the conf lacks
+    _w(root / "etc/nvpmodel.conf", nvpmodel_conf())
+    _w(root / "var/lib/nvpmodel/status", f"pmode:{mode_id:04d} fmode:quiet\n")
 
 
 def make_old_ina_tree(root: Path) -> Path:
@@ -115,3 +170,73 @@ def make_old_ina_tree(root: Path) -> Path:
         _w(iio / f"in_current{n}_input", f"{ma}\n")
         _w(iio / f"in_power{n}_input", f"{mv * ma // 1000}\n")
     return iio
+
+
+class FakeKernel:
+    """The devfreq rules of the kernel for a fake tree: JetsonDevice(writer=kernel.write) writes through it.
+
+    Like drivers/devfreq/devfreq.c: min_freq/max_freq take a decimal integer (EINVAL otherwise) and
+    a write that would leave min_freq > max_freq fails with EINVAL and changes nothing; governor
+    accepts only a name from available_governors. cur_freq follows: the governor's target (the top
+    of the range under load) clamped into [min_freq, max_freq], then held under a QoS cap (thermal
+    throttling, the nvpmodel mode), which wins over the user's min_freq as the kernel's does.
+    Knobs: `read_only` (every write EACCES, as for a non-root user), `fail_writes` (names that fail
+    with EIO), `cap_hz`. Every write attempt is logged as (name, value, errno or 0).
+    """
+
+    def __init__(self, fake: FakeJetson):
+        self.fake = fake
+        self.read_only = False
+        self.fail_writes: set[str] = set()
+        self.cap_hz: int | None = None
+        self.log: list[tuple[str, str, int]] = []
+        self._update_cur()
+
+    @property
+    def writes(self) -> list[tuple[str, int]]:
+        """Accepted min/max writes, as (name, Hz)."""
+        return [(n, int(v)) for n, v, err in self.log if err == 0 and n in ("min_freq", "max_freq")]
+
+    def set_cap_hz(self, hz: int | None) -> None:
+        self.cap_hz = hz
+        self._update_cur()
+
+    def _fail(self, name: str, value: str, err: int) -> None:
+        self.log.append((name, value.strip(), err))
+        raise OSError(err, os.strerror(err))
+
+    def write(self, path: Path, value: str) -> None:
+        import errno
+
+        name = Path(path).name
+        if Path(path).parent.resolve() != self.fake.node.resolve():
+            Path(path).write_text(value)  # not the GPU's devfreq node: a plain file
+            return
+        if self.read_only:
+            self._fail(name, value, errno.EACCES)
+        if name in self.fail_writes:
+            self._fail(name, value, errno.EIO)
+        if name in ("min_freq", "max_freq"):
+            try:
+                hz = int(value.strip())
+            except ValueError:
+                self._fail(name, value, errno.EINVAL)
+            lo, hi = self.fake.range_hz
+            lo, hi = (hz, hi) if name == "min_freq" else (lo, hz)
+            if lo > hi:
+                self._fail(name, value, errno.EINVAL)
+        elif name == "governor":
+            if value.strip() not in self.fake.read("available_governors").split():
+                self._fail(name, value, errno.EINVAL)
+        elif name in ("cur_freq", "available_frequencies", "available_governors"):
+            self._fail(name, value, errno.EACCES)  # read-only attributes (0444)
+        (self.fake.node / name).write_text(value.strip() + "\n")
+        self.log.append((name, value.strip(), 0))
+        self._update_cur()
+
+    def _update_cur(self) -> None:
+        lo, hi = self.fake.range_hz
+        cur = max(lo, hi)  # under load the governor asks for the top of the range
+        if self.cap_hz is not None:
+            cur = min(cur, self.cap_hz)
+        (self.fake.node / "cur_freq").write_text(f"{cur}\n")
