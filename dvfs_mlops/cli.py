@@ -17,6 +17,14 @@ DEVICE_OPTION = click.option("--device", "device_name", default="auto", show_def
                              type=click.Choice(["auto", "jetson", "nvml", "sim"]), help="Device backend.")
 SAMPLE_HZ_OPTION = click.option("--sample-hz", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
                                 help="Power sampling rate of the meter (jetson, nvml).")
+GPU_INDEX_OPTION = click.option("--gpu-index", default=0, show_default=True, type=click.IntRange(min=0),
+                                help="nvml: which GPU, by NVML index (nvidia-smi's order, PCI bus order; CUDA's own "
+                                     "order can differ, the backend maps it by UUID).")
+OBSERVE_OPTION = click.option("--observe", is_flag=True,
+                              help="Meter only: write no clock or setting, take no lock (no root needed); runs are tagged dvfs.observe=true.")
+TORCH_DEVICE_OPTION = click.option("--torch-device", default="", metavar="DEV",
+                                   help="Train on DEV (cpu, cuda:1 ...) instead of the backend's own GPU; for tests and "
+                                        "unusual set-ups only: a clock pinned on a GPU that does not train saves nothing.")
 
 
 class DvfsGroup(click.Group):
@@ -67,18 +75,26 @@ def _announce(dev: Any, requested: str) -> None:
     _echo_err(describe_device(dev, requested))
 
 
-def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False) -> Any:
+def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_index: int = 0) -> Any:
     from dvfs_mlops.device import open_device
 
-    return open_device(device_name, sample_hz=sample_hz, announce=None if quiet else _echo_err)
+    return open_device(device_name, sample_hz=sample_hz, gpu_index=gpu_index, announce=None if quiet else _echo_err)
+
+
+def _torch_device(dev: Any, override: str) -> str:
+    """Where training runs, checked before any clock is touched (CUDA missing: one-line error)."""
+    from dvfs_mlops.device.placement import resolve_torch_device
+
+    return resolve_torch_device(dev, override or None)
 
 
 @main.command()
 @DEVICE_OPTION
+@GPU_INDEX_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def devices(device_name: str, as_json: bool) -> None:
+def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
     """Show the backend, its frequency table, current clock and power rails."""
-    info = _open(device_name, quiet=as_json).info()
+    info = _open(device_name, quiet=as_json, gpu_index=gpu_index).info()
     if as_json:
         click.echo(json.dumps(info.to_dict(), indent=2))
         return
@@ -124,29 +140,38 @@ def simulate(model: str | None, model_config: str | None, seq_len: int, batch_si
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--freq", required=True, help="Clock in MHz from the device's table, or 'maxn'.")
+@click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
 @DEVICE_OPTION
 @SAMPLE_HZ_OPTION
+@GPU_INDEX_OPTION
+@OBSERVE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the EnergyReport as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(freq: str, device_name: str, sample_hz: float, as_json: bool, command: tuple[str, ...]) -> None:
+def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
     from dvfs_mlops.device import parse_freq
     from dvfs_mlops.runner import check_command, run_metered
 
-    dev = _open(device_name, sample_hz, quiet=True)
+    if not freq and not observe:
+        raise DvfsError("give --freq MHZ (or maxn), or --observe to meter without touching the clock")
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    freq = freq or "maxn"
     parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
     check_command(list(command))
     _announce(dev, device_name)
-    rc, report = run_metered(dev, freq, list(command))
+    rc, report = run_metered(dev, freq, list(command), observe=observe)
     if as_json:
-        click.echo(json.dumps({"freq": freq, "device": dev.name, "device_profile": dev.profile, "returncode": rc, **report.to_dict()}, indent=2))
+        click.echo(json.dumps({"freq": freq, "observe": observe, "device": dev.name, "device_profile": dev.profile,
+                               "device_id": getattr(dev, "device_id", None), "returncode": rc, **report.to_dict()}, indent=2))
     else:
         label = " (SIMULATED)" if report.simulated else ""
+        clock = f", clock {report.clock_mhz_measured:.0f} MHz measured" if report.clock_mhz_measured is not None else ""
+        held = {True: " (held)", False: " (did NOT hold the pinned clock)", None: ""}[report.clock_held]
+        failed = f", {report.samples_failed} failed" if report.samples_failed else ""
         click.echo(
             f"energy{label}: {report.energy_j:.2f} J CPU+GPU, {report.energy_total_j:.2f} J all rails, "
             f"{report.duration_s:.2f} s, avg {report.avg_power_w:.2f} W, peak {report.peak_power_w:.2f} W, "
-            f"{report.samples} samples; exit code {rc}",
+            f"{report.samples} samples{failed}{clock}{held}{' [observe]' if observe else ''}; exit code {rc}",
             err=True,
         )
     sys.exit(rc)
@@ -170,9 +195,14 @@ def _opt_int(name: str, value: str | None) -> int | None:
 @click.option("--steps", default="", help="Training steps per point; 0 = profile only (sim).")
 @click.option("--profile-steps", default="", help="Steps charged per point when --steps 0.")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--repeats", default="", help="Repeats per point (default: the preset's, 1).")
+@click.option("--repeats", default="", help="Repeats per point (default: the preset's, 1); on hardware each repeat visits the clocks in its own seeded random order.")
 @DEVICE_OPTION
 @SAMPLE_HZ_OPTION
+@GPU_INDEX_OPTION
+@TORCH_DEVICE_OPTION
+@click.option("--settle-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Hardware: idle this many seconds before each point after the first (cool-down, so points start alike).")
+@click.option("--observe", is_flag=True, hidden=True)
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]))
 @click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -182,14 +212,19 @@ def _opt_int(name: str, value: str | None) -> int | None:
 @click.option("--dev-size", default="", help="Synthetic dev examples per task.")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
 def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_steps: str, batch_size: int, repeats: str,
-          device_name: str, sample_hz: float, data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
+          device_name: str, sample_hz: float, gpu_index: int, torch_device: str, settle_s: float, observe: bool,
+          data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
           train_size: str, dev_size: str, replay: bool) -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
 
+    if observe:
+        raise DvfsError("a sweep exists to pin each clock, so it has no --observe; meter a job as found with "
+                        "`dvfs-mlops finetune --observe` or `dvfs-mlops run --observe -- CMD`")
     tracking.check_reachable()  # before the device is even opened
-    dev = _open(device_name, sample_hz, quiet=True)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    where = _torch_device(dev, torch_device)
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=_opt_int("--steps", steps),
         profile_steps=_opt_int("--profile-steps", profile_steps), batch_size=batch_size, repeats=_opt_int("--repeats", repeats),
@@ -197,7 +232,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_
         sweep_id=sweep_id or None, train_size=_opt_int("--train-size", train_size), dev_size=_opt_int("--dev-size", dev_size),
     )
     _announce(dev, device_name)
-    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err)
+    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s)
     label = " (SIMULATED)" if dev.simulated else ""
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
@@ -242,6 +277,9 @@ def _depth(policy: dict) -> int:
 @click.option("--governor", "governor_uri", default="", help="A models:/ URI (default models:/dvfs-governor@production).")
 @DEVICE_OPTION
 @SAMPLE_HZ_OPTION
+@GPU_INDEX_OPTION
+@OBSERVE_OPTION
+@TORCH_DEVICE_OPTION
 @click.option("--steps", default=60, show_default=True, type=click.IntRange(min=1))
 @click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
@@ -256,7 +294,7 @@ def _depth(policy: dict) -> int:
 @click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
 @click.option("--json", "as_json", is_flag=True)
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
-                 steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
+                 gpu_index: int, observe: bool, torch_device: str, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
@@ -269,12 +307,13 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
                                 data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
-    dev = _open(device_name, sample_hz, quiet=True)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
-                           announce_device=not as_json)
+                           announce_device=not as_json, torch_device=where, observe=observe)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
 
@@ -332,7 +371,7 @@ def registry_show(version: str) -> None:
 
 @registry.command("bootstrap")
 def registry_bootstrap() -> None:
-    """Register the published tree (registry/baselines/paper-mlg.json) as a version."""
+    """Register the published tree (baselines/paper-mlg.json of the registry data) as a version."""
     from dvfs_mlops.registry import bootstrap
 
     bootstrap(say=click.echo)
@@ -342,7 +381,7 @@ def registry_bootstrap() -> None:
 @click.argument("version")
 @click.option("--force", is_flag=True, help="Promote even if a gate fails.")
 def registry_promote(version: str, force: bool) -> None:
-    """Check the gates of registry/governor.yaml, then alias VERSION as production."""
+    """Check the gates of governor.yaml (the registry data), then alias VERSION as production."""
     from dvfs_mlops.registry import promote
 
     promote(version, force=force, say=click.echo)

@@ -23,6 +23,10 @@ class DeviceBusyError(DvfsError):
     """Another live process owns the GPU's clocks."""
 
 
+class RestoreFailedError(DvfsError):
+    """The original clocks could not be put back; the journal is kept for `dvfs-mlops restore`."""
+
+
 class DeviceNotFoundError(DvfsError):
     """The requested backend found no device on this machine."""
 

@@ -1,20 +1,26 @@
 """The fine-tuning loop: transformers sequence classifier, AdamW, dynamic padding, fixed steps.
 
 Seeded and deterministic on CPU: the same seed gives the same batches, losses and accuracy at
-every clock. It calls `session.step(trace)` once per training step (the twin charges it; real
-hardware ignores it). `train=False` is the twin's profile-only mode: the same batches are
-planned and charged, nothing is computed.
+every clock. The model and every batch live on `torch_device` (the backend's GPU on real
+hardware). It calls `session.step(trace)` once per training step (the twin charges it; real
+hardware ignores it) and meters two windows: "train" (the optimisation steps only: what
+`energy_j` and `time_s` mean on every backend) and "eval"; model build is neither. Window edges
+wait for the GPU (synchronize), so queued work is charged to the window that queued it.
+`run_training=False` is the twin's profile-only mode: the same batches are planned and charged,
+nothing is computed.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from dvfs_mlops.device.placement import synchronize
 from dvfs_mlops.workloads.tokenizer import Encoded, collate, padded_length
 
 
@@ -85,22 +91,24 @@ def finetune(
     run_training: bool = True,
     pretrained: str | None = None,
     on_step: Callable[[int, float | None], None] | None = None,
+    torch_device: str = "cpu",
 ) -> FinetuneResult:
-    """Fine-tune (or, with run_training=False, only plan and charge) and evaluate on dev."""
+    """Fine-tune on `torch_device` (or, with run_training=False, only plan and charge) and evaluate on dev."""
     steps = num_steps(config, len(train))
     batches = plan_batches(len(train), steps, config.batch_size, config.seed)
     lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
     metric = "eval_pearson" if is_regression else "eval_accuracy"
     t0 = time.monotonic()
     if not run_training:
-        for n in lengths:
-            _charge(session, trace_for, n)
+        with metered(session, "train", torch_device):
+            for n in lengths:
+                _charge(session, trace_for, n)
         return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
 
     import torch
 
     torch.manual_seed(config.seed)
-    model = build_model(model_config, config.seed, config.attn_implementation, pretrained)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained).to(torch_device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     warmup = max(1, int(config.warmup_share * steps))
@@ -109,23 +117,41 @@ def finetune(
     )
     label_dtype = torch.float32 if is_regression else torch.long
     losses: list[float] = []
-    for step, (idx, n) in enumerate(zip(batches, lengths)):
-        ids, mask = collate([train.ids[i] for i in idx], pad_id)
-        labels = torch.as_tensor(train.labels[idx], dtype=label_dtype)
-        out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=labels)
-        out.loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss = float(out.loss.detach())
-        losses.append(loss)
-        _charge(session, trace_for, n)
-        if on_step is not None:
-            on_step(step, loss)
-    wall = time.monotonic() - t0
+    with metered(session, "train", torch_device):
+        t_train = time.monotonic()
+        for step, (idx, n) in enumerate(zip(batches, lengths)):
+            ids, mask = collate([train.ids[i] for i in idx], pad_id)
+            labels = torch.as_tensor(train.labels[idx], dtype=label_dtype).to(torch_device)
+            out = model(input_ids=torch.from_numpy(ids).to(torch_device), attention_mask=torch.from_numpy(mask).to(torch_device),
+                        labels=labels)
+            out.loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss = float(out.loss.detach())  # .item() waits for the step's GPU work: the step boundary
+            losses.append(loss)
+            _charge(session, trace_for, n)
+            if on_step is not None:
+                on_step(step, loss)
+        synchronize(torch_device)
+        wall = time.monotonic() - t_train
     tail = losses[-max(1, len(losses) // 10):]
-    value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size)
+    with metered(session, "eval", torch_device):
+        value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
     return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model)
+
+
+@contextlib.contextmanager
+def metered(session: Any, name: str, torch_device: str = "cpu") -> Iterator[None]:
+    """Meter the block as the session's window `name` (no session, or one without windows: just run it)."""
+    window = getattr(session, "window", None)
+    if window is None:
+        yield
+        return
+    synchronize(torch_device)
+    with window(name):
+        yield
+        synchronize(torch_device)
 
 
 def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -> None:
@@ -133,17 +159,19 @@ def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -
         session.step(trace_for(padded) if trace_for is not None else None)
 
 
-def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64) -> float:
-    """Accuracy, or Pearson correlation for regression, on the dev split."""
+def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None) -> float:
+    """Accuracy, or Pearson correlation for regression, on the dev split (on the model's device)."""
     import torch
 
+    where = torch_device or next(model.parameters()).device
     model.eval()
     preds: list[np.ndarray] = []
     with torch.no_grad():
         for start in range(0, len(dev), batch_size):
             ids, mask = collate(dev.ids[start:start + batch_size], pad_id)
-            logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits
-            preds.append(logits.squeeze(-1).numpy() if is_regression else logits.argmax(-1).numpy())
+            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits
+            out = logits.squeeze(-1) if is_regression else logits.argmax(-1)
+            preds.append(out.float().cpu().numpy() if is_regression else out.cpu().numpy())
     model.train()
     p = np.concatenate(preds)
     if is_regression:

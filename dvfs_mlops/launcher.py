@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops import tracking
+from dvfs_mlops import records, tracking
 from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.device.placement import resolve_torch_device
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.finetune import FinetuneConfig, finetune, num_steps, plan_batches
 from dvfs_mlops.workloads.features import WorkloadFeatures
@@ -44,18 +45,23 @@ def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> Any:
     return SimDevice().curve(trace)
 
 
-def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_steps: int) -> tuple[float, str]:
-    """GPU utilisation at maxn: a short probe on the device, or (0 steps) the twin's estimate."""
+def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_steps: int, *, torch_device: str | None = None,
+                     observe: bool = False) -> tuple[float, str]:
+    """GPU utilisation at maxn: a short probe on the device's GPU, or (0 steps) the twin's estimate.
+
+    The probe trains on `torch_device` (default: the backend's), under the board's default clocks;
+    `observe=True` takes no lock either.
+    """
     if probe_steps <= 0:
         _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
     trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
-    session = device.session(MAXN, **({"noise_key": "probe"} if device.simulated else {}))
+    session = device.session(MAXN, observe=observe, **({"noise_key": "probe"} if device.simulated else {}))
     with session:
         finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
                  is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                 run_training=not device.simulated)
+                 run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device))
     util = session.report().gpu_util_pct
     if util is None:
         raise DvfsError(f"the {device.name} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
@@ -83,7 +89,8 @@ def check_profile(meta: dict[str, Any], device: Any, strict: bool, say: Callable
 
 
 def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri: str | None, probe_steps: int, strict: bool,
-                  say: Callable[[str], None], announce_device: bool = False) -> tuple[Decision, Any]:
+                  say: Callable[[str], None], announce_device: bool = False, *, torch_device: str | None = None,
+                  observe: bool = False) -> tuple[Decision, Any]:
     from dvfs_mlops.device import describe_device
     from dvfs_mlops.registry import resolve
 
@@ -91,7 +98,7 @@ def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri:
     check_profile(meta, device, strict, say)
     if announce_device:
         say(describe_device(device))
-    util, source = measure_gpu_util(device, prepared, cfg, probe_steps)
+    util, source = measure_gpu_util(device, prepared, cfg, probe_steps, torch_device=torch_device, observe=observe)
     features = prepared.features.with_gpu_util(util)
     freq, path = decide(model, meta, features, device.frequencies_mhz)
     saving = None
@@ -126,12 +133,19 @@ def save_model_artifacts(result: Any, prepared: Any, out: Path) -> None:
 
 def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_uri: str | None = None, probe_steps: int = 5,
                  dry_run: bool = False, strict: bool = False, save_model: bool = True, pretrained: str | None = None,
-                 say: Callable[[str], None] = print, announce_device: bool = False) -> dict[str, Any]:
-    """The launcher. Returns a JSON-able summary (decision, and the run's id/metrics unless dry-run)."""
+                 say: Callable[[str], None] = print, announce_device: bool = False, torch_device: str | None = None,
+                 observe: bool = False) -> dict[str, Any]:
+    """The launcher. Returns a JSON-able summary (decision, and the run's id/metrics unless dry-run).
+
+    `observe=True` decides and reports the clock it would pin, but fine-tunes under the clocks as
+    found and meters only (no lock, no write: no root needed); the run is tagged dvfs.observe=true.
+    """
     from dvfs_mlops.sweep import point_metrics
 
+    where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = tracking.check_reachable()  # before any clock is touched
-    decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say, announce_device=announce_device)
+    decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say, announce_device=announce_device,
+                                torch_device=where, observe=observe)
     for line in describe_decision(decision, device):
         say(line)
     summary: dict[str, Any] = {"decision": decision.to_dict(), "device": device.name, "device_profile": device.profile,
@@ -150,22 +164,25 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
         tracking.log_run_batch(c, run_id, tags=tags)
     try:
         trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
-        session = device.session(decision.freq_mhz, **({"noise_key": "finetune"} if device.simulated else {}))
-        say(f"pinning {decision.freq_mhz:g} MHz on {device.name}" + (" (SIMULATED)" if device.simulated else "") + ", fine-tuning ...")
+        session = device.session(decision.freq_mhz, observe=observe, **({"noise_key": "finetune"} if device.simulated else {}))
+        sim = " (SIMULATED)" if device.simulated else ""
+        say(f"observing on {device.name}{sim} (clocks left as found; would pin {decision.freq_mhz:g} MHz), fine-tuning on {where} ..."
+            if observe else f"pinning {decision.freq_mhz:g} MHz on {device.name}{sim}, fine-tuning on {where} ...")
         with session:
             result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                              pretrained=pretrained)
+                              pretrained=pretrained, torch_device=where)
         report = session.report()
-        metrics = point_metrics(report, result, decision.freq_mhz)
+        metrics = point_metrics(report, result, None if observe else decision.freq_mhz, session)
         f = decision.features
         params = {"model": prepared.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
                   "num_params": f.num_params, "task": prepared.data.task.name, "avg_seq_len": round(f.avg_seq_len, 3),
                   "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(decision.freq_mhz),
                   "device": device.name, "device_profile": device.profile, "batch_size": cfg.batch_size, "steps": result.steps,
-                  "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source}
+                  "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source,
+                  "torch_device": where, **records.session_params(session)}
         tracking.log_run_batch(c, run_id, params=params, metrics={**metrics, "expected_saving_vs_maxn": decision.expected_saving},
-                               series={"power_w": report.power_series_w[:1000]})
+                               tags=records.session_tags(session, report), series={"power_w": report.power_series_w[:1000]})
         if save_model and result.model is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 save_model_artifacts(result, prepared, Path(tmp) / "model")
@@ -177,7 +194,11 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
             c.set_terminated(run_id, "FAILED" if not isinstance(sys.exc_info()[1], KeyboardInterrupt) else "KILLED")
         raise
     label = " (SIMULATED)" if device.simulated else ""
-    say(f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s at {decision.freq_mhz:g} MHz; "
-        f"{result.eval_metric} {result.eval_value:.3f}; run {run_id} in {FINETUNE_EXPERIMENT}; clocks restored")
+    measured = f", measured {report.clock_mhz_measured:.0f} MHz" if report.clock_mhz_measured is not None else ""
+    held = "; WARNING: the clock did not hold at the pinned value" if report.clock_held is False else ""
+    where_clock = "under the clocks as found (observe)" if observe else f"at {decision.freq_mhz:g} MHz"
+    say(f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s of training {where_clock}{measured}; "
+        f"{result.eval_metric} {result.eval_value:.3f}; run {run_id} in {FINETUNE_EXPERIMENT}"
+        + ("" if observe else "; clocks restored") + held)
     summary.update({"run_id": run_id, "metrics": {k: v for k, v in metrics.items() if v is not None}})
     return summary

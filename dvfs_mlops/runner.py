@@ -10,14 +10,14 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.meter import EnergyReport
 
 
-def run_metered(device: Any, freq: str, command: list[str]) -> tuple[int, EnergyReport]:
-    """Run `command` (an argv list, never a shell string) inside a FreqSession.
+def run_metered(device: Any, freq: str, command: list[str], observe: bool = False) -> tuple[int, EnergyReport]:
+    """Run `command` (an argv list, never a shell string) inside a FreqSession (`observe`: meter only).
 
     SIGINT/SIGTERM reaching us are forwarded to the child; the session restores the clock on the
     way out whatever happens.
     """
     check_command(command)
-    session = device.session(freq)
+    session = device.session(freq, observe=observe)
     with session:
         proc = subprocess.Popen(command)
         try:

@@ -2,6 +2,9 @@
 
 A sweep is identified by `dvfs.sweep_id` (a hash of its definition unless given), so re-running
 the same sweep skips points that already have a FINISHED run and re-does RUNNING/FAILED ones.
+On hardware the clock order is shuffled per workload and repeat (seeded by the sweep's seed), so
+drift (warming up, a thermal soak) does not line up with the clock; `settle_s` waits between
+points.
 On the twin, numerics don't depend on the clock: each workload is trained once and its step
 trace replayed at the other clocks (tag `dvfs.sim_replay=true`); `steps=0` only plans and charges
 the steps (no training, no eval metrics, tag `dvfs.profile_only=true`).
@@ -13,13 +16,15 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops import tracking
+from dvfs_mlops import records, tracking
 from dvfs_mlops.device.base import MAXN, FreqRequest, freq_label, parse_freq
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
@@ -86,14 +91,24 @@ class SweepSpec:
     replay: bool
     device_profile: str
     sweep_id: str = ""
+    shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
 
     def points(self) -> list[Point]:
-        return [Point(m, t, f, r) for m in self.models for t in self.tasks for r in range(self.repeats) for f in self.freqs]
+        out = []
+        for m in self.models:
+            for t in self.tasks:
+                for r in range(self.repeats):
+                    freqs = list(self.freqs)
+                    if self.shuffle_clocks:
+                        random.Random(f"{self.seed}|{m}/{t}|{r}").shuffle(freqs)
+                    out += [Point(m, t, f, r) for f in freqs]
+        return out
 
     def definition(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("sweep_id")
         d.pop("experiment")
+        d.pop("shuffle_clocks")  # the order of the points, not what is measured
         d["freqs"] = [freq_label(f) for f in self.freqs]
         return d
 
@@ -151,6 +166,7 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
+        shuffle_clocks=not device.simulated,
     )
     return spec.with_default_id()
 
@@ -238,15 +254,16 @@ def _point_params(spec: SweepSpec, point: Point, features: Any, device: Any, spl
     }
 
 
-def point_metrics(report: EnergyReport, result: FinetuneResult, effective_mhz: float | None) -> dict[str, float | None]:
+def point_metrics(report: EnergyReport, result: FinetuneResult, effective_mhz: float | None,
+                  session: Any = None) -> dict[str, float | None]:
+    """A point's metrics: the training window (energy_j, time_s, ...), eval apart, the verified clock."""
     t = report.duration_s
     samples = result.train_samples
     return {
-        "energy_j": report.energy_j, "energy_gpu_j": report.energy_gpu_j, "energy_cpu_j": report.energy_cpu_j,
-        "energy_total_j": report.energy_total_j, "avg_power_w": report.avg_power_w, "peak_power_w": report.peak_power_w,
-        "time_s": t, "gpu_util_pct": report.gpu_util_pct, result.eval_metric: result.eval_value,
+        **records.report_metrics(report), result.eval_metric: result.eval_value,
         "samples_per_s": samples / t if t > 0 else None, "energy_per_sample_j": report.energy_j / samples if samples else None,
         "wall_time_s": result.wall_time_s, "clock_mhz": effective_mhz,
+        **(records.session_metrics(session) if session is not None else {}),
     }
 
 
@@ -257,11 +274,18 @@ def _downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> li
     return [series[int(i * step)] for i in range(n)]
 
 
-def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | None = None) -> SweepOutcome:
-    """Run (or resume) a sweep; returns what ran and what was already there."""
+def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | None = None, *,
+              torch_device: str | None = None, settle_s: float = 0.0) -> SweepOutcome:
+    """Run (or resume) a sweep; returns what ran and what was already there.
+
+    `torch_device`: where training runs (default: the backend's own, `device.torch_device`);
+    `settle_s`: seconds to idle before each point after the first, on hardware (cool-down).
+    """
+    from dvfs_mlops.device.placement import resolve_torch_device
     from dvfs_mlops.workloads.prepare import prepare_workload
 
     say = announce or (lambda m: print(m, file=sys.stderr))
+    where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = tracking.check_reachable()  # before any clock is touched
     exp_id, parent_id, created = _resolve_parent(c, spec)
     done, stale = _finished_points(c, [exp_id], spec.sweep_id)
@@ -291,7 +315,9 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 progress.start(point.key)
                 for run_id in stale.pop(point.key, []):
                     c.set_terminated(run_id, "KILLED")
-                summary = _run_point(c, exp_id, parent_id, spec, device, point, prepared, split, trace_for, trained)
+                if ran and settle_s > 0 and not device.simulated:
+                    time.sleep(settle_s)
+                summary = _run_point(c, exp_id, parent_id, spec, device, point, prepared, split, trace_for, trained, where)
                 ran.append(point.key)
                 progress.finish(point.key, summary)
         completed = True
@@ -309,7 +335,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
 
 
 def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
-               split: str, trace_for: Any, trained: dict[int, FinetuneResult]) -> str:
+               split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu") -> str:
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed)
     profile_only = spec.steps == 0
     replay = spec.replay and not profile_only and point.repeat in trained
@@ -326,21 +352,24 @@ def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any
         with session:
             if replay:
                 source = trained[point.repeat]
-                for n in source.padded_lengths:
-                    session.step(trace_for(n))
+                with session.window("train"):
+                    for n in source.padded_lengths:
+                        session.step(trace_for(n))
                 result = dataclasses.replace(source, model=None, wall_time_s=0.0)
             else:
                 result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                                   is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                                  run_training=not profile_only)
+                                  run_training=not profile_only, torch_device=torch_device)
                 result.model = None
                 if spec.replay:
                     trained[point.repeat] = result
         report = session.report()
         effective = getattr(session, "effective_mhz", None) or (None if point.freq == MAXN else float(point.freq))
-        metrics = point_metrics(report, result, effective)
-        _tracked(lambda: tracking.log_run_batch(c, run_id, params=_point_params(spec, point, prepared.features, device, split),
-                                                metrics=metrics, series={"power_w": _downsample(report.power_series_w)}), point)
+        metrics = point_metrics(report, result, effective, session)
+        params = {**_point_params(spec, point, prepared.features, device, split), **records.session_params(session),
+                  "torch_device": torch_device}
+        _tracked(lambda: tracking.log_run_batch(c, run_id, params=params, metrics=metrics, tags=records.session_tags(session, report),
+                                                series={"power_w": _downsample(report.power_series_w)}), point)
         _tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
     except BaseException:
         status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"
@@ -349,7 +378,9 @@ def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any
         raise
     acc = metrics.get(result.eval_metric)
     label = "SIMULATED " if device.simulated else ""
-    return f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
+    held = " (clock did NOT hold)" if report.clock_held is False else ""
+    return (f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
+            + held)
 
 
 def _tracked(call: Callable[[], Any], point: Point) -> Any:

@@ -22,6 +22,11 @@ TAG_SIMULATED = "dvfs.simulated"
 TAG_REPLAY = "dvfs.sim_replay"
 TAG_PROFILE_ONLY = "dvfs.profile_only"
 TAG_PARENT = "mlflow.parentRunId"
+TAG_DEVICE_ID = "dvfs.device_id"  # which board: the Jetson's serial, the NVML GPU's UUID
+TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin
+TAG_OBSERVE = "dvfs.observe"  # "true": metered only, nothing written to the clocks
+TAG_METER_DEGRADED = "dvfs.meter_degraded"  # "true": more than 1 % of power samples failed
+TAG_ABOVE_MODE_CAP = "dvfs.above_mode_cap"  # "true": pinned above the nvpmodel mode's GPU cap
 
 
 def tracking_uri() -> str:

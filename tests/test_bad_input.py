@@ -20,7 +20,7 @@ CASES = [
     (["run", "--freq", "700", "--device", "jetson", "--", "true"], "unknown frequency '700'; valid frequencies: 306"),
     (["run", "--freq", "816", "--device", "jetson", "--", "no-such-program-xyz"], "command not found"),
     (["run", "--freq", "816", "--device", "nvml", "--", "true"], "NVML"),
-    (["run", "--device", "sim", "--", "true"], "Missing option '--freq'"),
+    (["run", "--device", "sim", "--", "true"], "give --freq MHZ (or maxn), or --observe"),
     (["sweep", "--preset", "huge"], "unknown preset 'huge'"),
     (["sweep", "--models", "bert-xl", "--device", "jetson"], "unknown model 'bert-xl'"),
     (["sweep", "--tasks", "squad", "--device", "jetson"], "unknown task 'squad'"),

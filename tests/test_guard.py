@@ -118,3 +118,62 @@ def test_journal_written_before_first_clock_write(orin6, state_dir, monkeypatch)
     with JetsonDevice().session(918):
         pass
     assert seen and seen[0] == ["918"]
+
+
+def test_failed_restore_keeps_the_journal_and_restore_finishes_later(orin6, kernel6, state_dir):
+    from dvfs_mlops.device import restore_journals
+    from dvfs_mlops.device.guard import DeviceLock
+    from dvfs_mlops.errors import RestoreFailedError
+
+    dev = JetsonDevice(writer=kernel6.write)
+    with pytest.raises(RestoreFailedError) as e, dev.session(612):
+        kernel6.fail_writes = {"min_freq", "max_freq"}  # the restore's writes will fail with EIO
+    message = str(e.value)
+    journal = state_dir / f"restore-{dev.device_key}.json"
+    assert str(journal) in message and "dvfs-mlops restore" in message and "\n" not in message
+    assert journal.exists() and orin6.range_hz == (612000000, 612000000)  # still pinned, and remembered
+    lock = DeviceLock(dev.device_key, state_dir)
+    lock.acquire()  # the failed session released its lock
+    lock.release()
+    kernel6.fail_writes = set()  # the cause is fixed
+    assert restore_journals(announce=lambda _m: None) == 1
+    assert orin6.range_hz == DEFAULT and not journal.exists()
+
+
+def test_restore_command_exits_nonzero_while_the_cause_persists(orin6, state_dir):
+    from dvfs_mlops.device.guard import Journal, write_journal
+
+    dev = JetsonDevice()
+    write_journal(Journal("jetson", dev.device_key, 999999, 0.0, {"node": str(orin6.node), "min_freq": "306000000",
+                                                                 "max_freq": "1300500000"}, "612"), state_dir)
+    (orin6.node / "max_freq").unlink()
+    (orin6.node / "max_freq").mkdir()  # unwritable even for root
+    r = run_cli("restore")
+    assert r.returncode == 2 and r.stderr.startswith("Error: could not restore") and "Traceback" not in r.stderr
+    assert list_journals(state_dir)  # kept
+    (orin6.node / "max_freq").rmdir()
+    (orin6.node / "max_freq").write_text("612000000\n")
+    r = run_cli("restore")
+    assert r.returncode == 0 and "restored" in r.stdout and not list_journals(state_dir)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="system lock locations are used only as root")
+def test_two_root_processes_with_different_homes_share_one_owner(orin6, tmp_path):
+    prefix = tmp_path / "system"
+    env = {k: v for k, v in os.environ.items() if k != "DVFS_STATE_DIR"}
+    env["DVFS_SYSTEM_STATE_PREFIX"] = str(prefix)
+    first = subprocess.Popen([sys.executable, "-m", "tests.fakes.session_child", "612", "wait"], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "HOME": str(tmp_path / "home-a")})
+    try:
+        assert first.stdout.readline().strip() == "PINNED", first.stderr.read()
+        assert list((prefix / "run/lock/dvfs-mlops").glob("lock-*.pid"))
+        assert list((prefix / "var/lib/dvfs-mlops").glob("restore-*.json"))
+        second = subprocess.run([sys.executable, "-m", "tests.fakes.session_child", "816", "exit"], cwd=REPO, text=True,
+                                capture_output=True, env={**env, "HOME": str(tmp_path / "home-b")}, timeout=60)
+        assert second.returncode != 0 and f"in use by PID {first.pid}" in second.stderr
+        assert orin6.range_hz == (612000000, 612000000)
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    assert orin6.range_hz == DEFAULT
+    assert not (tmp_path / "home-a/.cache").exists() and not (tmp_path / "home-b/.cache").exists()

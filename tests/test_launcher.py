@@ -157,7 +157,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8, report_to=[],
                              use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
     with mlflow.start_run(experiment_id=mlflow.create_experiment("user-script")) as run:
-        with DvfsCallback(device="jetson", announce=None) as dvfs:
+        with DvfsCallback(device="jetson", announce=None, torch_device="cpu") as dvfs:  # the fake board has no GPU
             Trainer(model=model, args=args, train_dataset=DS(), data_collator=collate, callbacks=[dvfs, Probe()]).train()
     assert len(seen) == 3 and len(set(seen)) == 1 and seen[0][0] == seen[0][1]  # pinned for every step
     assert seen[0][0] / 1e6 == dvfs.decision["freq"]
@@ -165,6 +165,40 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     assert dvfs.report.energy_j > 0 and dvfs.report.simulated is False
     logged = mlflow.get_run(run.info.run_id).data
     assert logged.metrics["dvfs_energy_j"] == pytest.approx(dvfs.report.energy_j) and "decision.path" in logged.tags
+    assert "dvfs_clock_mhz_measured" in logged.metrics and logged.tags["dvfs.clock_held"] in ("true", "false")
+
+
+def test_dvfs_callback_refuses_a_model_off_the_backends_gpu(orin6, tracking_env, state_dir, monkeypatch):
+    monkeypatch.delenv("DVFS_TORCH_DEVICE")
+    from dvfs_mlops.device.placement import TorchDeviceError
+    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=16, dev_size=8)
+
+    class Args:
+        per_device_train_batch_size = 8
+
+    with pytest.raises(TorchDeviceError, match="CUDA"), DvfsCallback(device="jetson", freq=612, avg_seq_len=13.0, announce=None) as dvfs:
+        dvfs.on_train_begin(Args(), None, None, model=build_model(w.model_config, seed=0))
+    assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.iterdir())  # nothing was touched
+
+
+def test_dvfs_callback_observe_writes_nothing(orin6, tracking_env, state_dir):
+    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=16, dev_size=8)
+
+    class Args:
+        per_device_train_batch_size = 8
+
+    with DvfsCallback(device="jetson", freq=612, avg_seq_len=13.0, announce=None, observe=True, torch_device="cpu") as dvfs:
+        dvfs.on_train_begin(Args(), None, None, model=build_model(w.model_config, seed=0))
+        assert orin6.range_hz == (306000000, 1300500000)
+    assert not list(state_dir.iterdir()) and dvfs.report.clock_held is None and dvfs.report.clock_mhz_measured is not None
 
 
 def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
@@ -180,7 +214,7 @@ def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
         per_device_train_batch_size = 8
 
     with pytest.raises(ValueError, match="diverged"):
-        with DvfsCallback(device="jetson", freq=612, avg_seq_len=13.0, announce=None) as dvfs:
+        with DvfsCallback(device="jetson", freq=612, avg_seq_len=13.0, announce=None, torch_device="cpu") as dvfs:
             dvfs.on_train_begin(Args(), None, None, model=model)
             assert orin6.range_hz == (612000000, 612000000)
             raise ValueError("loss diverged")

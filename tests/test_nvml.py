@@ -94,3 +94,74 @@ def test_restore_journal_resets_locked_clocks(state_dir):
     said = []
     assert restore_journals(announce=said.append, nvml_module=m) == 1
     assert m._gpus[0].locked is None and "restored nvml-0" in said[0]
+
+
+def test_observe_writes_nothing_and_takes_no_lock(state_dir):
+    m = make_module()
+    with NvmlDevice(nvml=m, sample_hz=200).session(900, observe=True) as s:
+        time.sleep(0.05)
+    assert m._gpus[0].calls == [] and not list(state_dir.iterdir())
+    r = s.report()
+    assert r.clock_held is None and r.clock_mhz_measured == 1410 and r.energy_j > 0
+
+
+def test_maxn_writes_nothing_and_an_admin_lock_stays():
+    m = make_module()
+    gpu = m._gpus[0]
+    gpu.locked = (1005, 1005)  # an administrator locked the clocks
+    with NvmlDevice(nvml=m, sample_hz=200).session("maxn") as s:
+        time.sleep(0.02)
+    assert gpu.calls == [] and gpu.locked == (1005, 1005)
+    assert s.report().clock_mhz_measured == 1005 and s.report().clock_held is None
+
+
+def test_pinned_session_refuses_over_an_admin_lock_before_any_write(state_dir):
+    from dvfs_mlops.errors import DvfsError
+
+    m = make_module()
+    gpu = m._gpus[0]
+    gpu.locked = (1005, 1005)
+    with pytest.raises(DvfsError, match="already locked"), NvmlDevice(nvml=m).session(900):
+        pass
+    assert gpu.calls == [] and gpu.locked == (1005, 1005) and list_journals(state_dir) == []
+
+
+def test_capped_clock_does_not_hold():
+    m = make_module()
+    m._gpus[0].cap_mhz = 600  # power/thermal capping below the lock
+    with NvmlDevice(nvml=m, sample_hz=200).session(1200) as s:
+        time.sleep(0.05)
+    assert s.report().clock_mhz_measured == pytest.approx(600) and s.report().clock_held is False
+    with NvmlDevice(nvml=make_module(), sample_hz=200).session(1200) as s:
+        time.sleep(0.05)
+    assert s.report().clock_held is True
+
+
+def test_windows_use_the_energy_counter_difference():
+    m = make_module([FakeGPU(power_mw=100_000)])
+    with NvmlDevice(nvml=m, sample_hz=100).session(900) as s:
+        time.sleep(0.02)
+        with s.window("train"):
+            time.sleep(0.2)
+        time.sleep(0.05)
+    train, whole = s.report(), s.session_report()
+    assert train is s.windows["train"]
+    assert train.energy_j == pytest.approx(100.0 * train.duration_s, rel=0.1)  # 100 W for the window only
+    assert whole.energy_j > train.energy_j
+
+
+def test_close_shuts_nvml_down_once_and_uuid_names_the_gpu():
+    m = make_module()
+    dev = NvmlDevice(nvml=m)
+    assert dev.device_id.startswith("GPU-") and dev.torch_device == "cuda:0"  # no CUDA torch here: the NVML index
+    dev.close()
+    dev.close()
+    assert m._shutdowns == 1
+
+
+def test_gpu_index_picks_the_gpu():
+    m = make_module([FakeGPU(name="NVIDIA L4"), FakeGPU(name="NVIDIA H100")])
+    dev = open_device("nvml", nvml_module=m, gpu_index=1)
+    assert dev.gpu_name == "NVIDIA H100" and dev.device_key == "nvml-1" and dev.torch_device == "cuda:1"
+    with pytest.raises(DeviceNotFoundError, match=r"--gpu-index 0\.\.1"):
+        open_device("nvml", nvml_module=m, gpu_index=2)

@@ -13,7 +13,7 @@ from dvfs_mlops.device.base import (
     freq_label,
     parse_freq,
 )
-from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, unknown
+from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, RestoreFailedError, unknown
 
 BACKENDS = ("auto", "jetson", "nvml", "sim")
 
@@ -64,12 +64,17 @@ def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> No
 
 
 def restore_journals(announce: Callable[[str], None] = print, directory: Any = None, nvml_module: Any = None) -> int:
-    """Apply every journal left by a dead process; returns how many were restored."""
+    """Apply every journal left by a dead process; returns how many were restored.
+
+    A journal whose restore fails is kept and the others are still tried; then RestoreFailedError
+    (the CLI: one line, exit 2) names it.
+    """
     from pathlib import Path
 
     from dvfs_mlops.device.guard import ClockOwnership, list_journals
 
     restored = 0
+    failed: list[str] = []
     for _path, journal in list_journals(Path(directory) if directory else None):
         try:
             restorer = _restorer_for(journal, nvml_module)
@@ -79,6 +84,9 @@ def restore_journals(announce: Callable[[str], None] = print, directory: Any = N
         own = ClockOwnership(journal.backend, journal.device_key, restorer, Path(directory) if directory else None, announce=lambda _m: None)
         try:
             own.claim()  # applies the leftover journal; refuses if its owner still runs
+        except RestoreFailedError as e:  # the journal is kept: a later `restore` retries it
+            failed.append(str(e))
+            continue
         except DvfsError as e:
             announce(f"skipped {journal.device_key}: {e}")
             continue
@@ -88,6 +96,8 @@ def restore_journals(announce: Callable[[str], None] = print, directory: Any = N
                 restored += 1
         finally:
             own.release()
+    if failed:
+        raise RestoreFailedError(failed[0] if len(failed) == 1 else f"{len(failed)} restores failed; first: {failed[0]}")
     if restored == 0:
         announce("nothing to restore: no journal left by a killed run")
     return restored

@@ -8,9 +8,11 @@ it found on every exit path. Backends differ only in how they read, write and me
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from dvfs_mlops.device.guard import TerminationGuard
@@ -64,25 +66,40 @@ def freq_label(freq: FreqRequest) -> str:
 class FreqSession(abc.ABC):
     """Pin a clock for the duration of a `with` block, meter it, restore on exit.
 
-    Subclasses implement the four hooks; `__enter__`/`__exit__` enforce the safe ordering.
+    Subclasses implement the hooks; `__enter__`/`__exit__` enforce the safe ordering.
     `step(profile)` is called once per training step: a no-op on real hardware, the way the
-    simulated twin advances its virtual clock.
+    simulated twin advances its virtual clock. `window(name)` meters a part of the session on its
+    own (the fine-tune loop uses "train" and "eval"); `report()` is the "train" window when there
+    is one, so `energy_j` means the training steps on every backend. With `observe=True` the
+    session writes nothing at all (no lock, no journal, no clock): it only meters.
     """
 
-    def __init__(self, device: Device, freq: FreqRequest):
+    def __init__(self, device: Device, freq: FreqRequest, observe: bool = False):
         self.device = device
         self.freq = freq
+        self.observe = observe
         self._report: EnergyReport | None = None
         self._signals = TerminationGuard()
+        self._open_windows: dict[str, Any] = {}
+        self._window_marks: list[tuple[str, Any, Any]] = []
+        self.windows: dict[str, EnergyReport] = {}
+        # What the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode,
+        # above_mode_cap ...): logged with the run as params/metrics.
+        self.context: dict[str, Any] = {}
+
+    @property
+    def pinned_mhz(self) -> float | None:
+        """The clock this session pins, or None (maxn, observe)."""
+        return None if self.observe or self.freq == MAXN else float(self.freq)
 
     # hooks -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def _apply(self) -> None:
-        """Record the original settings (journal) and pin the clock."""
+        """Record the original settings (journal) and pin the clock. Not called when observing."""
 
     @abc.abstractmethod
     def _restore(self) -> None:
-        """Put back what `_apply` found. Must be idempotent."""
+        """Put back what `_apply` found. Must be idempotent; raises when the restore failed."""
 
     @abc.abstractmethod
     def _start_meter(self) -> None: ...
@@ -90,12 +107,46 @@ class FreqSession(abc.ABC):
     @abc.abstractmethod
     def _stop_meter(self) -> EnergyReport: ...
 
+    @abc.abstractmethod
+    def _mark(self) -> Any:
+        """A window boundary (an opaque position in the meter's record)."""
+
+    @abc.abstractmethod
+    def _window_report(self, start: Any, end: Any) -> EnergyReport:
+        """The report between two marks (called after the meter stopped)."""
+
     # public ----------------------------------------------------------------------------------
     def step(self, profile: Any = None) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once per training step; real hardware needs nothing."""
 
+    @contextlib.contextmanager
+    def window(self, name: str) -> Iterator[None]:
+        """Meter the block as window `name` (one window per name per session)."""
+        self.begin_window(name)
+        try:
+            yield
+        finally:
+            self.end_window(name)
+
+    def begin_window(self, name: str) -> None:
+        """Start window `name` (for callers without a block to wrap, e.g. a Trainer callback)."""
+        if name in self._open_windows or any(w == name for w, _, _ in self._window_marks):
+            raise ValueError(f"window {name!r} was already metered in this session")
+        self._open_windows[name] = self._mark()
+
+    def end_window(self, name: str) -> None:
+        """End window `name` (a no-op if it is not open); a window still open at exit ends there."""
+        if name in self._open_windows:
+            self._window_marks.append((name, self._open_windows.pop(name), self._mark()))
+
     def report(self) -> EnergyReport:
-        """The energy report of the finished session (or a running snapshot while inside)."""
+        """The training window's report (the whole session when no window was metered)."""
+        if self._report is None:
+            return self._snapshot()
+        return self.windows.get("train", self._report)
+
+    def session_report(self) -> EnergyReport:
+        """The whole session, set-up and evaluation included."""
         if self._report is None:
             return self._snapshot()
         return self._report
@@ -103,16 +154,34 @@ class FreqSession(abc.ABC):
     def _snapshot(self) -> EnergyReport:
         raise RuntimeError("report() is available after the session has exited")
 
+    def _finish(self, report: EnergyReport) -> EnergyReport:
+        """Judge whether the clock held (None where nothing was pinned)."""
+        if self.pinned_mhz is None:
+            report.clock_held = None
+        elif report.clock_held is None and report.clock_mhz_measured is not None:
+            report.clock_held = self._held(report)
+        return report
+
+    def _held(self, report: EnergyReport) -> bool | None:
+        """Backends with per-sample clocks override this; the default judges the mean."""
+        table = sorted(self.device.frequencies_mhz)
+        steps = [b - a for a, b in itertools.pairwise(table)]
+        assert report.clock_mhz_measured is not None and self.pinned_mhz is not None
+        return abs(report.clock_mhz_measured - self.pinned_mhz) <= (max(steps) if steps else 0.0) + 0.5
+
     def __enter__(self) -> FreqSession:
         self._signals.install()
         try:
             with self._signals.deferring():
-                self._apply()
+                if not self.observe:
+                    self._apply()
                 self._start_meter()
         except BaseException:
-            with self._signals.deferring():
-                self._restore()
-            self._signals.uninstall()
+            try:
+                with self._signals.deferring():
+                    self._restore()
+            finally:
+                self._signals.uninstall()
             raise
         return self
 
@@ -120,7 +189,10 @@ class FreqSession(abc.ABC):
         try:
             with self._signals.deferring():
                 try:
-                    self._report = self._stop_meter()
+                    for name in list(self._open_windows):
+                        self.end_window(name)
+                    self._report = self._finish(self._stop_meter())
+                    self.windows = {name: self._finish(self._window_report(a, b)) for name, a, b in self._window_marks}
                 finally:
                     self._restore()
         finally:
@@ -135,10 +207,12 @@ class Device(Protocol):
     name: str  # backend name: jetson | nvml | sim
     profile: str  # e.g. jetson-agx-orin-64gb, sim-orin
     simulated: bool
+    torch_device: str  # where training runs: jetson "cuda", nvml "cuda:<index>", sim "cpu"
+    device_id: str  # which board: the Jetson's serial, the NVML GPU's UUID, the host on the twin
 
     @property
     def frequencies_mhz(self) -> list[float]: ...
 
-    def session(self, freq: FreqRequest) -> FreqSession: ...
+    def session(self, freq: FreqRequest, observe: bool = False) -> FreqSession: ...
 
     def info(self) -> DeviceInfo: ...

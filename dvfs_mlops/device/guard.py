@@ -1,10 +1,15 @@
 """Safety around clock writes: a single-owner lock, a restore journal, and signal handling.
 
-- Lock: `lock-<device>.pid` under the state dir, held with `flock`, so the kernel drops it when
+- Where: as root (needed to pin clocks) locks live in /run/lock/dvfs-mlops and journals in
+  /var/lib/dvfs-mlops whatever HOME says, so `sudo`, `sudo -E` and a root shell agree on one
+  owner per GPU; other users keep both in ~/.cache/dvfs-mlops. $DVFS_STATE_DIR puts both in one
+  folder. ($DVFS_SYSTEM_STATE_PREFIX prefixes the two system paths: for tests and chroots.)
+- Lock: `lock-<device>.pid` under the lock dir, held with `flock`, so the kernel drops it when
   the owner dies (even by SIGKILL): a stale lock is taken over without guessing. The file holds
   the owner's PID for the "busy" message.
 - Journal: `restore-<device>.json`, written and fsync'd before the first clock write, removed
-  after the restore. A journal whose owner is dead means a killed run left clocks pinned:
+  only after a successful restore: a failed restore keeps it (and releases the lock), so
+  `dvfs-mlops restore` can finish the job once the cause is fixed. A journal whose owner is dead means a killed run left clocks pinned:
   `dvfs-mlops restore` (or the next session, automatically) puts them back.
 - Signals: inside a session SIGTERM and SIGHUP raise `SystemExit`, so `with` blocks unwind and
   restore exactly as they do for exceptions and Ctrl-C.
@@ -23,15 +28,51 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops.errors import DeviceBusyError
+from dvfs_mlops.errors import DeviceBusyError, RestoreFailedError
 
 _CAUGHT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def state_dir() -> Path:
-    """Where journals and locks live: $DVFS_STATE_DIR, else ~/.cache/dvfs-mlops."""
+SYSTEM_LOCK_DIR = "run/lock/dvfs-mlops"
+SYSTEM_JOURNAL_DIR = "var/lib/dvfs-mlops"
+
+
+def _system_dir(rel: str) -> Path | None:
+    """The system location for root, None for other users."""
+    if os.geteuid() != 0:
+        return None
+    return Path(os.environ.get("DVFS_SYSTEM_STATE_PREFIX") or "/") / rel
+
+
+def _user_dir() -> Path:
     base = os.environ.get("DVFS_STATE_DIR")
     return Path(base) if base else Path.home() / ".cache" / "dvfs-mlops"
+
+
+def journal_dir() -> Path:
+    """Where restore journals live: $DVFS_STATE_DIR, else /var/lib/dvfs-mlops as root, else ~/.cache/dvfs-mlops."""
+    if os.environ.get("DVFS_STATE_DIR"):
+        return _user_dir()
+    return _system_dir(SYSTEM_JOURNAL_DIR) or _user_dir()
+
+
+def lock_dir() -> Path:
+    """Where locks live: $DVFS_STATE_DIR, else /run/lock/dvfs-mlops as root, else ~/.cache/dvfs-mlops."""
+    if os.environ.get("DVFS_STATE_DIR"):
+        return _user_dir()
+    return _system_dir(SYSTEM_LOCK_DIR) or _user_dir()
+
+
+def state_dir() -> Path:
+    """The journal dir (kept for callers that knew one state dir)."""
+    return journal_dir()
+
+
+def restore_failed(device_key: str, cause: BaseException | str, journal: Path) -> RestoreFailedError:
+    """The one-line error of a restore that failed: what failed, the kept journal, what to run."""
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    return RestoreFailedError(f"could not restore the GPU clocks of {device_key}: {text}; the journal {journal} is kept: "
+                              "fix that, then run `dvfs-mlops restore` (as the same user, e.g. with sudo)")
 
 
 def _safe_key(device_key: str) -> str:
@@ -70,11 +111,11 @@ class Journal:
 
 
 def journal_path(device_key: str, directory: Path | None = None) -> Path:
-    return (directory or state_dir()) / f"restore-{_safe_key(device_key)}.json"
+    return (directory or journal_dir()) / f"restore-{_safe_key(device_key)}.json"
 
 
 def list_journals(directory: Path | None = None) -> list[tuple[Path, Journal]]:
-    d = directory or state_dir()
+    d = directory or journal_dir()
     found = []
     for path in sorted(d.glob("restore-*.json")) if d.exists() else []:
         try:
@@ -106,7 +147,7 @@ class DeviceLock:
 
     def __init__(self, device_key: str, directory: Path | None = None):
         self.device_key = device_key
-        self.path = (directory or state_dir()) / f"lock-{_safe_key(device_key)}.pid"
+        self.path = (directory or lock_dir()) / f"lock-{_safe_key(device_key)}.pid"
         self._fd: int | None = None
         self.took_over_pid: int | None = None
 
@@ -225,16 +266,26 @@ class ClockOwnership:
         self.lock = DeviceLock(device_key, directory)
         self.recovered: Journal | None = None
 
+    @property
+    def journal_path(self) -> Path:
+        return journal_path(self.device_key, self._dir)
+
     def claim(self) -> None:
+        """Take the lock; apply a dead run's journal first. A failed leftover restore keeps that
+        journal, releases the lock and raises RestoreFailedError."""
         self.lock.acquire()
-        path = journal_path(self.device_key, self._dir)
+        path = self.journal_path
         if path.exists():
             try:
                 leftover = Journal.from_file(path)
             except (OSError, ValueError, TypeError):
                 leftover = None
             if leftover is not None:
-                self._restore_settings(leftover.settings)
+                try:
+                    self._restore_settings(leftover.settings)
+                except Exception as e:  # noqa: BLE001 - whatever failed, keep the journal and free the lock
+                    self.lock.release()
+                    raise restore_failed(self.device_key, e, path) from None
                 self.recovered = leftover
                 self._announce(
                     f"dvfs-mlops: restored the clocks of {self.device_key} left pinned at {leftover.requested} "
@@ -246,7 +297,12 @@ class ClockOwnership:
         write_journal(Journal(self.backend, self.device_key, os.getpid(), now(), settings, requested), self._dir)
 
     def release(self) -> None:
+        """The restore succeeded: remove the journal, then unlock."""
         clear_journal(self.device_key, self._dir)
+        self.lock.release()
+
+    def abandon(self) -> None:
+        """The restore failed: keep the journal for `dvfs-mlops restore`, unlock."""
         self.lock.release()
 
 

@@ -6,7 +6,9 @@ no lock or journal is needed. Every report is marked `simulated`.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import socket
 import time
 from typing import Any
 
@@ -36,11 +38,13 @@ from dvfs_mlops.twin.trace import StepTrace
 class SimDevice:
     name = "sim"
     simulated = True
+    torch_device = "cpu"  # fine-tuning runs for real on the host CPU; the twin charges Orin time/energy
 
     def __init__(self, params: OrinTwinParams | None = None, seed: int = 0):
         self.params = params or OrinTwinParams()
         self.profile = self.params.profile
         self.seed = seed
+        self.device_id = f"sim@{socket.gethostname()}"
         self._curves: dict[str, tuple[dict[float, StepEstimate], MaxnEstimate]] = {}
 
     @property
@@ -54,8 +58,12 @@ class SimDevice:
             self._curves[trace.key] = (curve, estimate_maxn(trace, self.params, curve))
         return self._curves[trace.key]
 
-    def session(self, freq: FreqRequest, noise_key: str = "") -> SimSession:
-        return SimSession(self, parse_freq(freq, self.frequencies_mhz), noise_key)
+    def session(self, freq: FreqRequest, noise_key: str = "", observe: bool = False) -> SimSession:
+        """`observe=True`: the twin runs as found, i.e. under its default governor (maxn)."""
+        return SimSession(self, parse_freq(freq, self.frequencies_mhz), noise_key, observe=observe)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def info(self) -> DeviceInfo:
         return DeviceInfo(
@@ -67,8 +75,8 @@ class SimDevice:
 class SimSession(FreqSession):
     device: SimDevice
 
-    def __init__(self, device: SimDevice, freq: FreqRequest, noise_key: str = ""):
-        super().__init__(device, freq)
+    def __init__(self, device: SimDevice, freq: FreqRequest, noise_key: str = "", observe: bool = False):
+        super().__init__(device, MAXN if observe else freq, observe=observe)
         digest = hashlib.sha256(f"{device.seed}|{freq_label(freq)}|{noise_key}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         p = device.params
@@ -82,13 +90,20 @@ class SimSession(FreqSession):
         self.effective_mhz: float | None = None
 
     def _apply(self) -> None:
-        self._wall0 = time.monotonic()
+        """Nothing on the host is changed."""
 
     def _restore(self) -> None:
         """Nothing on the host was changed."""
 
     def _start_meter(self) -> None:
-        pass
+        self._wall0 = time.monotonic()
+
+    def _mark(self) -> _Counters:
+        return _Counters(self._time_s, self._busy_s, dict(self._joules), len(self._series))
+
+    def _window_report(self, start: _Counters, end: _Counters) -> EnergyReport:
+        joules = {r: end.joules[r] - start.joules.get(r, 0.0) for r in end.joules}
+        return self._build(end.time_s - start.time_s, end.busy_s - start.busy_s, joules, self._series[start.steps:end.steps])
 
     def step(self, profile: Any = None) -> None:
         """Charge one training step of `profile` (a StepTrace) at this session's clock."""
@@ -120,19 +135,25 @@ class SimSession(FreqSession):
         self._series = [sum(rails.values()) * self.power_factor]
         self.effective_mhz = f
 
-    def _build(self) -> EnergyReport:
-        total = float(sum(self._joules.values()))
+    def _build(self, time_s: float | None = None, busy_s: float | None = None, joules: dict[str, float] | None = None,
+               series: list[float] | None = None) -> EnergyReport:
+        time_s = self._time_s if time_s is None else time_s
+        busy_s = self._busy_s if busy_s is None else busy_s
+        joules = dict(self._joules) if joules is None else joules
+        series = list(self._series) if series is None else series
+        total = float(sum(joules.values()))
         return EnergyReport(
-            duration_s=self._time_s,
-            energy_j=cpu_gpu_energy(self._joules),
+            duration_s=time_s,
+            energy_j=cpu_gpu_energy(joules),
             energy_total_j=total,
-            energy_by_rail_j=dict(self._joules),
-            avg_power_w=total / self._time_s if self._time_s > 0 else 0.0,
-            peak_power_w=max(self._series) if self._series else 0.0,
-            gpu_util_pct=100.0 * self._busy_s / self._time_s if self._time_s > 0 else None,
-            samples=len(self._series),
+            energy_by_rail_j=joules,
+            avg_power_w=total / time_s if time_s > 0 else 0.0,
+            peak_power_w=max(series) if series else 0.0,
+            gpu_util_pct=100.0 * busy_s / time_s if time_s > 0 else None,
+            samples=len(series),
             simulated=True,
-            power_series_w=list(self._series),
+            clock_mhz_measured=self.effective_mhz if series else None,
+            power_series_w=series,
         )
 
     def _stop_meter(self) -> EnergyReport:
@@ -142,3 +163,13 @@ class SimSession(FreqSession):
 
     def _snapshot(self) -> EnergyReport:
         return self._build()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counters:
+    """The twin's running totals at a window boundary."""
+
+    time_s: float
+    busy_s: float
+    joules: dict[str, float]
+    steps: int

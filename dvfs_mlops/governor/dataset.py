@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor.objectives import Objective
 from dvfs_mlops.workloads.features import WorkloadFeatures
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,12 +52,34 @@ def _num(v: Any) -> float:
     return float(v)
 
 
+def unheld_points(df: Any) -> list[str]:
+    """Point keys of pinned runs whose measured clock did not hold (tag dvfs.clock_held=false)."""
+    from dvfs_mlops import tracking
+
+    col = f"tags.{tracking.TAG_CLOCK_HELD}"
+    if col not in df:
+        return []
+    bad = df[df[col] == "false"]
+    key_col = f"tags.{tracking.TAG_POINT}"
+    return sorted(str(k) for k in (bad[key_col] if key_col in bad else bad["run_id"]))
+
+
+def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
+    """Name the points whose clock strayed: their energy belongs to another clock than the label says."""
+    bad = unheld_points(df)
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        log.warning("sweep %s: %d point(s) did not hold their pinned clock (throttled or capped), their energy is "
+                    "labelled with a clock the GPU did not run at: %s", sweep_id or "?", len(bad), shown)
+
+
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
     """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset; missing points are named."""
     if not len(df):
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
     df["_workload"] = df["params.model"] + "/" + df["params.task"]
+    warn_unheld_clocks(df, sweep_id)
     pinned = df[df["params.freq_mhz"] != "maxn"]
     freqs = sorted({_num(f) for f in pinned["params.freq_mhz"]})
     curves: list[WorkloadCurve] = []

@@ -10,6 +10,11 @@ On train begin it computes the workload's features from the model and the traini
 asks the governor for a clock, pins it and starts metering; on train end it restores the clock
 and logs the energy into the Trainer's MLflow run when one is active. The `with` block (and an
 atexit hook) guarantees the restore when training raises, which Trainer callbacks never see.
+
+Before any clock is touched it checks that the model sits on the backend's GPU (Trainer puts it
+on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU is refused.
+`observe=True` meters without writing any clock (no root needed). The metered window is
+`train()` from its first to its last step, evaluation inside it (eval_strategy) included.
 """
 from __future__ import annotations
 
@@ -48,13 +53,15 @@ def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
 class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
-                 announce: Any = print):
+                 announce: Any = print, observe: bool = False, torch_device: str | None = None):
         self.governor_uri = governor
         self._device_arg = device
         self.freq_override = freq
         self.gpu_util_pct = gpu_util_pct
         self.avg_seq_len = avg_seq_len
         self.sample_hz = sample_hz
+        self.observe = observe
+        self.torch_device = torch_device
         self.announce = announce or (lambda _m: None)
         self.device: Any = None
         self.session: Any = None
@@ -64,6 +71,7 @@ class DvfsCallback(TrainerCallback):
         self._trace: Any = None
         self._run_id: str | None = None
         self._atexit_registered = False
+        self._closed_session: Any = None
 
     # context manager: restore even when trainer.train() raises ---------------------------------
     def __enter__(self) -> DvfsCallback:
@@ -79,6 +87,7 @@ class DvfsCallback(TrainerCallback):
             session, self.session = self.session, None
             session.__exit__(None, None, None)
             self.report = session.report()
+            self._closed_session = session
 
     # Trainer hooks ---------------------------------------------------------------------------------
     def _open_device(self) -> Any:
@@ -107,10 +116,25 @@ class DvfsCallback(TrainerCallback):
         padded = max(8, -(-int(round(avg_len)) // 8) * 8)
         return TraceCache().get(model.config, batch_size, padded, "float32", int(getattr(model.config, "num_labels", 2)))
 
+    def _check_placement(self, model: Any) -> None:
+        from dvfs_mlops.device.placement import TorchDeviceError, resolve_torch_device
+
+        wanted = resolve_torch_device(self.device, self.torch_device)  # CUDA missing: one clear error
+        try:
+            actual = str(next(model.parameters()).device)
+        except (StopIteration, AttributeError):
+            return
+        if wanted.split(":")[0] != actual.split(":")[0]:
+            raise TorchDeviceError(f"the model is on {actual} but the {self.device.name} backend meters {wanted}: the clock would "
+                                   f"be pinned on a GPU that does not train; let Trainer place the model (TrainingArguments "
+                                   f"use_cpu=False) or pass DvfsCallback(torch_device={actual!r}) on purpose")
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
         import mlflow
 
         self.device = self._open_device()
+        if model is not None:
+            self._check_placement(model)
         batch = int(getattr(args, "per_device_train_batch_size", 8))
         feats = self._features(model, train_dataloader, batch)
         if self.device.simulated or feats.gpu_util_pct is None:
@@ -133,9 +157,10 @@ class DvfsCallback(TrainerCallback):
         self.announce(f"dvfs: {path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         active = mlflow.active_run()
         self._run_id = active.info.run_id if active else None
-        session = self.device.session(freq, **({"noise_key": "trainer"} if self.device.simulated else {}))
+        session = self.device.session(freq, observe=self.observe, **({"noise_key": "trainer"} if self.device.simulated else {}))
         session.__enter__()
         self.session = session
+        session.begin_window("train")
         if not self._atexit_registered:
             atexit.register(self.close)
             self._atexit_registered = True
@@ -154,9 +179,16 @@ class DvfsCallback(TrainerCallback):
 
         r = self.report
         metrics = {"dvfs_energy_j": r.energy_j, "dvfs_energy_total_j": r.energy_total_j, "dvfs_avg_power_w": r.avg_power_w,
-                   "dvfs_peak_power_w": r.peak_power_w, "dvfs_time_s": r.duration_s, "dvfs_gpu_util_pct": r.gpu_util_pct}
+                   "dvfs_peak_power_w": r.peak_power_w, "dvfs_time_s": r.duration_s, "dvfs_gpu_util_pct": r.gpu_util_pct,
+                   "dvfs_clock_mhz_measured": r.clock_mhz_measured,
+                   "dvfs_clock_held": None if r.clock_held is None else float(r.clock_held),
+                   "dvfs_samples_failed": float(r.samples_failed)}
         g = self.decision.get("governor", {})
         tags = {"dvfs.freq_mhz": str(self.decision.get("freq")), "decision.path": str(self.decision.get("path")),
                 "governor.uri": str(g.get("uri")), "governor.version": str(g.get("version") or ""),
                 "dvfs.simulated": str(r.simulated).lower()}
+        if self._closed_session is not None:
+            from dvfs_mlops import records
+
+            tags.update(records.session_tags(self._closed_session, r))
         tracking.log_run_batch(tracking.client(), run_id, metrics=metrics, tags=tags)

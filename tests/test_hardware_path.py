@@ -1,0 +1,232 @@
+"""The real-hardware path on fake trees: training where the clock is, one meaning of energy,
+the clock read back, observe mode, MAXN as the board's default, sampler faults made visible."""
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import pytest
+
+from dvfs_mlops.device.jetson import JetsonDevice
+from dvfs_mlops.device.sim import SimDevice
+from dvfs_mlops.meter import PowerSampler, clock_held, time_weighted_mean
+from tests.conftest import run_cli
+from tests.fakes.sysfs import ORIN_TABLE_HZ
+
+DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
+
+
+def _set_cur(orin, hz: int) -> None:
+    (orin.node / "cur_freq").write_text(f"{hz}\n")
+
+
+def _files(orin) -> dict[str, str]:
+    return {p.name: p.read_text() for p in orin.node.iterdir() if p.is_file()}
+
+
+# -- backends name where training runs --------------------------------------------------------------
+def test_each_backend_names_its_torch_device(orin6):
+    assert JetsonDevice().torch_device == "cuda"
+    assert SimDevice().torch_device == "cpu"
+
+
+def test_cuda_missing_stops_before_any_clock_is_touched(orin6, state_dir, tmp_path):
+    before = _files(orin6)
+    env = {"DVFS_SYSFS_ROOT": str(orin6.root), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db", "DVFS_TORCH_DEVICE": ""}
+    r = run_cli("sweep", "--preset", "smoke", "--device", "jetson", env=env)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: torch") and "CUDA" in line and "--torch-device cpu" in line and "Traceback" not in r.stderr
+    assert _files(orin6) == before and not list(state_dir.iterdir())
+
+
+def test_torch_device_override_trains_on_cpu_and_windows_split_energy(orin6):
+    from dvfs_mlops.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    prepared = prepare_workload("bert-tiny", "rte", seed=0, train_size=64, dev_size=32)
+    dev = JetsonDevice(sample_hz=200)
+    with dev.session(612) as s:
+        _set_cur(orin6, 612000000)
+        time.sleep(0.05)  # set-up outside the training window
+        result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id,
+                          FinetuneConfig(steps=3, batch_size=8), is_regression=False, session=s, torch_device="cpu")
+    assert next(result.model.parameters()).device.type == "cpu"
+    train, evaluation, whole = s.windows["train"], s.windows["eval"], s.session_report()
+    assert s.report() is train  # energy_j means the training steps
+    assert train.duration_s > 0 and evaluation.duration_s > 0
+    assert train.duration_s + evaluation.duration_s < whole.duration_s - 0.04
+    assert train.energy_j < whole.energy_j
+    assert train.clock_mhz_measured == pytest.approx(612) and train.clock_held is True
+
+
+# -- the clock read back -----------------------------------------------------------------------------
+def test_measured_clock_that_does_not_hold_is_flagged(orin6):
+    with JetsonDevice(sample_hz=200).session(816) as s:
+        _set_cur(orin6, 408000000)  # thermal capping holds the GPU far below the pin
+        time.sleep(0.15)
+    r = s.report()
+    assert r.clock_mhz_measured is not None and r.clock_mhz_measured < 600
+    assert r.clock_held is False
+    assert r.to_dict()["clock_held"] is False
+
+
+def test_clock_held_is_null_where_nothing_is_pinned(orin6):
+    with JetsonDevice(sample_hz=200).session("maxn") as s:
+        time.sleep(0.05)
+    assert s.report().clock_held is None and s.report().clock_mhz_measured == pytest.approx(1300.5)
+    with JetsonDevice(sample_hz=200).session(510, observe=True) as s:
+        time.sleep(0.05)
+    assert s.report().clock_held is None
+
+
+def test_clock_held_rule_is_time_weighted_within_one_step():
+    table = [306, 408, 510, 612]
+    assert clock_held([0, 1, 2], [510, 612, 612], 510, table) is True  # one step away still holds
+    assert clock_held([0, 19, 20], [510, 306, 306], 510, table) is True  # 95 % of the time at the pin
+    assert clock_held([0, 9, 10], [510, 306, 306], 510, table) is False  # 90 %
+    assert clock_held([0, 5, 10], [510, 306, 306], 510, table) is False
+    assert time_weighted_mean([0, 1, 3], [100, 200, 999]) == pytest.approx((100 * 1 + 200 * 2) / 3)
+
+
+# -- observe: nothing written ------------------------------------------------------------------------
+def test_observe_writes_nothing_and_takes_no_lock(orin6, state_dir):
+    before = _files(orin6)
+    with JetsonDevice(sample_hz=200).session(510, observe=True) as s:
+        time.sleep(0.03)
+        assert _files(orin6) == before
+    assert _files(orin6) == before and not list(state_dir.iterdir())
+    assert s.report().energy_j > 0 and s.report().clock_mhz_measured == pytest.approx(1300.5)
+
+
+def test_run_observe_json_carries_clock_fields(orin6, state_dir):
+    import json
+    import sys
+
+    r = run_cli("run", "--observe", "--device", "jetson", "--json", "--", sys.executable, "-c", "import time; time.sleep(0.2)",
+                env={"DVFS_SYSFS_ROOT": str(orin6.root)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["observe"] is True and out["clock_held"] is None and out["clock_mhz_measured"] == pytest.approx(1300.5)
+    assert out["samples_failed"] == 0 and out["meter_degraded"] is False
+    assert orin6.range_hz == DEFAULT and not list(state_dir.iterdir())
+
+
+def test_sweep_refuses_observe():
+    r = run_cli("sweep", "--observe", "--device", "sim")
+    assert r.returncode == 2 and "has no --observe" in r.stderr
+
+
+# -- MAXN is the board's default ---------------------------------------------------------------------
+def _nvpmodel(orin, mode_id: int, name: str, gpu_max_hz: int) -> None:
+    (orin.root / "etc").mkdir(exist_ok=True)
+    (orin.root / "etc/nvpmodel.conf").write_text(
+        "< POWER_MODEL ID=0 NAME=MAXN >\nGPU MIN_FREQ 0\nGPU MAX_FREQ -1\n"
+        f"< POWER_MODEL ID={mode_id} NAME={name} >\nCPU_ONLINE CORE_0 1\nGPU MIN_FREQ 0\nGPU MAX_FREQ {gpu_max_hz}\n")
+    (orin.root / "var/lib/nvpmodel").mkdir(parents=True, exist_ok=True)
+    (orin.root / "var/lib/nvpmodel/status").write_text(f"pmode:{mode_id:04d} fmode:quiet\n")
+
+
+def test_maxn_leaves_a_power_modes_cap_alone(orin6):
+    _nvpmodel(orin6, 2, "MODE_30W", 612000000)
+    (orin6.node / "max_freq").write_text("612000000\n")  # what nvpmodel set
+    with JetsonDevice(sample_hz=200).session("maxn") as s:
+        assert orin6.range_hz == (ORIN_TABLE_HZ[0], 612000000)
+    assert orin6.range_hz == (ORIN_TABLE_HZ[0], 612000000)
+    assert s.context["nvpmodel_mode"] == "2:MODE_30W" and s.context["nvpmodel_gpu_max_mhz"] == 612
+
+
+def test_pin_above_the_modes_cap_says_so(orin6, caplog):
+    _nvpmodel(orin6, 2, "MODE_30W", 612000000)
+    with caplog.at_level("WARNING"), JetsonDevice(sample_hz=200).session(1020) as s:
+        pass
+    assert s.context.get("above_mode_cap") is True
+    assert any("above the 612 MHz GPU cap" in m for m in caplog.messages)
+
+
+def test_conditions_are_read_where_present(orin6):
+    zone = orin6.root / "sys/class/thermal/thermal_zone9"
+    zone.mkdir(parents=True, exist_ok=True)
+    (zone / "type").write_text("gpu-thermal\n")
+    (zone / "temp").write_text("47250\n")
+    emc = orin6.root / "sys/kernel/debug/bpmp/debug/clk/emc"
+    emc.mkdir(parents=True, exist_ok=True)
+    (emc / "rate").write_text("3199000000\n")
+    cond = JetsonDevice().conditions()
+    assert cond["gpu_temp_c"] == pytest.approx(47.25) and cond["emc_mhz"] == pytest.approx(3199)
+
+
+# -- the sampler survives and counts I/O errors ------------------------------------------------------
+def test_sampler_retries_counts_and_survives_eio():
+    calls = {"n": 0}
+
+    def rails() -> list[float]:
+        calls["n"] += 1
+        if calls["n"] % 5 in (2, 3):  # every 5th sample fails twice in a row (retry fails too)
+            raise OSError(errno.EIO, "Input/output error")
+        return [10.0]
+
+    sampler = PowerSampler(rails, ["VDD_GPU_SOC"], hz=200, retry_delay_s=0.0)
+    sampler.start()
+    time.sleep(0.3)
+    assert sampler._thread is not None and sampler._thread.is_alive()
+    report = sampler.report()
+    assert report.samples_failed > 0 and report.meter_degraded is True
+    assert report.energy_j == pytest.approx(10.0 * report.duration_s, rel=0.02)  # the gaps don't bias a flat signal
+    assert threading.active_count() >= 1
+
+
+def test_single_transient_error_is_retried_not_counted():
+    state = {"n": 0}
+
+    def rails() -> list[float]:
+        state["n"] += 1
+        if state["n"] == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return [5.0]
+
+    sampler = PowerSampler(rails, ["gpu"], hz=100, retry_delay_s=0.0)
+    sampler.start()
+    time.sleep(0.05)
+    report = sampler.report()
+    assert report.samples_failed == 0 and not report.meter_degraded
+
+
+def test_eio_on_a_real_rail_file_is_counted(orin6):
+    dev = JetsonDevice(sample_hz=200)
+    with dev.session(612) as s:
+        time.sleep(0.05)
+        curr = next(p for p in orin6.hwmon[0].glob("curr1_input"))
+        curr.write_text("garbage\n")  # a torn read: not a number
+        time.sleep(0.1)
+        curr.write_text("2400\n")
+        time.sleep(0.05)
+    r = s.report()
+    assert r.samples_failed > 0 and r.samples > 0
+
+
+# -- a sweep on hardware -----------------------------------------------------------------------------
+def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, tmp_path, monkeypatch):
+    import mlflow
+
+    from dvfs_mlops import sweep as sweep_mod
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    dev = JetsonDevice(sample_hz=100)
+    spec = sweep_mod.build_spec(dev, "smoke", models="bert-tiny", tasks="rte", freqs="408,612,1020", steps=2, repeats=3,
+                                train_size=32, dev_size=16)
+    orders = [[p.freq for p in spec.points() if p.repeat == r] for r in range(3)]
+    assert all(sorted(o, key=str) == sorted(orders[0], key=str) for o in orders) and len({tuple(o) for o in orders}) > 1
+    assert spec.points() == spec.points()  # seeded
+    sweep_mod.run_sweep(spec, dev, announce=lambda _m: None, torch_device="cpu")
+    df = mlflow.search_runs(experiment_names=["dvfs-sweep"], filter_string="tags.`dvfs.point` != ''")
+    assert len(df) == 12
+    pinned = df[df["params.freq_mhz"] != "maxn"]
+    # the fake's cur_freq never moves from 1300.5 MHz: every pinned point reads back a clock that did not hold
+    assert (pinned["tags.dvfs.clock_held"] == "false").all() and (pinned["metrics.clock_held"] == 0).all()
+    assert df["metrics.clock_mhz_measured"].round(1).eq(1300.5).all()
+    assert df["metrics.eval_energy_j"].notna().all() and (df["metrics.eval_time_s"] > 0).all()
+    assert (df["metrics.session_energy_j"] > df["metrics.energy_j"]).all()
+    assert (df["params.torch_device"] == "cpu").all()
+    assert orin6.range_hz == DEFAULT
