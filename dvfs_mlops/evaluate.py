@@ -7,6 +7,7 @@ the largest saving and the worst case.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from dvfs_mlops.governor.policies import (
     paper_tree,
 )
 from dvfs_mlops.workloads.features import SMALL_MODEL_PARAMS
+
+logger = logging.getLogger(__name__)
 
 EVALUATE_EXPERIMENT = "dvfs-evaluate"
 BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
@@ -210,7 +213,7 @@ def savings_chart(report: EvalReport, path: Path) -> None:
 
 def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", split: str = "eval",
                    policies: Sequence[str] = BUILTIN, objective: str = "energy", log: bool = True,
-                   say: Callable[[str], None] = print) -> EvalReport:
+                   say: Callable[[str], None] = logger.info) -> EvalReport:
     obj = parse_objective(objective)
     dataset = load_sweep_dataset(sweep_id, experiment)
     report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)

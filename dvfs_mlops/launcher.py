@@ -140,8 +140,6 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
     `observe=True` decides and reports the clock it would pin, but fine-tunes under the clocks as
     found and meters only (no lock, no write: no root needed); the run is tagged dvfs.observe=true.
     """
-    from dvfs_mlops.sweep import point_metrics
-
     where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = tracking.check_reachable()  # before any clock is touched
     decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say, announce_device=announce_device,
@@ -173,7 +171,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
                               pretrained=pretrained, torch_device=where)
         report = session.report()
-        metrics = point_metrics(report, result, None if observe else decision.freq_mhz, session)
+        metrics = records.point_metrics(report, result, None if observe else decision.freq_mhz, session)
         f = decision.features
         params = {"model": prepared.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
                   "num_params": f.num_params, "task": prepared.data.task.name, "avg_seq_len": round(f.avg_seq_len, 3),

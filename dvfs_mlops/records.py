@@ -66,3 +66,17 @@ def session_params(session: Any) -> dict[str, str]:
     if device.name == "nvml" or device.name == "jetson":
         params["device_index"] = str(getattr(device, "index", 0))
     return params
+
+
+def point_metrics(report: EnergyReport, result: Any, effective_mhz: float | None,
+                  session: Any = None) -> dict[str, float | None]:
+    """A point's metrics (sweep and launcher alike): the training window (energy_j, time_s, ...), eval
+    apart, the verified clock. `result` is a `finetune.FinetuneResult`."""
+    t = report.duration_s
+    samples = result.train_samples
+    return {
+        **report_metrics(report), result.eval_metric: result.eval_value,
+        "samples_per_s": samples / t if t > 0 else None, "energy_per_sample_j": report.energy_j / samples if samples else None,
+        "wall_time_s": result.wall_time_s, "clock_mhz": effective_mhz,
+        **(session_metrics(session) if session is not None else {}),
+    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.errors import DvfsError
+
+log = logging.getLogger(__name__)
 
 GOVERNOR_EXPERIMENT = "dvfs-governor"
 
@@ -32,7 +35,7 @@ def load_config(path: str | Path | None = None) -> RegistryConfig:
     """governor.yaml of the registry data (or PATH). A missing or malformed file is an error, never "no gates"."""
     import yaml
 
-    from dvfs_mlops.governor.policies import registry_file
+    from dvfs_mlops.paths import registry_file
 
     p = Path(path) if path else registry_file("governor.yaml", what="registry config (promotion gates)")
     try:
@@ -158,7 +161,7 @@ def _set_production(c: Any, cfg: RegistryConfig, new: Any, old: Any | None) -> N
 
 
 def promote(version: str | int, force: bool = False, config: RegistryConfig | None = None,
-            say: Callable[[str], None] = print) -> list[GateResult]:
+            say: Callable[[str], None] = log.info) -> list[GateResult]:
     """Gate, then move `production` to VERSION and the old production to `previous`."""
     cfg = config or load_config()
     c = _client()
@@ -181,7 +184,7 @@ def promote(version: str | int, force: bool = False, config: RegistryConfig | No
     return results
 
 
-def rollback(config: RegistryConfig | None = None, say: Callable[[str], None] = print) -> None:
+def rollback(config: RegistryConfig | None = None, say: Callable[[str], None] = log.info) -> None:
     cfg = config or load_config()
     c = _client()
     prev = _alias_version(c, cfg.name, cfg.previous)
@@ -196,7 +199,7 @@ def governor_experiment(c: Any) -> str:
     return tracking.experiment_id(c, GOVERNOR_EXPERIMENT)
 
 
-def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] = print) -> int:
+def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] = log.info) -> int:
     """Register the published tree (registry data: baselines/paper-mlg.json) as a version."""
     import mlflow
 

@@ -84,4 +84,5 @@ def test_bad_input(env, monkeypatch, state_dir, args, message):
 
         c = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
         exps = [e.experiment_id for e in c.search_experiments()]
-        assert not c.search_runs(exps, filter_string="attributes.status = 'RUNNING'") if exps else True
+        running = [r.info.run_name for r in c.search_runs(exps, filter_string="attributes.status = 'RUNNING'")] if exps else []
+        assert running == [], f"runs left RUNNING: {running}"

@@ -72,12 +72,30 @@ def test_promote_then_load_in_fresh_process(store):
         " 'avg_seq_len': 71.3, 'gpu_util_pct': 95.0}, {'model_type': 'decoder', 'num_layers': 6, 'hidden_size': 128,"
         " 'num_params': 7600000, 'avg_seq_len': 12.8, 'gpu_util_pct': 30.0}])\n"
         f"out = m.predict(rows, params={{'frequencies': {TABLE}}})\n"
-        "print(json.dumps(out['freq_mhz'].tolist()))\n"
+        "print(json.dumps({'freqs': out['freq_mhz'].tolist(), 'paths': out['decision_path'].tolist()}))\n"
     )
     p = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=120, cwd=tmp)
     assert p.returncode == 0, p.stderr[-2000:]
-    freqs = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(freqs) == 2 and all(f in TABLE for f in freqs)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    # the loaded pyfunc applies exactly the registered policy.json (same clocks, same explanation)
+    import mlflow
+
+    from dvfs_mlops.governor import policy_tree
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    art = Path(mlflow.artifacts.download_artifacts("models:/dvfs-governor/1", dst_path=str(tmp / "model-predict")))
+    policy = json.loads(next(art.rglob("policy.json")).read_text())
+    rows = [{"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109000000, "avg_seq_len": 71.3,
+             "gpu_util_pct": 95.0},
+            {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7600000, "avg_seq_len": 12.8,
+             "gpu_util_pct": 30.0}]
+    expected = []
+    for row in rows:
+        f, path = policy_tree.decide(policy, row)
+        f = policy_tree.snap(f, TABLE)
+        expected.append((f, policy_tree.explain(path, f)))
+    assert list(zip(out["freqs"], out["paths"])) == expected
+    assert all(f in TABLE for f in out["freqs"])
 
 
 def test_gates_block_a_worse_version_and_force_overrides(store):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dvfs_mlops.calibration import calibrate
 from dvfs_mlops.device.sim import SimDevice
-from dvfs_mlops.twin.calibration import calibrate
 from dvfs_mlops.twin.params import OrinTwinParams
 from dvfs_mlops.twin.physics import estimate_step
 from dvfs_mlops.twin.trace import KIND_KERNEL, TraceCache, capture_step_trace

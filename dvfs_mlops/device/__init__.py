@@ -1,6 +1,7 @@
 """Device backends behind one interface; `open_device("auto")` picks jetson, then nvml, then sim."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,8 @@ from dvfs_mlops.device.base import (
     parse_freq,
 )
 from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, RestoreFailedError, unknown
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "jetson", "nvml", "sim")
 
@@ -63,7 +66,7 @@ def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> No
         announce(describe_device(dev, requested))
 
 
-def restore_journals(announce: Callable[[str], None] = print, directory: Any = None, nvml_module: Any = None) -> int:
+def restore_journals(announce: Callable[[str], None] = log.info, directory: Any = None, nvml_module: Any = None) -> int:
     """Apply every journal left by a dead process; returns how many were restored.
 
     A journal whose restore fails is kept and the others are still tried; then RestoreFailedError

@@ -15,12 +15,12 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.device.guard import TerminationGuard
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.meter import EnergyReport
 
-MAXN = "maxn"
-FreqRequest = float | str  # a clock in MHz or "maxn"
+__all__ = ["MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "parse_freq"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +56,6 @@ def parse_freq(value: str | float, frequencies_mhz: Sequence[float], tolerance_m
 
 def _fmt_table(frequencies_mhz: Sequence[float]) -> list[str]:
     return [f"{f:g}" for f in frequencies_mhz]
-
-
-def freq_label(freq: FreqRequest) -> str:
-    """How a frequency appears in params, tags and tables: '816' or 'maxn'."""
-    return MAXN if freq == MAXN else f"{float(freq):g}"
 
 
 class FreqSession(abc.ABC):

@@ -240,10 +240,6 @@ class TerminationGuard:
             signum, self._pending = self._pending, None
             self._raise(signum)
 
-    def take_pending(self) -> int | None:
-        signum, self._pending = self._pending, None
-        return signum
-
 
 def now() -> float:
     return time.time()

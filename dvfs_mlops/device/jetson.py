@@ -1,4 +1,4 @@
-"""Jetson backend: GPU devfreq in sysfs for the clock, INA3221 hwmon rails for power.
+"""Jetson backend: GPU devfreq in sysfs for the clock, INA3221 rails (`ina3221.py`) for power.
 
 Every path is read under `$DVFS_SYSFS_ROOT` (default `/`) so the backend runs on a fake tree in
 tests and inside chroots. Writes go only to files inside the devfreq node that discovery found;
@@ -25,6 +25,9 @@ from dvfs_mlops.device.base import (
     parse_freq,
 )
 from dvfs_mlops.device.guard import ClockOwnership, restore_failed
+from dvfs_mlops.device.ina3221 import Rail, find_rails
+from dvfs_mlops.device.sysfs import read_sysfs as _read
+from dvfs_mlops.device.sysfs import sysfs_root
 from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
 from dvfs_mlops.meter import EnergyReport, PowerSampler
 
@@ -34,8 +37,6 @@ KNOWN_NODES = (
     "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu",  # JetPack 6 (Orin)
     "sys/devices/17000000.gpu/devfreq/17000000.gpu",
 )
-SUM_CHANNEL = 7  # INA3221 "sum of shunts" pseudo channel on Orin kernels
-AGX_ORIN_RAILS = {"VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"}
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,6 @@ def write_sysfs(path: Path, value: str) -> None:
     """One sysfs write, as the kernel sees it: a single write(2) of the value."""
     with open(path, "w") as f:
         f.write(value)
-
-
-def sysfs_root() -> Path:
-    return Path(os.environ.get("DVFS_SYSFS_ROOT", "/"))
-
-
-def _read(path: Path) -> str:
-    return path.read_text().replace("\x00", "").strip()
 
 
 def find_gpu_devfreq(root: Path | None = None) -> Path | None:
@@ -68,59 +61,6 @@ def find_gpu_devfreq(root: Path | None = None) -> Path | None:
         except OSError:
             continue
     return None
-
-
-class Rail:
-    """One INA3221 channel: label, voltage (mV) and current (mA) files, kept open for cheap pread."""
-
-    def __init__(self, name: str, volt: Path, curr: Path | None = None, power: Path | None = None):
-        self.name = name
-        self._fds = [os.open(p, os.O_RDONLY) for p in (volt, curr) if p is not None] if power is None else [os.open(power, os.O_RDONLY)]
-        self._power_mw = power is not None
-
-    def watts(self) -> float:
-        if self._power_mw:
-            return int(os.pread(self._fds[0], 32, 0)) / 1e3
-        return int(os.pread(self._fds[0], 32, 0)) * int(os.pread(self._fds[1], 32, 0)) / 1e6
-
-    def close(self) -> None:
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds = []
-
-
-def find_rails(root: Path | None = None) -> list[Rail]:
-    """INA3221 rails: hwmon layout (in{N}_label/_input, curr{N}_input) or the old iio layout."""
-    root = root or sysfs_root()
-    rails: list[Rail] = []
-    drivers = root / "sys/bus/i2c/drivers"
-    for hw in sorted(drivers.glob("ina3221/*/hwmon/hwmon*")):
-        for n in range(1, 9):
-            label_file = hw / f"in{n}_label"
-            if n == SUM_CHANNEL or not label_file.exists():
-                continue
-            label = _read(label_file)
-            if "NC" in label:  # not connected
-                continue
-            volt, curr = hw / f"in{n}_input", hw / f"curr{n}_input"
-            if volt.exists() and curr.exists():
-                rails.append(Rail(label, volt, curr))
-    for iio in sorted(drivers.glob("ina3221x/*/iio:device*")):
-        for n in range(8):
-            label_file = iio / f"rail_name_{n}"
-            if not label_file.exists():
-                continue
-            label = _read(label_file)
-            if "NC" in label:
-                continue
-            power = iio / f"in_power{n}_input"
-            volt, curr = iio / f"in_voltage{n}_input", iio / f"in_current{n}_input"
-            if volt.exists() and curr.exists():
-                rails.append(Rail(label, volt, curr))
-            elif power.exists():
-                rails.append(Rail(label, volt, power=power))
-    return rails
 
 
 def _open_or_none(path: Path) -> int | None:

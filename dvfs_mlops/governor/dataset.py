@@ -8,9 +8,12 @@ from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor.objectives import Objective
-from dvfs_mlops.workloads.features import WorkloadFeatures
+from dvfs_mlops.workloads.features import NUMERIC_FEATURES, WorkloadFeatures
 
 log = logging.getLogger(__name__)
+
+__all__ = ["NUMERIC_FEATURES", "GovernorDataset", "WorkloadCurve", "dataset_from_frame", "feature_matrix", "load_sweep_dataset",
+           "unheld_points", "warn_unheld_clocks"]
 
 
 @dataclasses.dataclass
@@ -112,23 +115,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated)
 
 
-def latest_sweep_id(c: Any, experiment: str) -> str:
-    from dvfs_mlops import tracking
-
-    exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{tracking.TAG_POINT}` != ''", max_results=1,
-                         order_by=["attributes.start_time DESC"])
-    if not runs:
-        raise DvfsError(f"experiment {experiment!r} has no sweep points; run a sweep first (dvfs-mlops sweep)")
-    return runs[0].data.tags[tracking.TAG_SWEEP]
-
-
 def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep") -> GovernorDataset:
     """The dataset of a sweep (by id, else the latest sweep of the experiment)."""
     from dvfs_mlops import tracking
-    from dvfs_mlops.sweep import sweep_frame
+    from dvfs_mlops.runs import latest_sweep_id, sweep_frame
 
     c = tracking.check_reachable()
     exp = c.get_experiment_by_name(experiment)
@@ -144,14 +134,9 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-swee
 
 
 def feature_matrix(curves: Sequence[WorkloadCurve], columns: Sequence[str]) -> list[list[float]]:
-    """Numeric features for sklearn; model_type becomes is_decoder (0/1)."""
+    """Numeric features for sklearn (columns from NUMERIC_FEATURES); model_type becomes is_decoder (0/1)."""
     rows = []
     for c in curves:
-        f = c.features
-        values = {"is_decoder": 1.0 if f.model_type == "decoder" else 0.0, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
-                  "num_params": f.num_params, "avg_seq_len": f.avg_seq_len, "gpu_util_pct": f.gpu_util_pct or 0.0}
+        values = c.features.numeric_row()
         rows.append([float(values[k]) for k in columns])
     return rows
-
-
-NUMERIC_FEATURES = ("is_decoder", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")

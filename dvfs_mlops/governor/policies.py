@@ -9,17 +9,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from dvfs_mlops.device.base import MAXN, FreqRequest
+from dvfs_mlops.clocks import MAXN, FreqRequest
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor import policy_tree
 from dvfs_mlops.governor.dataset import WorkloadCurve
 from dvfs_mlops.governor.objectives import Objective
+from dvfs_mlops.paths import REGISTRY_DIR_ENV, registry_dir, registry_file
 from dvfs_mlops.workloads.features import WorkloadFeatures
+
+__all__ = ["REGISTRY_DIR_ENV", "FixedPolicy", "MaxNPolicy", "OraclePolicy", "Policy", "TreePolicy", "choice_for", "paper_tree",
+           "registry_dir", "registry_file"]
 
 
 def _row(features: WorkloadFeatures | Mapping[str, Any]) -> Mapping[str, Any]:
@@ -112,29 +115,6 @@ class OraclePolicy:
 
     def choose_for(self, curve: WorkloadCurve) -> float:
         return curve.label(self.objective)
-
-
-REGISTRY_DIR_ENV = "DVFS_REGISTRY_DIR"
-
-
-def registry_dir() -> Path:
-    """The registry data: `dvfs_mlops/registry_data/` inside the installed package ($DVFS_REGISTRY_DIR overrides).
-
-    It holds governor.yaml (name, aliases, promotion gates) and baselines/paper-mlg.json (the published tree).
-    """
-    env = os.environ.get(REGISTRY_DIR_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "registry_data"
-
-
-def registry_file(*parts: str, what: str) -> Path:
-    """A file of the registry data, or a one-line error naming where it was looked for."""
-    path = registry_dir().joinpath(*parts)
-    if not path.is_file():
-        env = os.environ.get(REGISTRY_DIR_ENV)
-        why = (f"${REGISTRY_DIR_ENV}={env} names a folder without it" if env
-               else "the package's registry data is missing; reinstall dvfs-mlops")
-        raise DvfsError(f"{what} {path} not found ({why})")
-    return path
 
 
 def paper_tree() -> TreePolicy:

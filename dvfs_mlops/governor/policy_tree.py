@@ -58,8 +58,3 @@ def explain(path: Sequence[str], freq_mhz: float) -> str:
 def tree_depth(node: Mapping[str, Any]) -> int:
     return 0 if "freq_mhz" in node else 1 + max(tree_depth(node["left"]), tree_depth(node["right"]))
 
-
-def tree_features(node: Mapping[str, Any]) -> set[str]:
-    if "freq_mhz" in node:
-        return set()
-    return {node["feature"]} | tree_features(node["left"]) | tree_features(node["right"])

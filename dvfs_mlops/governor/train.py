@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from dvfs_mlops import tracking
 from dvfs_mlops.governor.dataset import load_sweep_dataset
 from dvfs_mlops.governor.objectives import parse_objective
 from dvfs_mlops.governor.search import SearchResult, run_search
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -41,7 +44,7 @@ def importance_plot(study: Any, path: Path) -> bool:
 
 
 def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
-                   seed: int = 0, register: bool = True, say: Callable[[str], None] = print, storage: str | None = None) -> TrainOutcome:
+                   seed: int = 0, register: bool = True, say: Callable[[str], None] = log.info, storage: str | None = None) -> TrainOutcome:
     import mlflow
 
     from dvfs_mlops.governor.pyfunc import log_governor

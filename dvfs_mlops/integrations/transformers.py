@@ -19,6 +19,7 @@ on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU 
 from __future__ import annotations
 
 import atexit
+import logging
 from typing import Any
 
 from transformers import TrainerCallback
@@ -26,9 +27,9 @@ from transformers import TrainerCallback
 from dvfs_mlops.device.base import FreqRequest
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.workloads.features import WorkloadFeatures
+from dvfs_mlops.workloads.zoo import ENCODER_TYPES
 
-ENCODER_MODEL_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mobilebert"}
-
+logger = logging.getLogger(__name__)
 
 def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
     """Mean unpadded length of the first `limit` training examples (input_ids / attention_mask)."""
@@ -53,7 +54,7 @@ def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
 class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
-                 announce: Any = print, observe: bool = False, torch_device: str | None = None):
+                 announce: Any = logger.info, observe: bool = False, torch_device: str | None = None):
         self.governor_uri = governor
         self._device_arg = device
         self.freq_override = freq
@@ -107,7 +108,7 @@ class DvfsCallback(TrainerCallback):
         if avg is None:
             raise DvfsError("cannot compute avg_seq_len from the training data (no input_ids/attention_mask); pass DvfsCallback(avg_seq_len=...)")
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        mtype = "encoder" if getattr(cfg, "model_type", "") in ENCODER_MODEL_TYPES else "decoder"
+        mtype = "encoder" if getattr(cfg, "model_type", "") in ENCODER_TYPES else "decoder"
         return WorkloadFeatures(mtype, int(layers), int(hidden), int(params), float(avg), self.gpu_util_pct)
 
     def _twin_trace(self, model: Any, batch_size: int, avg_len: float) -> Any:

@@ -52,7 +52,7 @@ class OrinTwinParams:
     # MAXN = nvhost_podgov: settles at the highest clock whose load stays >= target, else the
     # lowest; while settled below the top it dithers to the next clock up for a share of the time.
     # The target sits a little above DESIGN's ~50 %: with 50 % the small models' oracle savings
-    # averaged > 20 %, above the study's range (see twin/calibration.py).
+    # averaged > 20 %, above the study's range (see dvfs_mlops/calibration.py).
     maxn_load_target: float = 0.6
     maxn_ramp_share: float = 0.05
     # Run-to-run noise (multiplicative, seeded per run).

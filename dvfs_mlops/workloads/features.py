@@ -6,7 +6,10 @@ from typing import Any
 
 # The study's size split: results are reported for models <= 70M and > 70M parameters.
 SMALL_MODEL_PARAMS = 70_000_000
+# The one list of governor input columns (the pyfunc signature, policy.json features, the docs).
 FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")
+# The same columns as numbers for a decision tree: model_type becomes is_decoder (1.0 for a decoder).
+NUMERIC_FEATURES = tuple("is_decoder" if c == "model_type" else c for c in FEATURE_COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +23,12 @@ class WorkloadFeatures:
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def numeric_row(self) -> dict[str, float]:
+        """NUMERIC_FEATURES -> value; an unmeasured gpu_util_pct counts as 0."""
+        row = self.as_row()
+        out = {c: float(row[c] or 0.0) for c in FEATURE_COLUMNS if c != "model_type"}
+        return {"is_decoder": 1.0 if self.model_type == "decoder" else 0.0, **out}
 
     def with_gpu_util(self, pct: float | None) -> WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)

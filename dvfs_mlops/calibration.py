@@ -1,5 +1,8 @@
 """The twin's calibration targets (DESIGN §4), computed in one place for tests and benchmarks.
 
+It runs the twin (`twin/`) on the model presets (`workloads/`), so it sits above both: the twin
+itself knows nothing of the presets.
+
 Workloads are the study's: every model preset on the characterisation tasks' length profiles
 (sst2, qnli, mrpc mean token counts), batch 16, FP32. `check()` returns the failed targets by name,
 so a test failure says which one broke and by how much.
@@ -15,9 +18,9 @@ from dvfs_mlops.twin.params import OrinTwinParams
 from dvfs_mlops.twin.physics import energy_curve, estimate_maxn
 from dvfs_mlops.twin.trace import TraceCache
 from dvfs_mlops.workloads.features import SMALL_MODEL_PARAMS
+from dvfs_mlops.workloads.tasks import TASKS
+from dvfs_mlops.workloads.zoo import PRESETS
 
-# Mean tokenised lengths of the GLUE tasks (DESIGN §5).
-TASK_MEAN_TOKENS = {"cola": 11, "sst2": 13, "stsb": 31, "qqp": 30, "mnli": 39, "wnli": 38, "qnli": 51, "mrpc": 53, "rte": 73}
 CHARACTERISATION_TASKS = ("sst2", "qnli", "mrpc")
 
 
@@ -99,15 +102,13 @@ class CalibrationReport:
 
 def calibrate(params: OrinTwinParams | None = None, cache: TraceCache | None = None, batch_size: int = 16) -> CalibrationReport:
     """Run the twin over the study's workloads and collect what the targets need."""
-    from dvfs_mlops.workloads.zoo import PRESETS
-
     p = params or OrinTwinParams()
     cache = cache or TraceCache()
     points: list[WorkloadPoint] = []
     for name, preset in PRESETS.items():
         config = preset.config()
         for task in CHARACTERISATION_TASKS:
-            trace = cache.get(config, batch_size, TASK_MEAN_TOKENS[task])
+            trace = cache.get(config, batch_size, TASKS[task].mean_tokens)
             curve = energy_curve(trace, p)
             maxn = estimate_maxn(trace, p, curve)
             energies = {f: e.energy_j for f, e in curve.items()}

@@ -1,0 +1,33 @@
+"""Queries over a sweep's MLflow runs, shared by the sweep (resume, artifacts) and the governor (dataset).
+
+It sits beside `tracking.py`: it knows the tag names, nothing about how a point is run.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dvfs_mlops import tracking
+from dvfs_mlops.errors import DvfsError
+
+
+def sweep_frame(c: Any, experiment_ids: list[str], sweep_id: str) -> Any:
+    """All FINISHED point runs of a sweep as a pandas DataFrame (one row per run)."""
+    import mlflow
+
+    df = mlflow.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and attributes.status = 'FINISHED'",
+                            max_results=50000)
+    if len(df) and f"tags.{tracking.TAG_POINT}" in df:
+        df = df[df[f"tags.{tracking.TAG_POINT}"].notna()]
+    return df
+
+
+def latest_sweep_id(c: Any, experiment: str) -> str:
+    """The sweep id of the newest point run of `experiment`."""
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{tracking.TAG_POINT}` != ''", max_results=1,
+                         order_by=["attributes.start_time DESC"])
+    if not runs:
+        raise DvfsError(f"experiment {experiment!r} has no sweep points; run a sweep first (dvfs-mlops sweep)")
+    return runs[0].data.tags[tracking.TAG_SWEEP]

@@ -1,0 +1,151 @@
+"""Sweep presets and the validated definition of a sweep (`SweepSpec`, its points and its id)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dvfs_mlops.device.base import MAXN, FreqRequest, freq_label, parse_freq
+from dvfs_mlops.errors import DvfsError, unknown
+from dvfs_mlops.workloads.tasks import TASKS, get_task
+from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPreset:
+    models: tuple[str, ...]
+    tasks: tuple[str, ...]
+    freqs: tuple[str, ...] | None  # None = the device's whole table
+    steps: int
+    profile_steps: int = 100
+    train_size: int = 2048
+    dev_size: int = 256
+    repeats: int = 1
+
+
+PRESETS: dict[str, SweepPreset] = {
+    # 2 tiny models x 3 tasks (2 train, 1 eval) x 3 clocks + maxn, a few steps: under a minute on a CPU.
+    "smoke": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), ("510", "816", "1300.5"), steps=4, train_size=128, dev_size=64),
+    # The smallest BERT and Pythia on sst2, mrpc, rte at every clock + maxn: minutes on 2 cores.
+    "quick": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), None, steps=60),
+    # The study: 12 models x 9 tasks. On the twin, steps=0 profiles without training.
+    "paper": SweepPreset(tuple(MODEL_PRESETS), tuple(TASKS), None, steps=0, profile_steps=200),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    model: str
+    task: str
+    freq: FreqRequest
+    repeat: int
+
+    @property
+    def workload(self) -> str:
+        return f"{self.model}/{self.task}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}@{freq_label(self.freq)}#{self.repeat}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    models: tuple[str, ...]
+    tasks: tuple[str, ...]
+    freqs: tuple[FreqRequest, ...]
+    steps: int
+    profile_steps: int
+    batch_size: int
+    repeats: int
+    seed: int
+    data_source: str
+    data_dir: str | None
+    train_size: int
+    dev_size: int
+    experiment: str
+    replay: bool
+    device_profile: str
+    sweep_id: str = ""
+    shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
+
+    def points(self) -> list[Point]:
+        out = []
+        for m in self.models:
+            for t in self.tasks:
+                for r in range(self.repeats):
+                    freqs = list(self.freqs)
+                    if self.shuffle_clocks:
+                        random.Random(f"{self.seed}|{m}/{t}|{r}").shuffle(freqs)
+                    out += [Point(m, t, f, r) for f in freqs]
+        return out
+
+    def definition(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("sweep_id")
+        d.pop("experiment")
+        d.pop("shuffle_clocks")  # the order of the points, not what is measured
+        d["freqs"] = [freq_label(f) for f in self.freqs]
+        return d
+
+    def with_default_id(self) -> SweepSpec:
+        if self.sweep_id:
+            return self
+        digest = hashlib.sha256(json.dumps(self.definition(), sort_keys=True).encode()).hexdigest()[:10]
+        return dataclasses.replace(self, sweep_id=f"sweep-{digest}")
+
+
+def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None or value == "":
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [s.strip() for s in items if s.strip()]
+
+
+def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
+               steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
+               seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
+               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None) -> SweepSpec:
+    """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
+    if preset not in PRESETS:
+        raise unknown("preset", preset, list(PRESETS))
+    p = PRESETS[preset]
+    model_list = _split_list(models) or list(p.models)
+    for m in model_list:
+        if m not in MODEL_PRESETS:
+            raise unknown("model", m, list(MODEL_PRESETS))
+    task_list = _split_list(tasks) or list(p.tasks)
+    for t in task_list:
+        get_task(t)
+    freq_names = _split_list(freqs) or (list(p.freqs) if p.freqs else None)
+    table = device.frequencies_mhz
+    if freq_names is None:
+        freq_list: list[FreqRequest] = [MAXN, *table]
+    else:
+        parsed = [parse_freq(f, table) for f in freq_names]
+        freq_list = ([MAXN] if MAXN not in parsed else []) + parsed  # maxn always: the baseline
+        freq_list = sorted(set(freq_list), key=lambda f: -1.0 if f == MAXN else float(f))
+    n_steps = p.steps if steps is None else steps
+    if n_steps < 0:
+        raise DvfsError(f"--steps must be >= 0, got {n_steps}")
+    if n_steps == 0 and not device.simulated:
+        raise DvfsError("--steps 0 (profile only) exists only on the sim device: real hardware has to train to be measured")
+    if data_dir is not None:
+        data_source = "tsv"
+        from dvfs_mlops.workloads.glue_tsv import check_task_dir
+
+        for t in task_list:
+            check_task_dir(Path(data_dir), get_task(t))
+    spec = SweepSpec(
+        models=tuple(model_list), tasks=tuple(task_list), freqs=tuple(freq_list), steps=n_steps,
+        profile_steps=p.profile_steps if profile_steps is None else profile_steps, batch_size=batch_size,
+        repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
+        train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
+        experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
+        shuffle_clocks=not device.simulated,
+    )
+    return spec.with_default_id()

@@ -1,0 +1,168 @@
+"""Dependencies point one way (docs/ARCHITECTURE.md, "Layers"): checked on the source, and on a live import.
+
+The layer table below is the one of the docs, written down again on purpose: a change of layering
+has to change both. Imports inside functions count as much as those at the top of a module: a lazy
+import still makes the importing module depend on the imported one, it only moves the cost.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dvfs_mlops"
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+
+# Lowest first. A module may import from its own layer or an earlier one. An entry names a module or
+# a package (every module under it); the longest matching entry wins (`governor.train` over `governor`).
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "clocks", "paths"),
+    ("meter",),
+    ("twin",),
+    ("device",),
+    ("workloads",),
+    ("finetune", "calibration"),
+    ("tracking", "records", "runs"),
+    ("sweep", "plots"),
+    ("governor",),
+    ("registry",),
+    ("governor.train",),
+    ("launcher", "evaluate", "runner", "simulate", "integrations"),
+    ("cli",),
+]
+
+
+def _layer_of(module: str) -> int:
+    name = module.removeprefix("dvfs_mlops").lstrip(".")
+    best, best_len = None, -1
+    for i, entries in enumerate(LAYERS):
+        for e in entries:
+            if (name == e or name.startswith(e + ".")) and len(e) > best_len:
+                best, best_len = i, len(e)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of the table: add it (and to docs/ARCHITECTURE.md)")
+    return best
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path], name: str) -> set[tuple[str, int]]:
+    """(imported dvfs_mlops module, line) for every import statement, wherever it stands in the file."""
+    found: set[tuple[str, int]] = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # `from pkg import mod` depends on pkg.mod when that is a module, else on pkg itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t == "dvfs_mlops" or not t.startswith("dvfs_mlops."):
+                continue
+            while t not in modules and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t != name:
+                found.add((t, node.lineno))
+    return found
+
+
+def _graph() -> dict[str, set[tuple[str, int]]]:
+    modules = _modules()
+    return {name: _imports(path, modules, name) for name, path in modules.items()}
+
+
+def test_every_import_points_down_the_layer_table():
+    upward = []
+    for name, deps in _graph().items():
+        for dep, line in sorted(deps):
+            if _layer_of(dep) > _layer_of(name):
+                upward.append(f"{name}:{line} imports {dep} (layer {_layer_of(dep) + 1} > {_layer_of(name) + 1})")
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+# Known loops, each to be removed, never added to: `workloads.tasks.load_task` reaches the readers
+# (synthetic, glue_tsv) lazily while they import `Example`/`TaskSpec` from it. The fix (load_task in a
+# module of its own above the readers) belongs to the workloads' owner; issue 12.
+KNOWN_CYCLES = {
+    ("dvfs_mlops.workloads.tasks", "dvfs_mlops.workloads.glue_tsv"),
+    ("dvfs_mlops.workloads.tasks", "dvfs_mlops.workloads.synthetic"),
+}
+
+
+def test_no_import_cycles():
+    graph = {name: {d for d, _ in deps} for name, deps in _graph().items()}
+    for lazy, back in KNOWN_CYCLES:
+        assert back in graph[lazy], f"{lazy} -> {back} is gone: remove it from KNOWN_CYCLES"
+        graph[lazy].discard(back)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                cycles.append([*stack[stack.index(d):], d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_docs_list_the_same_layers():
+    """docs/ARCHITECTURE.md writes the table down as `N. `entry`, `entry`: ...` lines; they must agree."""
+    text = DOC.read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    documented: list[tuple[str, ...]] = []
+    for m in re.finditer(r"^(\d+)\. (.+?):", section, re.MULTILINE):
+        entries = re.findall(r"`([^`]+)`", m.group(2))
+        documented.append(tuple(e.removesuffix(".py").removesuffix("/").replace("/", ".") for e in entries))
+    assert documented == LAYERS
+
+
+def test_every_module_has_a_layer():
+    for name in _modules():
+        if name != "dvfs_mlops":
+            _layer_of(name)
+
+
+PURE = ["dvfs_mlops.device", "dvfs_mlops.device.base", "dvfs_mlops.device.guard", "dvfs_mlops.device.placement",
+        "dvfs_mlops.device.jetson", "dvfs_mlops.device.ina3221", "dvfs_mlops.device.sysfs", "dvfs_mlops.device.nvml",
+        "dvfs_mlops.device.sim", "dvfs_mlops.governor.policies", "dvfs_mlops.governor.objectives",
+        "dvfs_mlops.governor.dataset", "dvfs_mlops.governor.search", "dvfs_mlops.governor.policy_tree"]
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_import_neither_torch_nor_mlflow(module):
+    """Importing a device backend or the governor's logic loads neither torch nor MLflow (both come lazily)."""
+    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'transformers', 'optuna'})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
