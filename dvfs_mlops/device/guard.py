@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import signal
 import threading
@@ -31,6 +32,8 @@ from typing import Any
 from dvfs_mlops.errors import DeviceBusyError, RestoreFailedError
 
 _CAUGHT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+logger = logging.getLogger(__name__)
 
 
 SYSTEM_LOCK_DIR = "run/lock/dvfs-mlops"
@@ -303,6 +306,5 @@ class ClockOwnership:
 
 
 def _stderr(message: str) -> None:
-    import sys
-
-    print(message, file=sys.stderr)
+    """The default announcer: a WARNING on this module's logger (stderr when nobody configured logging)."""
+    logger.warning(message)
