@@ -12,6 +12,25 @@ from typing import Any
 import click
 
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
+
+
+class Count(click.IntRange):
+    """A whole-number option (steps, trials, sizes, seeds): typed INTEGER in --help, and a bad value is one line
+    naming the option ("--steps must be a whole number, got 'x'")."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                int(value.strip())
+            except ValueError:
+                name = param.opts[0] if param is not None and param.opts else "value"
+                raise click.UsageError(f"{name} must be a whole number, got {value!r}", ctx) from None
+        return super().convert(value, param, ctx)
+
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (messages and links go to stderr).")
+SEED_OPTION = click.option("--seed", default=0, show_default=True, type=Count(), help="Random seed (data, model init, sampling): same seed, same run.")
 
 DEVICE_OPTION = click.option("--device", "device_name", default="auto", show_default=True,
                              type=click.Choice(["auto", "jetson", "nvml", "sim"]), help="Device backend.")
@@ -59,6 +78,7 @@ def _one_line_error(message: str) -> None:
 def main() -> None:
     """Energy-optimal GPU clocks for on-device fine-tuning, as an MLOps pipeline."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Writing model shards" bar (\r redraws)
     import logging
 
     for noisy in ("mlflow.store.db.utils", "alembic", "mlflow.tracking.fluent"):
@@ -67,6 +87,25 @@ def main() -> None:
 
 def _echo_err(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def _show_link(make: Any, err: bool = False) -> None:
+    """The last lines of a command that wrote runs: where to look in the MLflow UI (and how to start it for a
+    local store). `make` builds the tracking.UiLink; a failure to build it never fails the command's work."""
+    import logging
+
+    try:
+        link = make()
+    except Exception as e:  # noqa: BLE001 - the work is done and logged; only the link is missing
+        logging.getLogger(__name__).debug("no MLflow UI link: %s", e)
+        return
+    if link is None:
+        return
+    if link.start:
+        click.echo(f"start the MLflow UI: {link.start}", err=err)
+        click.echo(f"then open: {link.url}", err=err)
+    else:
+        click.echo(f"open in the MLflow UI: {link.url}", err=err)
 
 
 def _announce(dev: Any, requested: str) -> None:
@@ -91,7 +130,7 @@ def _torch_device(dev: Any, override: str) -> str:
 @main.command()
 @DEVICE_OPTION
 @GPU_INDEX_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@JSON_OPTION
 def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
     """Show the backend, its frequency table, current clock and power rails."""
     info = _open(device_name, quiet=as_json, gpu_index=gpu_index).info()
@@ -112,11 +151,12 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @main.command()
 @click.argument("model", required=False)
 @click.option("--model-config", type=click.Path(), help="A transformers config.json (or folder) instead of a preset.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Padded sequence length of a batch.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
+@click.option("--seq-len", type=Count(min=1), required=True, help="Padded sequence length of a batch.")
+@click.option("--batch-size", type=Count(min=1), default=16, show_default=True, help="Examples per training step.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
+              help="Training precision the twin charges for.")
 @click.option("--twin-params", type=click.Path(exists=True, dir_okay=False), help="YAML with OrinTwinParams overrides.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@JSON_OPTION
 def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, dtype: str,
              twin_params: str | None, as_json: bool) -> None:
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
@@ -177,44 +217,36 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
     sys.exit(rc)
 
 
-def _opt_int(name: str, value: str | None) -> int | None:
-    """MLproject passes every parameter; '' means "use the preset's value"."""
-    if value is None or str(value).strip() == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise DvfsError(f"{name} must be a whole number, got {value!r}") from None
-
-
 @main.command()
 @click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper.")
 @click.option("--models", default="", help="Comma-separated model presets (default: the preset's).")
 @click.option("--tasks", default="", help="Comma-separated GLUE tasks (default: the preset's).")
 @click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table.")
-@click.option("--steps", default="", help="Training steps per point; 0 = profile only (sim).")
-@click.option("--profile-steps", default="", help="Steps charged per point when --steps 0.")
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--repeats", default="", help="Repeats per point (default: the preset's, 1); on hardware each repeat visits the clocks in its own seeded random order.")
+@click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's); 0 = profile only (sim).")
+@click.option("--profile-steps", default=None, type=Count(min=1), help="Steps charged per point when --steps 0 (default: the preset's).")
+@click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
+@click.option("--repeats", default=None, type=Count(min=1),
+              help="Repeats per point (default: the preset's, 1); on hardware each repeat visits the clocks in its own seeded random order.")
 @DEVICE_OPTION
 @SAMPLE_HZ_OPTION
 @GPU_INDEX_OPTION
 @TORCH_DEVICE_OPTION
 @click.option("--settle-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Hardware: idle this many seconds before each point after the first (cool-down, so points start alike).")
-@click.option("--observe", is_flag=True, hidden=True)
-@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]))
+@click.option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe).")
+@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
+              help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
 @click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--experiment", default="dvfs-sweep", show_default=True)
+@SEED_OPTION
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="MLflow experiment the sweep's runs go to.")
 @click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition).")
-@click.option("--train-size", default="", help="Synthetic training examples per task.")
-@click.option("--dev-size", default="", help="Synthetic dev examples per task.")
+@click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's).")
+@click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
-def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_steps: str, batch_size: int, repeats: str,
-          device_name: str, sample_hz: float, gpu_index: int, torch_device: str, settle_s: float, observe: bool,
+def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, profile_steps: int | None, batch_size: int,
+          repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
-          train_size: str, dev_size: str, replay: bool) -> None:
+          train_size: int | None, dev_size: int | None, replay: bool) -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
@@ -226,30 +258,32 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: str, profile_
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
     where = _torch_device(dev, torch_device)
     spec = sweep_mod.build_spec(
-        dev, preset, models=models, tasks=tasks, freqs=freqs, steps=_opt_int("--steps", steps),
-        profile_steps=_opt_int("--profile-steps", profile_steps), batch_size=batch_size, repeats=_opt_int("--repeats", repeats),
-        seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=_opt_int("--train-size", train_size), dev_size=_opt_int("--dev-size", dev_size),
+        dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
+        repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size,
     )
     _announce(dev, device_name)
     out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s)
     label = " (SIMULATED)" if dev.simulated else ""
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
-    click.echo(f"compare them: mlflow ui --backend-store-uri {tracking.tracking_uri()}")
+    _show_link(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
 
 
 @main.command()
 @click.option("--sweep-id", default="", help="The sweep to learn from (default: the latest in --experiment).")
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
-@click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X")
-@click.option("--trials", default=60, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--objective", default="energy", show_default=True,
+              help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time).")
+@click.option("--trials", default=60, show_default=True, type=Count(min=1), help="Optuna trials (each one a full leave-one-workload-out CV).")
+@SEED_OPTION
 @click.option("--register/--no-register", default=True, show_default=True, help="Register the model as a new version.")
 @click.option("--storage", default="", help="Optuna storage URL (default: optuna.db beside a SQLite tracking DB).")
 def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str) -> None:
     """Train the governor: Optuna over decision trees, scored by leave-one-workload-out CV."""
+    from dvfs_mlops import tracking
     from dvfs_mlops.governor.train import train_governor
+    from dvfs_mlops.registry import load_config
 
     out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None)
     r = out.result
@@ -259,8 +293,11 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
     click.echo(f"best tree: depth {_depth(r.policy.policy)}, features {', '.join(r.best_params.features)}")
     if out.version is not None:
         click.echo(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
+        version = out.version
+        _show_link(lambda: tracking.model_version_link(load_config().name, version))
     else:
         click.echo(f"logged {out.model_uri} (not registered)")
+        _show_link(lambda: tracking.run_link(out.run_id))
 
 
 def _depth(policy: dict) -> int:
@@ -270,7 +307,7 @@ def _depth(policy: dict) -> int:
 
 
 @main.command("finetune")
-@click.option("--model", default="", help="A model preset (see `dvfs-mlops simulate --help`).")
+@click.option("--model", default="", help=f"A model preset: {', '.join(MODEL_PRESETS)}.")
 @click.option("--model-config", default="", help="A transformers config.json (or folder) instead of a preset.")
 @click.option("--task", required=True, help="A GLUE task: sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli.")
 @click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder.")
@@ -280,19 +317,20 @@ def _depth(policy: dict) -> int:
 @GPU_INDEX_OPTION
 @OBSERVE_OPTION
 @TORCH_DEVICE_OPTION
-@click.option("--steps", default=60, show_default=True, type=click.IntRange(min=1))
+@click.option("--steps", default=60, show_default=True, type=Count(min=1), help="Training steps.")
 @click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
 @click.option("--learning-rate", default=None, type=float, help="Default 1e-3 from scratch, 5e-5 with --pretrained.")
-@click.option("--probe-steps", default=5, show_default=True, type=click.IntRange(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
-@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]))
+@click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
+@click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
+              help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
 @click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
-@click.option("--train-size", default=2048, show_default=True, type=click.IntRange(min=1), help="Synthetic training examples.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--train-size", default=2048, show_default=True, type=Count(min=1), help="Synthetic training examples.")
+@SEED_OPTION
 @click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")
-@click.option("--dry-run", is_flag=True, help="Stop after the decision.")
+@click.option("--dry-run", is_flag=True, help="Stop after the decision (nothing is trained or logged).")
 @click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
-@click.option("--json", "as_json", is_flag=True)
+@JSON_OPTION
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
@@ -316,23 +354,30 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
                            announce_device=not as_json, torch_device=where, observe=observe)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
+    if summary.get("run_id"):
+        _show_link(lambda: tracking.run_link(summary["run_id"]), err=as_json)
 
 
 @main.command("evaluate")
-@click.option("--sweep-id", default="", help="Default: the latest sweep in --experiment.")
-@click.option("--experiment", default="dvfs-sweep", show_default=True)
-@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]))
+@click.option("--sweep-id", default="", help="The sweep whose measured points are compared (default: the latest in --experiment).")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]),
+              help="Which of the sweep's workloads: the held-out ones (eval), the training ones, or all.")
 @click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True,
               help="Comma-separated: production, ffg, paper-mlg, maxn, oracle, or models:/ URIs.")
-@click.option("--objective", default="energy", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (as for train).")
+@JSON_OPTION
 def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
     """Savings of each policy against MAXN and regret against the oracle, from a sweep's measured points."""
+    from dvfs_mlops import tracking
     from dvfs_mlops.evaluate import evaluate_sweep, format_table
 
     report = evaluate_sweep(sweep_id or None, experiment, split, [p.strip() for p in policies.split(",") if p.strip()], objective,
                             say=_echo_err)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_table(report))
+    if report.run_id:
+        run_id = report.run_id
+        _show_link(lambda: tracking.run_link(run_id), err=as_json)
 
 
 @main.group()
@@ -341,7 +386,7 @@ def registry() -> None:
 
 
 @registry.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@JSON_OPTION
 def registry_list(as_json: bool) -> None:
     """Versions with aliases and LOOCV figures."""
     from dvfs_mlops.registry import list_versions
@@ -372,9 +417,22 @@ def registry_show(version: str) -> None:
 @registry.command("bootstrap")
 def registry_bootstrap() -> None:
     """Register the published tree (baselines/paper-mlg.json of the registry data) as a version."""
-    from dvfs_mlops.registry import bootstrap
+    from dvfs_mlops import tracking
+    from dvfs_mlops.registry import bootstrap, load_config
 
-    bootstrap(say=click.echo)
+    version = bootstrap(say=click.echo)
+    _show_link(lambda: tracking.model_version_link(load_config().name, version))
+
+
+def _show_production_link() -> None:
+    from dvfs_mlops import tracking
+    from dvfs_mlops.registry import load_config
+
+    def make() -> Any:
+        cfg = load_config()
+        return tracking.model_version_link_by_alias(cfg.name, cfg.production)
+
+    _show_link(make)
 
 
 @registry.command("promote")
@@ -385,6 +443,7 @@ def registry_promote(version: str, force: bool) -> None:
     from dvfs_mlops.registry import promote
 
     promote(version, force=force, say=click.echo)
+    _show_production_link()
 
 
 @registry.command("rollback")
@@ -393,6 +452,7 @@ def registry_rollback() -> None:
     from dvfs_mlops.registry import rollback
 
     rollback(say=click.echo)
+    _show_production_link()
 
 
 @main.command()

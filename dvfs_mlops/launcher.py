@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from dvfs_mlops.workloads.features import WorkloadFeatures
 from dvfs_mlops.workloads.tokenizer import padded_length
 
 FINETUNE_EXPERIMENT = "dvfs-finetune"
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -39,8 +43,8 @@ def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> Any:
     """The twin's view of this job: per-step estimates for the median padded length of its batches."""
     from dvfs_mlops.device.sim import SimDevice
 
-    batches = plan_batches(len(prepared.train), max(1, steps), batch_size, seed)
-    lengths = sorted(padded_length([len(prepared.train.ids[i]) for i in b]) for b in batches)
+    batches = plan_batches(prepared.n_train, max(1, steps), batch_size, seed)
+    lengths = sorted(padded_length([prepared.train_lengths[i] for i in b]) for b in batches)
     trace = prepared.trace_provider(batch_size)(lengths[len(lengths) // 2])
     return SimDevice().curve(trace)
 
@@ -53,14 +57,15 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
     `observe=True` takes no lock either.
     """
     if probe_steps <= 0:
-        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
+    prepared.materialize()  # the probe trains: data, tokenizer and model config, before the session starts
     probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
     trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
     session = device.session(MAXN, observe=observe, **({"noise_key": "probe"} if device.simulated else {}))
     with session:
         finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
-                 is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
+                 is_regression=prepared.task.is_regression, session=session, trace_for=trace_for,
                  run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device))
     util = session.report().gpu_util_pct
     if util is None:
@@ -88,13 +93,95 @@ def check_profile(meta: dict[str, Any], device: Any, strict: bool, say: Callable
         say(f"warning: {msg}; its clocks are snapped to this device's table")
 
 
+class PolicyModel:
+    """A registered governor's policy.json, deciding as its pyfunc (`governor/model_code.py`) does."""
+
+    def __init__(self, policy: dict[str, Any]):
+        self.policy = policy
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> Any:
+        import pandas as pd
+
+        from dvfs_mlops.governor import policy_tree
+
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        table = (params or {}).get("frequencies") or None
+        return pd.DataFrame(policy_tree.decide_rows(self.policy, frame.to_dict(orient="records"), table))
+
+
+_MODELS_URI = re.compile(r"models:/([^/@]+)(?:@([^/@]+)|/([0-9]+))")
+
+
+def _shipped_policy(local: Path) -> dict[str, Any] | None:
+    """policy.json of a downloaded governor whose code is this package's, byte for byte; None for any other model."""
+    import yaml
+
+    from dvfs_mlops.governor.pyfunc import CODE, TREE_CODE
+
+    pf = (yaml.safe_load((local / "MLmodel").read_text()) or {}).get("flavors", {}).get("python_function", {})
+    if pf.get("loader_module") != "mlflow.pyfunc.loaders.code_model" or not pf.get("model_code_path") or not pf.get("code"):
+        return None
+    shipped_code = local / Path(pf["model_code_path"]).name
+    shipped_tree = local / pf["code"] / "policy_tree.py"
+    if not (shipped_code.is_file() and shipped_tree.is_file()):
+        return None
+    if shipped_code.read_bytes() != CODE.read_bytes() or shipped_tree.read_bytes() != TREE_CODE.read_bytes():
+        return None
+    policy_file = local / pf.get("artifacts", {}).get("policy", {}).get("path", "")
+    return json.loads(policy_file.read_text()) if policy_file.is_file() else None
+
+
+def _resolve_direct(uri: str | None) -> tuple[Any, dict[str, Any]] | None:
+    """The governor without mlflow.pyfunc: the version's policy.json, when its code is ours; else None."""
+    import mlflow
+
+    from dvfs_mlops.registry import load_config
+
+    cfg = load_config()
+    target = uri or f"models:/{cfg.name}@{cfg.production}"
+    m = _MODELS_URI.fullmatch(target)
+    if m is None:
+        return None
+    name, alias, number = m.groups()
+    c = tracking.client()
+    mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, number)
+    meta = {"uri": target, "name": name, "version": int(mv.version), "alias": alias, "tags": dict(mv.tags)}
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=c.get_model_version_download_uri(name, mv.version), dst_path=tmp))
+        policy = _shipped_policy(local)
+    if policy is None:
+        return None
+    return PolicyModel(policy), meta
+
+
+def resolve_governor(uri: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """(model, meta) of the governor, as `registry.resolve` gives them, decided the same way.
+
+    A registered version of our models-from-code pyfunc whose `model_code.py` and `policy_tree.py`
+    are this package's, byte for byte, decides exactly as `policy_tree` does on its policy.json: that
+    file is read directly, without mlflow.pyfunc's loading machinery (environment checks, code
+    import). Anything else (another URI form, other code, any failure, which includes every error a
+    user should see) goes through `registry.resolve` and mlflow.pyfunc.
+    """
+    from dvfs_mlops.registry import resolve
+
+    try:
+        direct = _resolve_direct(uri)
+    except Exception as e:  # noqa: BLE001 - registry.resolve says what is wrong, in its words
+        log.debug("governor %s: no direct policy read (%s); loading it with mlflow.pyfunc", uri, e)
+        direct = None
+    if direct is not None:
+        log.debug("governor %s v%s: policy.json read directly (its code is this package's)", direct[1]["name"], direct[1]["version"])
+        return direct
+    return resolve(uri)
+
+
 def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri: str | None, probe_steps: int, strict: bool,
                   say: Callable[[str], None], announce_device: bool = False, *, torch_device: str | None = None,
                   observe: bool = False) -> tuple[Decision, Any]:
     from dvfs_mlops.device import describe_device
-    from dvfs_mlops.registry import resolve
 
-    model, meta = resolve(governor_uri)  # a missing governor is an error before the device is used
+    model, meta = resolve_governor(governor_uri)  # a missing governor is an error before the device is used
     check_profile(meta, device, strict, say)
     if announce_device:
         say(describe_device(device))
@@ -103,7 +190,7 @@ def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri:
     freq, path = decide(model, meta, features, device.frequencies_mhz)
     saving = None
     try:
-        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, len(prepared.train)), cfg.seed)
+        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed)
         nearest = min(curve, key=lambda f: abs(f - freq))
         saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
     except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none
@@ -151,6 +238,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
     if dry_run:
         say("dry run: stopping after the decision (no clock was changed)")
         return summary
+    prepared.materialize()  # data, tokenizer, encoded splits: loaded before the run is created or any clock is touched
     env_run = os.environ.get("MLFLOW_RUN_ID")
     exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, FINETUNE_EXPERIMENT)
     g = decision.governor

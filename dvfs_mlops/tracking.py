@@ -8,8 +8,12 @@ errors are retried by MLflow's own client (bounded retries with backoff).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import shlex
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
@@ -118,3 +122,92 @@ def log_run_batch(c: Any, run_id: str, params: Mapping[str, Any] = {}, metrics: 
         chunk, ms = ms[:900], ms[900:]
         c.log_batch(run_id, metrics=chunk, params=ps if first else [], tags=ts if first else [])
         first = False
+
+
+# Deep links into the MLflow UI (MLflow 3's routes; the UI is a hash router). `workflowType=machine_learning`
+# opens an experiment on its runs table in "Model training" mode rather than the GenAI overview, even in a
+# browser whose last visit left the toggle on GenAI.
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` listens by default
+ML_WORKFLOW = "workflowType=machine_learning"
+
+
+@dataclasses.dataclass(frozen=True)
+class UiLink:
+    """Where to look at what a command wrote: `url`, and `start`, the command that serves it when the store is
+    local (SQLite, a file store, a database without a server): None when the tracking URI is a server already."""
+
+    url: str
+    start: str | None = None
+
+
+def _is_server(uri: str) -> bool:
+    return urllib.parse.urlsplit(uri).scheme in ("http", "https")
+
+
+def _without_password(uri: str) -> str:
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def ui_store_uri(uri: str | None = None) -> str:
+    """The tracking URI as `mlflow ui --backend-store-uri` takes it from any directory (SQLite and file paths made
+    absolute, a password masked)."""
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        if path and not path.startswith("/") and path != ":memory:":
+            return "sqlite:///" + str(Path(path).resolve())
+        return uri
+    scheme = urllib.parse.urlsplit(uri).scheme
+    if scheme == "file":
+        return Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path)).resolve().as_uri()
+    if not scheme or len(scheme) == 1:  # a plain path (a drive letter is no scheme)
+        return Path(uri).resolve().as_uri()
+    return _without_password(uri)
+
+
+def ui_base(uri: str | None = None) -> tuple[str, str | None]:
+    """(base URL of the UI, command that starts it or None): the server itself for an http(s) tracking URI,
+    else `mlflow ui` on 127.0.0.1:5000 over the local store."""
+    uri = uri or tracking_uri()
+    if _is_server(uri):
+        parts = urllib.parse.urlsplit(uri)
+        netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        if parts.hostname and ":" in parts.hostname:  # IPv6 literal
+            netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
+        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", "")), None
+    return LOCAL_UI, f"mlflow ui --backend-store-uri {shlex.quote(ui_store_uri(uri))}"
+
+
+def experiment_link(experiment_id: str, uri: str | None = None) -> UiLink:
+    """The experiment's runs table."""
+    base, start = ui_base(uri)
+    return UiLink(f"{base}/#/experiments/{urllib.parse.quote(str(experiment_id), safe='')}/runs?{ML_WORKFLOW}", start)
+
+
+def run_link(run_id: str, experiment_id: str | None = None, uri: str | None = None) -> UiLink:
+    """One run's page (the experiment is looked up when not given)."""
+    if experiment_id is None:
+        experiment_id = client().get_run(run_id).info.experiment_id
+    base, start = ui_base(uri)
+    exp = urllib.parse.quote(str(experiment_id), safe="")
+    return UiLink(f"{base}/#/experiments/{exp}/runs/{urllib.parse.quote(run_id, safe='')}?{ML_WORKFLOW}", start)
+
+
+def model_version_link(name: str, version: str | int, uri: str | None = None) -> UiLink:
+    """A registered model version's page (its aliases, tags, source run and schema)."""
+    base, start = ui_base(uri)
+    path = f"/#/models/{urllib.parse.quote(name, safe='')}/versions/{urllib.parse.quote(str(version), safe='')}"
+    return UiLink(f"{base}{path}?{ML_WORKFLOW}", start)
+
+
+def model_version_link_by_alias(name: str, alias: str, uri: str | None = None) -> UiLink | None:
+    """The link of the version that `alias` points at now; None when no version has it."""
+    try:
+        mv = client().get_model_version_by_alias(name, alias)
+    except Exception:  # noqa: BLE001 - no such alias (or model)
+        return None
+    return model_version_link(name, mv.version, uri)

@@ -96,3 +96,12 @@ def kernel6(orin6: FakeJetson) -> FakeKernel:
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)
+
+
+def production_store(root: Path, **env: str) -> dict[str, str]:
+    """A SQLite store under `root` whose production governor is the published tree (bootstrap + promote); its env."""
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db", **env}
+    for args in (("registry", "bootstrap"), ("registry", "promote", "1")):
+        r = run_cli(*args, env=env)
+        assert r.returncode == 0, f"{' '.join(args)}: {r.stderr}"
+    return env

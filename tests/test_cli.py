@@ -104,3 +104,120 @@ def test_errors_are_one_line_exit_2_no_traceback(args, message):
 
 def test_restore_with_nothing_left(cli):
     assert "nothing to restore" in cli("restore").output
+
+
+def _commands(group, path=("dvfs-mlops",)):
+    """(path, command) for every command of the click group, sub-groups included."""
+    import click
+
+    for name, cmd in sorted(group.commands.items()):
+        yield (*path, name), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*path, name))
+
+
+COUNT_WORDS = ("steps", "trials", "repeats", "seed", "size", "index", "len", "epochs")
+
+
+def test_every_option_has_help_and_counts_are_not_strings():
+    import click
+
+    missing, stringly = [], []
+    for path, cmd in _commands(main):
+        for p in cmd.params:
+            if not isinstance(p, click.Option):
+                continue
+            where = f"{' '.join(path)} {p.opts[0]}"
+            if not (p.help or "").strip():
+                missing.append(where)
+            if any(w in p.name for w in COUNT_WORDS) and isinstance(p.type, click.types.StringParamType):
+                stringly.append(where)
+    assert missing == [], f"options without help: {missing}"
+    assert stringly == [], f"count options typed as strings: {stringly}"
+    names = [" ".join(path) for path, _ in _commands(main)]
+    assert {"dvfs-mlops sweep", "dvfs-mlops train", "dvfs-mlops finetune", "dvfs-mlops registry promote"} <= set(names)
+
+
+def test_help_shows_integer_types_and_finetune_lists_the_model_presets(cli):
+    from dvfs_mlops.workloads.zoo import PRESETS
+
+    sweep_help = cli("sweep", "--help").output
+    for opt in ("--steps", "--profile-steps", "--repeats", "--train-size", "--dev-size", "--seed", "--batch-size"):
+        line = next(l for l in sweep_help.splitlines() if l.strip().startswith(opt + " "))
+        assert "INTEGER" in line and "TEXT" not in line, line
+    import re
+
+    finetune_help = re.sub(r"-\s+", "-", " ".join(cli("finetune", "--help").output.split()))  # help wraps at hyphens
+    assert all(name in finetune_help for name in PRESETS) and "simulate --help" not in finetune_help
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sweep", "--steps", "x"], "--steps must be a whole number, got 'x'"),
+    (["sweep", "--repeats", "0"], "Invalid value for '--repeats'"),
+    (["train", "--trials", "many"], "--trials must be a whole number"),
+    (["finetune", "--model", "bert-tiny", "--task", "sst2", "--probe-steps", "1.5"], "--probe-steps must be a whole number"),
+])
+def test_bad_counts_are_one_line_usage_errors(args, message):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _mlproject_command(entry: str, params: dict[str, str]) -> list[str]:
+    """The command `mlflow run . -e ENTRY -P k=v ...` runs, rendered by MLflow's own MLproject code, then split
+    by the shell the way `mlflow run` executes it (bash -c)."""
+    import subprocess
+
+    from mlflow.projects._project_spec import load_project
+
+    from tests.conftest import REPO
+
+    project = load_project(str(REPO))
+    cmd = project.get_entry_point(entry).compute_command(params, storage_dir=None)
+    out = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd.replace("dvfs-mlops ", "", 1)], capture_output=True, text=True, check=True)
+    assert cmd.startswith("dvfs-mlops ")
+    return out.stdout.splitlines()
+
+
+def _parse(argv: list[str]) -> dict:
+    """The typed values click would call the command with (conversion and validation run; nothing is invoked)."""
+    import click
+
+    cmd, args = main, list(argv)
+    while isinstance(cmd, click.Group):
+        cmd = cmd.commands[args.pop(0)]
+    return cmd.make_context(cmd.name, args).params
+
+
+@pytest.mark.parametrize("entry, params, expected", [
+    ("sweep", {"preset": "quick"},
+     {"preset": "quick", "steps": None, "repeats": None, "profile_steps": None, "batch_size": 16, "seed": 0, "models": "", "data_dir": ""}),
+    ("sweep", {"preset": "smoke", "steps": "2", "repeats": "3", "models": "bert-tiny,pythia-14m", "freqs": "510", "data_dir": "/data/my glue"},
+     {"steps": 2, "repeats": 3, "models": "bert-tiny,pythia-14m", "freqs": "510", "profile_steps": None, "data_dir": "/data/my glue"}),
+    ("sweep", {"steps": "0", "profile_steps": "4", "batch_size": "", "seed": ""}, {"steps": 0, "profile_steps": 4, "batch_size": 16, "seed": 0}),
+    ("train", {}, {"sweep_id": "", "objective": "energy", "trials": 60, "seed": 0}),
+    ("train", {"sweep_id": "sweep-abc", "trials": "5", "seed": "7"}, {"sweep_id": "sweep-abc", "trials": 5, "seed": 7}),
+    ("finetune", {"steps": "3"}, {"model": "bert-tiny", "task": "sst2", "steps": 3, "probe_steps": 5, "governor_uri": ""}),
+    ("finetune", {"governor": "models:/dvfs-governor/2", "steps": "", "probe_steps": "0"},
+     {"governor_uri": "models:/dvfs-governor/2", "steps": 60, "probe_steps": 0}),
+    ("promote", {"version": "3"}, {"version": "3", "force": False}),
+    ("promote", {"version": "latest", "force": "true"}, {"version": "latest", "force": True}),
+    ("evaluate", {}, {"sweep_id": "", "split": "eval", "policies": "production,ffg,paper-mlg,maxn,oracle"}),
+])
+def test_mlproject_commands_parse_with_empty_and_set_parameters(entry, params, expected):
+    """What `mlflow run . -e ENTRY -P k=v` runs, rendered by MLflow's own MLproject code and split by bash as
+    `mlflow run` executes it: whole-number options are passed only when set, and every value arrives typed."""
+    import subprocess
+
+    from mlflow.projects._project_spec import load_project
+
+    from tests.conftest import REPO
+
+    cmd = load_project(str(REPO)).get_entry_point(entry).compute_command(params, storage_dir=None)
+    assert cmd.startswith("dvfs-mlops ")
+    argv = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd[len("dvfs-mlops "):]], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    for k, v in params.items():
+        if v == "" and k in ("steps", "profile_steps", "repeats", "batch_size", "seed", "trials", "probe_steps"):
+            assert "--" + k.replace("_", "-") not in argv, argv
+    got = _parse(argv)
+    assert {k: got[k] for k in expected} == expected, argv

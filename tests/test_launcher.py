@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import production_store, run_cli
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -14,11 +14,7 @@ TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0
 def store(tmp_path_factory):
     """A store whose production governor is the published tree (bootstrap + promote)."""
     tmp = tmp_path_factory.mktemp("launcher")
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-    assert run_cli("registry", "bootstrap", env=env).returncode == 0
-    r = run_cli("registry", "promote", "1", env=env)
-    assert r.returncode == 0, r.stderr
-    return tmp, env
+    return tmp, production_store(tmp)
 
 
 @pytest.fixture
@@ -92,19 +88,63 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
     assert runs, "the failed fine-tune is logged as FAILED"
 
 
+def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, state_dir):
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops import launcher
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    prepare_workload("bert-tiny", "sst2", train_size=48, dev_size=8)  # warms the caches
+    w = prepare_workload("bert-tiny", "sst2", train_size=48, dev_size=8)
+    assert not w.loaded  # decided from the caches; the data is loaded on first use
+
+    def broken():
+        assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.iterdir()), "loading after a clock write"
+        raise OSError("disk went away")
+
+    def n_runs() -> int:
+        exp = MlflowClient().get_experiment_by_name("dvfs-finetune")
+        return len(MlflowClient().search_runs([exp.experiment_id])) if exp else 0
+
+    w._load = broken
+    said, before = [], n_runs()
+    with pytest.raises(OSError, match="disk went away"):
+        launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=2), probe_steps=0, say=said.append)
+    assert any(line.startswith("decision: ") for line in said) and not any("pinning" in line for line in said)
+    assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.iterdir())
+    assert n_runs() == before  # no run was created for it
+
+
+def _error_line(r) -> str:
+    """The one `Error:` line a refused command prints (and that it printed no decision)."""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error: ")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert "Traceback" not in r.stderr and "decision:" not in r.stderr and not r.stdout.strip()
+    return errors[0]
+
+
 def test_no_production_says_how_to_make_one(tmp_path):
     r = run_cli("finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--dry-run", "--probe-steps", "0",
                 "--train-size", "32", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
-    assert r.returncode == 2 and "registry bootstrap" in r.stderr and "registry promote" in r.stderr and "Traceback" not in r.stderr
+    line = _error_line(r)
+    assert line.startswith("Error: no dvfs-governor version has alias 'production'; register one with `dvfs-mlops train`")
+    assert "registry bootstrap" in line and "dvfs-mlops registry promote VERSION" in line
 
 
 def test_profile_mismatch_warns_or_refuses_with_strict(store):
     _, env = store
     args = ["finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--dry-run", "--probe-steps", "0", "--train-size", "32"]
     r = run_cli(*args, env=env)
-    assert r.returncode == 0 and "trained for device profile 'jetson-agx-orin-64gb'" in r.stderr and "warning" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert ("warning: governor models:/dvfs-governor@production was trained for device profile 'jetson-agx-orin-64gb', this "
+            "device is 'sim-orin'; its clocks are snapped to this device's table") in r.stderr.splitlines()
+    decisions = [line for line in r.stderr.splitlines() if line.startswith("decision: ")]
+    assert len(decisions) == 1 and decisions[0].endswith(" MHz") and "dry run: stopping after the decision" in r.stderr  # warned, then decided
     r = run_cli(*args, "--strict", env=env)
-    assert r.returncode == 2 and "--strict" in r.stderr
+    assert _error_line(r) == ("Error: governor models:/dvfs-governor@production was trained for device profile 'jetson-agx-orin-64gb', "
+                              "this device is 'sim-orin' (--strict); retrain on this device or drop --strict")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -118,7 +158,7 @@ def test_launcher_bad_input(store, args, message):
     options = {"--model": "bert-tiny", "--task": "sst2", **dict(zip(args[::2], args[1::2]))}
     flat = [x for kv in options.items() for x in kv]
     r = run_cli("finetune", *flat, "--device", "sim", "--dry-run", "--probe-steps", "0", "--train-size", "32", env=env)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert message in _error_line(r)
 
 
 def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
@@ -268,5 +308,17 @@ def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path):
 
 
 def test_evaluate_unknown_policy(tmp_path):
-    r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": uri})
+    assert _error_line(r) == "Error: experiment 'dvfs-sweep' does not exist; run a sweep first (dvfs-mlops sweep)"
+    c = MlflowClient(tracking_uri=uri)  # with a sweep, the policy name itself is what is refused
+    exp = c.create_experiment("dvfs-sweep")
+    for model, task, split in (("big", "sst2", "train"), ("big", "rte", "eval")):
+        for freq, e in {"maxn": 100, "612": 70}.items():
+            _log_point(c, exp, "hand", model, task, freq, e, 1.0, 200_000_000, split)
+    r = run_cli("evaluate", "--sweep-id", "hand", "--policies", "ffg,magic", env={"MLFLOW_TRACKING_URI": uri})
+    line = _error_line(r)
+    assert line.startswith("Error: unknown policy 'magic'; valid policies: ") and "models:/NAME@ALIAS" in line
+    assert c.get_experiment_by_name("dvfs-evaluate") is None  # nothing was logged

@@ -1,7 +1,9 @@
 """The MLflow UI in a real browser: headless Chromium shows a smoke sweep's child runs and their energy_j.
 
-It drives the runs table as a user would: expand the sweep's parent run, pick energy_j under
-Columns, and read each child's energy back from the grid. Skipped with a reason when
+It starts where a user starts: the deep link the sweep printed, opened in a fresh browser profile (so
+nothing remembered from an earlier visit picks the GenAI or "Model training" mode; the link itself must
+land on the runs table). Then it drives the runs table as a user would: expand the sweep's parent run,
+pick energy_j under Columns, and read each child's energy back from the grid. Skipped with a reason when
 Chromium/chromedriver or selenium are missing; `.ci/run` installs Debian's chromium and
 chromium-driver so CI runs it. Screenshots are saved under the test's tmp dir.
 """
@@ -74,6 +76,9 @@ def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
         env = {"MLFLOW_TRACKING_URI": server.uri}
         r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--steps", "2", env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
+        printed = [line for line in r.stdout.splitlines() if line.strip()][-1]
+        assert printed.startswith("open in the MLflow UI: "), r.stdout[-2000:]  # a server: no `mlflow ui` to start
+        link = printed.removeprefix("open in the MLflow UI: ")
         from mlflow.tracking import MlflowClient
 
         c = MlflowClient(tracking_uri=server.uri)
@@ -81,9 +86,10 @@ def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
         children = [x for x in c.search_runs([exp.experiment_id]) if "dvfs.point" in x.data.tags]
         assert len(children) == 4
         energy = {x.info.run_name: x.data.metrics["energy_j"] for x in children}
+        assert link == f"{server.uri}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning", link
         driver = _browser(tmp_path)
         try:
-            driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}/runs")
+            driver.get(link)  # the mode toggle is never touched: the link alone must open the runs table
             _wait(lambda: driver.find_element("tag name", "body").text, "the runs table", ok=lambda t: "5 matching runs" in t)
             for close in driver.find_elements("css selector", "button[aria-label='Close']"):  # the assistant side panel
                 if close.is_displayed():
@@ -125,10 +131,22 @@ def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
 
             # 4. a child's own page shows energy_j too
             child = children[0]
-            driver.get(f"{server.uri}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}")
+            from dvfs_mlops import tracking
+
+            driver.get(tracking.run_link(child.info.run_id, exp.experiment_id, uri=server.uri).url)
             text = _wait(lambda: driver.find_element("tag name", "body").text, "the child run page", ok=lambda t: "energy_j" in t)
             driver.save_screenshot(str(tmp_path / "child-run.png"))
             assert child.info.run_name in text, text[:2000]
+
+            # 5. a registered version: the link `registry bootstrap` printed opens the version's page
+            r = run_cli("registry", "bootstrap", env=env, timeout=300)
+            assert r.returncode == 0, r.stderr[-2000:]
+            printed = [line for line in r.stdout.splitlines() if line.strip()][-1]
+            assert printed == f"open in the MLflow UI: {server.uri}/#/models/dvfs-governor/versions/1?workflowType=machine_learning", r.stdout[-2000:]
+            driver.get(printed.removeprefix("open in the MLflow UI: "))
+            text = _wait(lambda: driver.find_element("tag name", "body").text, "the model version page",
+                         ok=lambda t: "Version 1" in t and "dvfs-governor" in t)
+            driver.save_screenshot(str(tmp_path / "model-version.png"))
         finally:
             driver.quit()
     finally:

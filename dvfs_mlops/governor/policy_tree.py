@@ -55,6 +55,19 @@ def explain(path: Sequence[str], freq_mhz: float) -> str:
     return (", ".join(path) + " -> " if path else "") + f"{freq_mhz:g} MHz"
 
 
+def decide_rows(policy: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                table: Sequence[float] | None = None) -> dict[str, list[Any]]:
+    """The governor's output columns for input rows: the pyfunc and the launcher's direct read both call this."""
+    freqs: list[float] = []
+    paths: list[str] = []
+    for row in rows:
+        f, path = decide(policy, row)
+        f = snap(f, table)
+        freqs.append(f)
+        paths.append(explain(path, f))
+    return {"freq_mhz": freqs, "decision_path": paths}
+
+
 def tree_depth(node: Mapping[str, Any]) -> int:
     return 0 if "freq_mhz" in node else 1 + max(tree_depth(node["left"]), tree_depth(node["right"]))
 

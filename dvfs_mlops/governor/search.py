@@ -145,6 +145,45 @@ class SearchResult:
     governor_run_id: str | None
 
 
+def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
+    """Each hyper-parameter's share of the trials' regret variance (fANOVA), largest first; {} when too few trials.
+
+    fANOVA, not Optuna's default PED-ANOVA: it is stable API, seeded, and does not warn on the small studies a
+    governor search runs ("target and region quantiles select the same set of trials").
+    """
+    import optuna
+
+    try:
+        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
+    except Exception:  # noqa: BLE001 - too few complete trials, or every parameter constant
+        return {}
+    return {k: float(v) for k, v in sorted(imp.items(), key=lambda kv: -kv[1])}
+
+
+def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
+    """A bar chart of `param_importances` saved to `path`; False when the study can't support one yet.
+
+    Drawn with matplotlib directly: optuna.visualization.matplotlib is experimental and warns on every call.
+    """
+    imp = param_importances(study, seed)
+    if not imp:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(imp)[::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
+    ax.barh(names, [imp[n] for n in names])
+    ax.set_xlabel("importance for LOOCV regret (fANOVA)")
+    ax.set_title("hyper-parameter importances")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def optuna_storage() -> str:
     """SQLite next to the tracking DB when that is SQLite, else ./optuna.db."""
     from dvfs_mlops import tracking

@@ -7,12 +7,11 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.governor.dataset import load_sweep_dataset
 from dvfs_mlops.governor.objectives import parse_objective
-from dvfs_mlops.governor.search import SearchResult, run_search
+from dvfs_mlops.governor.search import SearchResult, importance_plot, run_search
 
 log = logging.getLogger(__name__)
 
@@ -23,24 +22,6 @@ class TrainOutcome:
     run_id: str
     version: int | None
     model_uri: str
-
-
-def importance_plot(study: Any, path: Path) -> bool:
-    """Optuna's hyper-parameter importance chart; False when the study can't support one yet."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import optuna
-
-        ax = optuna.visualization.matplotlib.plot_param_importances(study)
-        ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=90)
-        plt.close(ax.figure)
-        return True
-    except Exception:  # noqa: BLE001 - too few trials, or all params constant
-        return False
 
 
 def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,

@@ -57,5 +57,56 @@ def count_params(config: Any) -> int:
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What the governor sees of a model: computed from its config (and a meta-device count) or read from the cache."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_params: int
+
+
+def facts_key(spec: Any, num_labels: int) -> str | None:
+    """The cache key of a model's facts: the config's fingerprint, the head's size, the code and libraries that count."""
+    fp = spec.fingerprint
+    if fp is None:
+        return None
+    from dvfs_mlops.workloads.cache import code_digest, digest, dist_version
+
+    return digest({"model": fp, "num_labels": int(num_labels), "torch": dist_version("torch"),
+                   "code": code_digest("workloads.features", "workloads.zoo")})
+
+
+def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None) -> ModelFacts:
+    """The slow way: build the config with transformers and count the classifier's parameters on meta."""
+    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, count_params(classifier_config(spec, num_labels, pad_id)))
+
+
+def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True) -> ModelFacts:
+    """A model's facts, from the on-disk cache when this config was counted before (no torch, no transformers).
+
+    The pad id changes no parameter count, so it is not part of the key.
+    """
+    from dvfs_mlops.workloads import cache
+
+    key = facts_key(spec, num_labels) if use_cache else None
+    if key is not None:
+        hit = cache.read("models", key)
+        if hit is not None:
+            try:
+                return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]))
+            except (KeyError, TypeError, ValueError):
+                pass  # a malformed entry is counted again
+    facts = compute_model_facts(spec, num_labels, pad_id)
+    if key is not None:
+        cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels})
+    return facts
+
+
 def workload_features(spec: Any, config: Any, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
     return WorkloadFeatures(spec.model_type, spec.num_layers, spec.hidden_size, count_params(config), float(avg_seq_len), gpu_util_pct)
+
+
+def features_from_facts(facts: ModelFacts, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
+    return WorkloadFeatures(facts.model_type, facts.num_layers, facts.hidden_size, facts.num_params, float(avg_seq_len), gpu_util_pct)

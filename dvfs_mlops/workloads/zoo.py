@@ -7,6 +7,8 @@ head). `--pretrained NAME_OR_PATH` loads real weights instead, for users who hav
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +29,25 @@ class ModelPreset:
     intermediate_size: int
     hub_id: str  # where real weights live, for --pretrained
 
-    def config(self) -> Any:
+    def config_source(self) -> dict[str, Any]:
+        """`model_type` and the keyword arguments its transformers config is built from (plain data, no import)."""
         if self.family == "bert":
+            return {"model_type": "bert", "vocab_size": 30522, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                    "num_attention_heads": self.num_heads, "intermediate_size": self.intermediate_size, "max_position_embeddings": 512}
+        return {"model_type": "gpt_neox", "vocab_size": 50304, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads, "intermediate_size": self.intermediate_size, "max_position_embeddings": 2048,
+                "rotary_pct": 0.25, "use_parallel_residual": True, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}
+
+    def config(self) -> Any:
+        kwargs = self.config_source()
+        model_type = kwargs.pop("model_type")
+        if model_type == "bert":
             from transformers import BertConfig
 
-            return BertConfig(
-                vocab_size=30522,
-                hidden_size=self.hidden_size,
-                num_hidden_layers=self.num_layers,
-                num_attention_heads=self.num_heads,
-                intermediate_size=self.intermediate_size,
-                max_position_embeddings=512,
-            )
+            return BertConfig(**kwargs)
         from transformers import GPTNeoXConfig
 
-        return GPTNeoXConfig(
-            vocab_size=50304,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=2048,
-            rotary_pct=0.25,
-            use_parallel_residual=True,
-            pad_token_id=1,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
+        return GPTNeoXConfig(**kwargs)
 
 
 def _bert(name: str, layers: int, hidden: int, hub_id: str) -> ModelPreset:
@@ -83,13 +77,43 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A resolved model: its name, its transformers config, and where weights come from."""
+    """A resolved model: its name, its transformers config (built on first use), and where weights come from.
 
-    name: str
-    config: Any
-    pretrained: str | None = None
+    `source` is the plain data the config is built from (a preset's arguments, a config file's JSON):
+    with it, `fingerprint` names the config without importing transformers, which is what lets a
+    decision read the model's features from the cache. It is None where only transformers can say
+    what the config is (a pretrained name, a folder without config.json).
+    """
+
+    def __init__(self, name: str, config: Any = None, pretrained: str | None = None, *, source: dict[str, Any] | None = None,
+                 build: Callable[[], Any] | None = None):
+        if config is None and build is None:
+            raise ValueError("ModelSpec needs a config or a way to build one")
+        self.name = name
+        self.pretrained = pretrained
+        self.source = source
+        self._config = config
+        self._build = build
+
+    def __repr__(self) -> str:
+        return f"ModelSpec(name={self.name!r}, pretrained={self.pretrained!r}, built={self._config is not None})"
+
+    @property
+    def config(self) -> Any:
+        if self._config is None:
+            assert self._build is not None
+            self._config = self._build()
+        return self._config
+
+    @property
+    def fingerprint(self) -> str | None:
+        """A key of the config: its source, the transformers version that builds it and this module's code."""
+        if self.source is None:
+            return None
+        from dvfs_mlops.workloads.cache import code_digest, digest, dist_version
+
+        return digest({"source": self.source, "transformers": dist_version("transformers"), "code": code_digest("workloads.zoo")})
 
     @property
     def model_type(self) -> str:
@@ -113,31 +137,63 @@ def _first_attr(config: Any, names: tuple[str, ...]) -> Any:
     raise DvfsError(f"model config {type(config).__name__} has none of {', '.join(names)}; pass a transformers config with a layer count and hidden size")
 
 
-def resolve_model(name: str | None = None, config_path: str | Path | None = None, pretrained: str | None = None) -> ModelSpec:
-    """A preset name, a transformers config file/folder, or a pretrained name/path."""
-    if config_path is not None:
+def _config_error(path: Path, e: Exception) -> DvfsError:
+    return DvfsError(f"cannot read model config {path}: {e}")
+
+
+def _from_file(path: Path, data: dict[str, Any]) -> Callable[[], Any]:
+    def build() -> Any:
         from transformers import AutoConfig
 
+        kwargs = dict(data)
+        model_type = kwargs.pop("model_type")
+        try:
+            return AutoConfig.for_model(model_type, **kwargs)
+        except (ValueError, KeyError, OSError) as e:
+            raise _config_error(path, e) from None
+
+    return build
+
+
+def _from_folder(path: Path) -> Callable[[], Any]:
+    def build() -> Any:
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(str(path))
+        except (ValueError, KeyError, OSError) as e:
+            raise _config_error(path, e) from None
+
+    return build
+
+
+def resolve_model(name: str | None = None, config_path: str | Path | None = None, pretrained: str | None = None) -> ModelSpec:
+    """A preset name, a transformers config file/folder, or a pretrained name/path.
+
+    A preset's or a config file's transformers config is built on first use of `spec.config`; a
+    file is read (and its `model_type` checked) here.
+    """
+    if config_path is not None:
         path = Path(config_path)
         if not path.exists():
             raise DvfsError(f"model config {path} does not exist; pass a config.json or a folder holding one")
-        try:
-            if path.is_file():
-                import json
-
+        if path.is_file():
+            try:
                 data = json.loads(path.read_text())
-                model_type = data.pop("model_type", None)
-                if model_type is None:
-                    raise DvfsError(f"{path} has no 'model_type'; it is not a transformers config")
-                config = AutoConfig.for_model(model_type, **data)
-            else:
-                config = AutoConfig.from_pretrained(str(path))
-        except DvfsError:
-            raise
-        except (ValueError, KeyError, OSError) as e:
-            raise DvfsError(f"cannot read model config {path}: {e}") from None
-        label = name or (path.parent.name if path.stem == "config" else path.stem) if path.is_file() else (name or path.name)
-        return ModelSpec(label or "custom", config)
+            except (ValueError, OSError) as e:
+                raise _config_error(path, e) from None
+            if not isinstance(data, dict) or data.get("model_type") is None:
+                raise DvfsError(f"{path} has no 'model_type'; it is not a transformers config")
+            label = name or (path.parent.name if path.stem == "config" else path.stem)
+            return ModelSpec(label or "custom", source={"file": data}, build=_from_file(path, data))
+        source = None
+        folder_json = path / "config.json"
+        if folder_json.is_file():
+            try:
+                source = {"folder": json.loads(folder_json.read_text())}
+            except (ValueError, OSError):
+                source = None  # transformers says what is wrong with it when the config is built
+        return ModelSpec(name or path.name or "custom", source=source, build=_from_folder(path))
     if pretrained is not None:
         from transformers import AutoConfig
 
@@ -150,4 +206,5 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         raise DvfsError("name a model preset or pass --model-config PATH")
     if name not in PRESETS:
         raise unknown("model", name, list(PRESETS))
-    return ModelSpec(name, PRESETS[name].config())
+    preset = PRESETS[name]
+    return ModelSpec(name, source={"preset": preset.config_source()}, build=preset.config)
