@@ -342,7 +342,8 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 
     if not (model or model_config or pretrained):
         raise DvfsError("name the model: --model PRESET, --model-config PATH or --pretrained NAME_OR_PATH")
-    tracking.check_reachable()
+    if not dry_run:  # a dry run asks the store only if its governor is not remembered (launcher.resolve_governor)
+        tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
                                 data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)

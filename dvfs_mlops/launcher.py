@@ -131,14 +131,17 @@ def _shipped_policy(local: Path) -> dict[str, Any] | None:
     return json.loads(policy_file.read_text()) if policy_file.is_file() else None
 
 
-def _resolve_direct(uri: str | None) -> tuple[Any, dict[str, Any]] | None:
-    """The governor without mlflow.pyfunc: the version's policy.json, when its code is ours; else None."""
-    import mlflow
-
+def _governor_target(uri: str | None) -> str:
     from dvfs_mlops.registry import load_config
 
     cfg = load_config()
-    target = uri or f"models:/{cfg.name}@{cfg.production}"
+    return uri or f"models:/{cfg.name}@{cfg.production}"
+
+
+def _resolve_direct(target: str) -> tuple[Any, dict[str, Any]] | None:
+    """The governor without mlflow.pyfunc: the version's policy.json, when its code is ours; else None."""
+    import mlflow
+
     m = _MODELS_URI.fullmatch(target)
     if m is None:
         return None
@@ -160,20 +163,32 @@ def resolve_governor(uri: str | None = None) -> tuple[Any, dict[str, Any]]:
     A registered version of our models-from-code pyfunc whose `model_code.py` and `policy_tree.py`
     are this package's, byte for byte, decides exactly as `policy_tree` does on its policy.json: that
     file is read directly, without mlflow.pyfunc's loading machinery (environment checks, code
-    import). Anything else (another URI form, other code, any failure, which includes every error a
-    user should see) goes through `registry.resolve` and mlflow.pyfunc.
+    import), and remembered while a SQLite store is not written (`governor_cache.py`: such a
+    decision imports no MLflow at all). Anything else (another URI form, other code, any failure,
+    which includes every error a user should see) goes through `registry.resolve` and mlflow.pyfunc.
     """
+    from dvfs_mlops import governor_cache
+
+    target = _governor_target(uri)
+    store = tracking.tracking_uri()
+    hit = governor_cache.lookup(store, target)
+    if hit is not None:
+        log.debug("governor %s v%s: remembered (the store is unchanged since it was resolved)", hit.meta["name"], hit.meta["version"])
+        return PolicyModel(hit.policy), hit.meta
+    stamp = governor_cache.store_stamp(store)
+    tracking.check_reachable()  # an unreachable store is one clear line, whichever way the governor is loaded
     from dvfs_mlops.registry import resolve
 
     try:
-        direct = _resolve_direct(uri)
+        direct = _resolve_direct(target)
     except Exception as e:  # noqa: BLE001 - registry.resolve says what is wrong, in its words
-        log.debug("governor %s: no direct policy read (%s); loading it with mlflow.pyfunc", uri, e)
+        log.debug("governor %s: no direct policy read (%s); loading it with mlflow.pyfunc", target, e)
         direct = None
-    if direct is not None:
-        log.debug("governor %s v%s: policy.json read directly (its code is this package's)", direct[1]["name"], direct[1]["version"])
-        return direct
-    return resolve(uri)
+    if direct is None:
+        return resolve(uri)
+    log.debug("governor %s v%s: policy.json read directly (its code is this package's)", direct[1]["name"], direct[1]["version"])
+    governor_cache.remember(store, target, stamp, governor_cache.CachedGovernor(direct[0].policy, direct[1]))
+    return direct
 
 
 def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri: str | None, probe_steps: int, strict: bool,
@@ -228,7 +243,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
     found and meters only (no lock, no write: no root needed); the run is tagged dvfs.observe=true.
     """
     where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
-    c = tracking.check_reachable()  # before any clock is touched
+    c = None if dry_run else tracking.check_reachable()  # before any clock is touched (a dry run may need no store)
     decision, _ = plan_decision(device, prepared, cfg, governor_uri, probe_steps, strict, say, announce_device=announce_device,
                                 torch_device=where, observe=observe)
     for line in describe_decision(decision, device):

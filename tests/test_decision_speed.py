@@ -33,7 +33,7 @@ except SystemExit as e:
     code = e.code
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "tokenizers"})
 pyfunc_code = sorted(m for m in sys.modules if m.startswith("code_model_") or m == "policy_tree")  # what mlflow.pyfunc imports
-print("PROBE " + json.dumps({"code": code, "heavy": heavy, "model_code": pyfunc_code}))
+print("PROBE " + json.dumps({"code": code, "heavy": heavy, "model_code": pyfunc_code, "mlflow": "mlflow" in sys.modules}))
 """
 
 
@@ -70,6 +70,7 @@ def test_warm_dry_run_imports_neither_torch_nor_transformers_and_decides_as_the_
     warm, warm_report, stderr = _probe(env, tmp, *DRY_RUN)
     assert warm_report["heavy"] == [], f"a warm dry run imported {warm_report['heavy']}"
     assert warm_report["model_code"] == [], "the governor was loaded through mlflow.pyfunc, not read from policy.json"
+    assert not warm_report["mlflow"], "the store was not written, so its governor is remembered (governor_cache.py)"
     assert warm["decision"] == cold["decision"]
     assert warm["decision"]["freq_mhz"] == 816.0 and warm["decision"]["path"].endswith("-> 816 MHz")
     assert "dry run: stopping after the decision" in stderr
@@ -229,3 +230,55 @@ def test_slow_and_fast_plan_decide_alike_and_a_probe_still_trains(in_store, monk
     probed, _ = launcher.plan_decision(SimDevice(), fast, cfg, None, 2, False, lambda m: None)
     assert fast.loaded and probed.util_source.startswith("probe: 2 steps at maxn")
     assert probed.features.num_params == slow_d.features.num_params and probed.features.avg_seq_len == slow_d.features.avg_seq_len
+
+
+def test_a_written_store_is_asked_again_and_a_new_production_version_is_seen(store, tmp_path):
+    """Promotion between two decisions: the remembered v1 is not used, the next decision names v2."""
+    import shutil
+
+    from tests.conftest import run_cli
+
+    src, env = store
+    db = tmp_path / "mlflow.db"
+    shutil.copy(src / "mlflow.db", db)  # a store of this test's own (the module's store stays at v1)
+    env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "DVFS_CACHE_DIR": str(tmp_path / "cache")}
+    first, _, _ = _probe(env, tmp_path, *DRY_RUN)
+    warm, warm_report, _ = _probe(env, tmp_path, *DRY_RUN)
+    assert first["decision"]["governor"]["version"] == 1 and not warm_report["mlflow"] and warm["decision"] == first["decision"]
+    assert run_cli("registry", "bootstrap", env=env).returncode == 0  # v2
+    r = run_cli("registry", "promote", "2", "--force", env=env)
+    assert r.returncode == 0, r.stderr
+    after, after_report, _ = _probe(env, tmp_path, *DRY_RUN)
+    assert after_report["mlflow"], "a written store must be asked again"
+    assert after["decision"]["governor"]["version"] == 2 and after["decision"]["freq_mhz"] == 816.0
+    again, again_report, _ = _probe(env, tmp_path, *DRY_RUN)
+    assert not again_report["mlflow"] and again["decision"] == after["decision"]
+
+
+def test_an_entry_is_kept_only_when_the_store_did_not_change_meanwhile(tmp_path):
+    from dvfs_mlops import governor_cache
+
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(b"x" * 10)
+    uri, target = f"sqlite:///{db}", "models:/dvfs-governor@production"
+    found = governor_cache.CachedGovernor({"tree": {"freq_mhz": 612.0}}, {"uri": target, "name": "dvfs-governor", "version": 3,
+                                                                        "alias": "production", "tags": {}})
+    before = governor_cache.store_stamp(uri)
+    db.write_bytes(b"y" * 11)  # a promotion landed while MLflow was being asked
+    assert not governor_cache.remember(uri, target, before, found)
+    assert governor_cache.lookup(uri, target) is None
+    assert governor_cache.remember(uri, target, governor_cache.store_stamp(uri), found)
+    assert governor_cache.lookup(uri, target) == found
+    (tmp_path / "mlflow.db-journal").write_bytes(b"j")  # a write in progress counts as a change
+    assert governor_cache.lookup(uri, target) is None
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "postgresql://u@localhost/mlflow", "sqlite:///:memory:",
+                                 "sqlite:///mlflow.db?timeout=5", "file:///tmp/mlruns"])
+def test_only_a_plain_sqlite_store_is_remembered(uri):
+    from dvfs_mlops import governor_cache
+
+    found = governor_cache.CachedGovernor({"tree": {"freq_mhz": 612.0}}, {"version": 1})
+    assert governor_cache.store_stamp(uri) is None
+    assert not governor_cache.remember(uri, "models:/g@production", None, found)
+    assert governor_cache.lookup(uri, "models:/g@production") is None
