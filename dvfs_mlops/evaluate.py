@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops import tracking
-from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.governor.dataset import (
     GovernorDataset,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops import records, tracking
-from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.device.placement import resolve_torch_device
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.finetune import FinetuneConfig, finetune, num_steps, plan_batches

@@ -10,7 +10,7 @@ from dvfs_mlops import tracking
 from dvfs_mlops.errors import DvfsError
 
 
-def sweep_frame(c: Any, experiment_ids: list[str], sweep_id: str) -> Any:
+def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
     """All FINISHED point runs of a sweep as a pandas DataFrame (one row per run)."""
     import mlflow
 

@@ -125,7 +125,7 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-swee
     if exp is None:
         raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
     sid = sweep_id or latest_sweep_id(c, experiment)
-    df = sweep_frame(c, [exp.experiment_id], sid)
+    df = sweep_frame([exp.experiment_id], sid)
     if not len(df):
         raise DvfsError(f"no FINISHED runs of sweep {sid!r} in experiment {experiment!r}")
     profile = str(df["params.device_profile"].iloc[0])

@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from dvfs_mlops.device.base import FreqRequest
+from dvfs_mlops.clocks import FreqRequest
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.workloads.features import WorkloadFeatures
 from dvfs_mlops.workloads.zoo import ENCODER_TYPES

@@ -22,10 +22,10 @@ from dvfs_mlops import tracking
 from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.runs import sweep_frame
-from dvfs_mlops.sweep.artifacts import _log_sweep_artifacts
-from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, _run_point
-from dvfs_mlops.sweep.progress import _Progress
-from dvfs_mlops.sweep.resume import _finished_points, _resolve_parent
+from dvfs_mlops.sweep.artifacts import log_sweep_artifacts
+from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point
+from dvfs_mlops.sweep.progress import Progress
+from dvfs_mlops.sweep.resume import finished_points, resolve_parent
 from dvfs_mlops.sweep.spec import MODEL_PRESETS, PRESETS, Point, SweepPreset, SweepSpec, build_spec
 from dvfs_mlops.workloads.tasks import TASKS
 
@@ -54,8 +54,8 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     say = announce or log.info
     where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = tracking.check_reachable()  # before any clock is touched
-    exp_id, parent_id, created = _resolve_parent(c, spec)
-    done, stale = _finished_points(c, [exp_id], spec.sweep_id)
+    exp_id, parent_id, created = resolve_parent(c, spec)
+    done, stale = finished_points(c, [exp_id], spec.sweep_id)
     points = spec.points()
     todo = [p for p in points if p.key not in done]
     sim_label = " (SIMULATED)" if device.simulated else ""
@@ -64,7 +64,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     tracking.log_run_batch(c, parent_id, params={"sweep_definition": json.dumps(spec.definition())[:6000]} if created else {},
                            tags={tracking.TAG_SWEEP: spec.sweep_id, tracking.TAG_SIMULATED: str(device.simulated).lower(),
                                  "dvfs.device_profile": device.profile})
-    progress = _Progress(len(points), len(points) - len(todo), say)
+    progress = Progress(len(points), len(points) - len(todo), say)
     ran: list[str] = []
     completed = False
     try:
@@ -84,14 +84,14 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                     c.set_terminated(run_id, "KILLED")
                 if ran and settle_s > 0 and not device.simulated:
                     time.sleep(settle_s)
-                summary = _run_point(c, exp_id, parent_id, spec, device, point, prepared, split, trace_for, trained, where)
+                summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, split, trace_for, trained, where)
                 ran.append(point.key)
                 progress.finish(point.key, summary)
         completed = True
     finally:
         progress.close()
         if completed:  # plots and CSV describe a complete sweep; an interrupted one gets them on resume
-            _log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
+            log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
         if created:
             try:
                 c.set_terminated(parent_id, "FINISHED" if completed else "KILLED")

@@ -5,14 +5,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops.device.base import MAXN
+from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.runs import sweep_frame
 
 
-def _log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simulated: bool) -> None:
+def log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simulated: bool) -> None:
     from dvfs_mlops.plots import plot_workload_curves
 
-    df = sweep_frame(c, [exp_id], sweep_id)
+    df = sweep_frame([exp_id], sweep_id)
     if not len(df):
         return
     with tempfile.TemporaryDirectory() as tmp:

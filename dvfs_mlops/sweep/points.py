@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dvfs_mlops import records, tracking
-from dvfs_mlops.device.base import MAXN, freq_label
+from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
 from dvfs_mlops.records import point_metrics
@@ -35,7 +35,7 @@ def _downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> li
     return [series[int(i * step)] for i in range(n)]
 
 
-def _run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
+def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
                split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu") -> str:
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed)
     profile_only = spec.steps == 0

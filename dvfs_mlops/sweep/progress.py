@@ -8,7 +8,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
-class _Progress:
+class Progress:
     """tqdm on a terminal; one line per point otherwise (logs, CI)."""
 
     def __init__(self, total: int, done: int, say: Callable[[str], None] | None = None):

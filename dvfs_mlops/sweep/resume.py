@@ -12,7 +12,7 @@ from dvfs_mlops.sweep.spec import SweepSpec
 log = logging.getLogger(__name__)
 
 
-def _finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[set[str], dict[str, list[str]]]:
+def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[set[str], dict[str, list[str]]]:
     """FINISHED point keys, and run ids of unfinished runs per key (to mark as killed and redo)."""
     runs = c.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}'", max_results=50000)
     done: set[str] = set()
@@ -28,7 +28,7 @@ def _finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[
     return done, stale
 
 
-def _resolve_parent(c: Any, spec: SweepSpec) -> tuple[str, str, bool]:
+def resolve_parent(c: Any, spec: SweepSpec) -> tuple[str, str, bool]:
     """(experiment id, parent run id, created by us). Under `mlflow run`, the parent is MLFLOW_RUN_ID."""
     env_run = os.environ.get("MLFLOW_RUN_ID")
     if env_run:

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops.device.base import MAXN, FreqRequest, freq_label, parse_freq
+from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
+from dvfs_mlops.device.base import parse_freq
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.workloads.tasks import TASKS, get_task
 from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
