@@ -175,7 +175,7 @@ def test_search_beats_or_matches_baselines_on_structured_data(tmp_path):
         curves.append(WorkloadCurve(f"m{i}/sst2", "train", WorkloadFeatures("encoder", layers, 256, 1, 20.0, 50.0),
                                     e, {510.0: 1.5, 816.0: 1.0}, 11.0, 1.0))
     res = run_search(GovernorDataset(curves, freqs, "sw", "sim-orin", True), parse_objective("energy"), trials=15,
-                     storage=f"sqlite:///{tmp_path}/o.db")
+                     storage=f"sqlite:///{tmp_path}/o.db", outer_trials=4, outer_splits=())
     assert res.tree.regret == 0.0 and res.tree.accuracy == 1.0
     assert res.ffg.regret > 0.0 and math.isclose(res.ffg.accuracy, 0.5)
     assert res.policy.choose({"model_type": "encoder", "num_layers": 20, "hidden_size": 1, "num_params": 1,

@@ -302,6 +302,7 @@ class SearchResult:
     nested: dict[str, NestedScore] = dataclasses.field(default_factory=dict)  # split -> held-out scores
     features_matter: bool = False
     study_name: str = ""
+    expected_truth: bool = False  # regrets are against the twin's expected curves (else mean over repeats)
 
     @property
     def family(self) -> str:
@@ -430,7 +431,7 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     policy, est = fit_policy(curves, objective, best, freqs, metadata)
     features_matter = _features_matter_from(study, min(constant.regret, ffg.regret))
     return SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), parent_run_id, split, nested,
-                        features_matter, name)
+                        features_matter, name, all(c.has_expected for c in curves))
 
 
 def _features_matter_from(study: Any, constant: float) -> bool:
