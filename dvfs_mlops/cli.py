@@ -385,13 +385,13 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 @click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (as for train).")
 @JSON_OPTION
 def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
-    """Savings of each policy against MAXN and regret against the oracle, from a sweep's measured points."""
+    """Savings against MAXN and regret against the oracle (measured, and expected on the twin) with 95% intervals."""
     from dvfs_mlops import tracking
     from dvfs_mlops.evaluate import evaluate_sweep, format_table
 
     report = evaluate_sweep(sweep_id or None, experiment, split, [p.strip() for p in policies.split(",") if p.strip()], objective,
                             say=_echo_err)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_table(report))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else format_table(report))
     if report.run_id:
         run_id = report.run_id
         _show_link(lambda: tracking.run_link(run_id), err=as_json)
