@@ -22,7 +22,8 @@ def store(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("train", "--trials", "8", env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "registered dvfs-governor v1" in r.stdout and "tuned tree" in r.stdout and "paper-mlg" in r.stdout
+    assert "registered dvfs-governor v1" in r.stdout and "held-out regret (nested CV" in r.stdout and "paper-mlg" in r.stdout
+    assert all(f"one {split}" in r.stdout for split in ("workload", "task", "model"))
     return tmp, env
 
 
@@ -130,6 +131,30 @@ def test_gates_block_a_worse_version_and_force_overrides(store):
     assert r.returncode == 0 and "production -> v1" in r.stdout
     assert str(c.get_model_version_by_alias("dvfs-governor", "production").version) == "1"
     assert str(c.get_model_version_by_alias("dvfs-governor", "previous").version) == str(v)
+
+
+def test_a_curve_version_serves_every_objective_by_predict_param(store):
+    """One registered curve version: the objective is a predict param, its default the trained one."""
+    tmp, env = store
+    import mlflow
+    import pandas as pd
+
+    from dvfs_mlops.governor.pyfunc import log_governor
+    from tests.test_governor_cv import POLICY
+
+    c = _client(tmp)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    with mlflow.start_run(experiment_id=c.get_run(c.get_model_version("dvfs-governor", "1").run_id).info.experiment_id):
+        info = log_governor(POLICY, registered_name=None)
+    model = mlflow.pyfunc.load_model(info.model_uri)
+    rows = pd.DataFrame([{"model_type": "encoder", "num_layers": n, "hidden_size": 256, "num_params": 1, "avg_seq_len": 20.0,
+                          "gpu_util_pct": 50.0} for n in (2, 12)])
+    assert model.predict(rows)["freq_mhz"].tolist() == [510.0, 816.0]  # the default: energy
+    assert model.predict(rows, params={"objective": "edp"})["freq_mhz"].tolist() == [1300.5, 1300.5]
+    out = model.predict(rows, params={"objective": "max-slowdown:1.4", "frequencies": TABLE})
+    assert out["freq_mhz"].tolist() == [816.0, 816.0] and "leaf curve" in out["decision_path"][0]
+    art = Path(mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp / "curve")))
+    assert {"leaf_curves.png", "policy.json", "tree.txt"} <= {p.name for p in art.rglob("*")}
 
 
 def test_bootstrap_registers_the_published_tree(store):
