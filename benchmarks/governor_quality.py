@@ -84,6 +84,7 @@ def run() -> list[tuple[str, str, str]]:
     from dvfs_mlops.governor.dataset import GovernorDataset
     from dvfs_mlops.governor.objectives import parse_objective
     from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, TreePolicy, paper_tree
+    from dvfs_mlops.governor.policy_tree import features_used
     from dvfs_mlops.governor.search import nested_cv, run_search
 
     trials = int(os.environ.get("DVFS_BENCH_TRIALS", "60"))
@@ -123,11 +124,11 @@ def run() -> list[tuple[str, str, str]]:
     ffg_edp = evaluate_dataset(ds, {"ffg": FixedPolicy.fit(train, edp)}, edp, "eval").summaries[0]
     g, f, pm, oracle = held["governor"], held["ffg"], held["paper-mlg"], held["oracle"]
     rows = [
-        ("SIMULATED paper preset", f"{len(curves)} workloads ({len(train)} train, {len(curves) - len(train)} eval), "
-         f"{len(freqs)} clocks, {repeats} repeat(s); curves built in {t_data:.0f} s CPU", "-"),
-        ("production governor", f"{res.family} tree, depth {res.metrics()['tree_depth']:.0f}, features "
-         f"{', '.join(sorted(__import__('dvfs_mlops.governor.policy_tree', fromlist=['x']).features_used(res.policy.policy['tree'])))}; "
-         f"{trials} trials, nested outer {outer} trials each; search {t_search:.0f} s CPU", "-"),
+        ("SIMULATED paper preset", (f"{len(curves)} workloads ({len(train)} train, {len(curves) - len(train)} eval), "
+                                    f"{len(freqs)} clocks, {repeats} repeat(s); curves built in {t_data:.0f} s CPU"), "-"),
+        ("production governor", (f"{res.family} tree, depth {res.metrics()['tree_depth']:.0f}, features "
+                                 f"{', '.join(sorted(features_used(res.policy.policy['tree'])))}; "
+                                 f"{trials} trials, nested outer {outer} trials each; search {t_search:.0f} s CPU"), "-"),
         ("held-out tasks: governor regret (expected oracle)", f"{_pct(g.mean_regret_expected)} {_ci(g.regret_ci)}",
          "<= 0.1 %, below FFG and paper-mlg"),
         ("held-out tasks: FFG regret", f"{_pct(f.mean_regret_expected)} {_ci(f.regret_ci)}", "-"),
