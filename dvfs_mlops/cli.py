@@ -275,22 +275,38 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
 @click.option("--objective", default="energy", show_default=True,
               help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time).")
-@click.option("--trials", default=60, show_default=True, type=Count(min=1), help="Optuna trials (each one a full leave-one-workload-out CV).")
+@click.option("--trials", default=60, show_default=True, type=Count(min=1), help="Optuna trials of the selection study (each one a full inner CV).")
 @SEED_OPTION
 @click.option("--register/--no-register", default=True, show_default=True, help="Register the model as a new version.")
 @click.option("--storage", default="", help="Optuna storage URL (default: optuna.db beside a SQLite tracking DB).")
-def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str) -> None:
-    """Train the governor: Optuna over decision trees, scored by leave-one-workload-out CV."""
+@click.option("--study-name", default="", help="Join this Optuna study (several processes may share one); default: a fresh study per run.")
+@click.option("--cv-split", default="auto", show_default=True, type=click.Choice(["auto", "workload", "task", "model"]),
+              help="Groups held out for selection and the reported score (auto: task with 3+ tasks, else workload).")
+@click.option("--outer-trials", default=None, type=Count(min=1),
+              help="Trials of each outer fold's own study in nested CV (default: --trials).")
+def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str, study_name: str,
+          cv_split: str, outer_trials: int | None) -> None:
+    """Train the governor: Optuna picks a family (curve or classifier tree) and its hyper-parameters; nested CV reports held-out regret."""
     from dvfs_mlops import tracking
     from dvfs_mlops.governor.train import train_governor
     from dvfs_mlops.registry import load_config
 
-    out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None)
+    out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None,
+                         study_name=study_name or None, cv_split=cv_split, outer_trials=outer_trials)
     r = out.result
-    click.echo(f"{'policy':<12} {'LOOCV regret':>13} {'LOOCV accuracy':>15}")
-    for name, s in (("tuned tree", r.tree), ("FFG", r.ffg), ("paper-mlg", r.paper)):
-        click.echo(f"{name:<12} {100 * s.regret:12.2f}% {s.accuracy:15.3f}")
-    click.echo(f"best tree: depth {_depth(r.policy.policy)}, features {', '.join(r.best_params.features)}")
+    truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
+    click.echo(f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):")
+    click.echo(f"{'split':<10} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}")
+
+    def cell(s: Any) -> str:
+        lo, hi = s.ci
+        return f"{100 * s.regret:6.2f}% [{100 * lo:5.2f},{100 * hi:5.2f}]"
+
+    for split, ns in r.nested.items():
+        mark = " *" if split == r.split else ""
+        click.echo(f"{'one ' + split + mark:<10} {cell(ns.governor):>22} {cell(ns.ffg):>22} {cell(ns.paper):>22}")
+    click.echo(f"(* the split gates read; selection study {r.study_name}: inner regret {100 * r.tree.regret:.2f}%, optimistic)")
+    click.echo(f"best governor: {r.family} tree, depth {_depth(r.policy.policy)}, features {', '.join(r.best_params.features)}")
     if out.version is not None:
         click.echo(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
         version = out.version
@@ -369,13 +385,13 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 @click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (as for train).")
 @JSON_OPTION
 def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
-    """Savings of each policy against MAXN and regret against the oracle, from a sweep's measured points."""
+    """Savings against MAXN and regret against the oracle (measured, and expected on the twin) with 95% intervals."""
     from dvfs_mlops import tracking
     from dvfs_mlops.evaluate import evaluate_sweep, format_table
 
     report = evaluate_sweep(sweep_id or None, experiment, split, [p.strip() for p in policies.split(",") if p.strip()], objective,
                             say=_echo_err)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_table(report))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else format_table(report))
     if report.run_id:
         run_id = report.run_id
         _show_link(lambda: tracking.run_link(run_id), err=as_json)
@@ -389,7 +405,7 @@ def registry() -> None:
 @registry.command("list")
 @JSON_OPTION
 def registry_list(as_json: bool) -> None:
-    """Versions with aliases and LOOCV figures."""
+    """Versions with aliases and held-out (nested CV) figures."""
     from dvfs_mlops.registry import list_versions
 
     versions = list_versions()
@@ -400,7 +416,8 @@ def registry_list(as_json: bool) -> None:
         click.echo("no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`")
     for v in versions:
         m = v["metrics"]
-        regret = f"regret {100 * m['tree_loocv_regret']:.2f}%" if "tree_loocv_regret" in m else "no LOOCV figures"
+        regret = (f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m
+                  else f"LOOCV regret {100 * m['tree_loocv_regret']:.2f}%" if "tree_loocv_regret" in m else "no CV figures")
         aliases = ",".join(v["aliases"]) or "-"
         click.echo(f"v{v['version']:<3} {aliases:<20} {v['tags'].get('objective', '?'):<8} {v['tags'].get('device_profile', '?'):<22} "
                    f"sweep {v['tags'].get('sweep_id') or '-':<18} {regret}")

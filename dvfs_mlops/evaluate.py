@@ -1,8 +1,11 @@
-"""`dvfs-mlops evaluate`: each policy's clock on held-out workloads, read from a sweep's measured points.
+"""`dvfs-mlops evaluate`: each policy's clock on held-out workloads, read from a sweep's points.
 
-Savings are against MAXN (1 - E/E_maxn), regret against the oracle (E/E_oracle - 1, the oracle being
-the best pinned clock under the objective). Means overall and by size (<= 70M, > 70M parameters),
-the largest saving and the worst case.
+A twin point is one noisy draw, so the truth is the twin's expected (noise-free) curve where the
+runs logged it (metrics energy_expected_j, time_expected_s), else the mean over repeats (hardware).
+Savings are against MAXN (1 - E/E_maxn, on the truth), regret against the oracle under the
+objective: `regret` against the measured (mean-over-repeats) oracle, `regret_expected` against the
+expected one (twin only), each with a bootstrap 95 % interval over workloads. Means overall and by
+size (<= 70M, > 70M parameters), the largest saving and the worst case.
 """
 from __future__ import annotations
 
@@ -47,12 +50,19 @@ class PyfuncPolicy:
     meta: dict[str, Any]
     name: str
 
+    objective: str | None = None  # passed to a curve governor; a classifier (or an older version) decides for its own
+
     def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
         import pandas as pd
 
-        row = features.as_row() if hasattr(features, "as_row") else dict(features)
-        out = self.model.predict(pd.DataFrame([row]), params={"frequencies": list(frequencies or [])})
-        return float(out["freq_mhz"].iloc[0])
+        row = pd.DataFrame([features.as_row() if hasattr(features, "as_row") else dict(features)])
+        params: dict[str, Any] = {"frequencies": list(frequencies or [])}
+        if self.objective:
+            try:
+                return float(self.model.predict(row, params={**params, "objective": self.objective})["freq_mhz"].iloc[0])
+            except Exception as e:  # noqa: BLE001 - a classifier trained for one objective refuses another
+                logger.debug("%s decides for its own objective, not %s: %s", self.name, self.objective, e)
+        return float(self.model.predict(row, params=params)["freq_mhz"].iloc[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +73,10 @@ class PolicyRow:
     energy_j: float
     time_s: float
     accuracy: float | None
-    saving_vs_maxn: float
-    regret_vs_oracle: float
+    saving_vs_maxn: float  # on the truth (expected where logged)
+    regret_vs_oracle: float  # against the measured (mean-over-repeats) oracle
     num_params: int
+    regret_vs_expected: float | None = None  # against the expected oracle (twin only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +91,15 @@ class PolicySummary:
     worst_saving: float
     worst_workload: str
     mean_regret: float
+    mean_regret_expected: float | None = None
+    regret_ci: tuple[float, float] | None = None  # of mean_regret_expected where present, else of mean_regret
+
+    def as_json(self, simulated: bool) -> dict[str, Any]:
+        """The `evaluate --json` object: all fractions."""
+        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": self.mean_regret,
+                "regret_expected": self.mean_regret_expected, "regret_ci": list(self.regret_ci) if self.regret_ci else None,
+                "saving_small": self.mean_saving_small, "saving_big": self.mean_saving_big, "max_saving": self.max_saving,
+                "worst_saving": self.worst_saving, "simulated": simulated}
 
 
 @dataclasses.dataclass
@@ -92,6 +112,10 @@ class EvalReport:
     summaries: list[PolicySummary]
     run_id: str | None = None
 
+    def to_json(self) -> list[dict[str, Any]]:
+        """`evaluate --json`: one object per policy."""
+        return [s.as_json(self.simulated) for s in self.summaries]
+
     def to_dict(self) -> dict[str, Any]:
         return {"sweep_id": self.sweep_id, "split": self.split, "objective": self.objective, "simulated": self.simulated,
                 "run_id": self.run_id, "summaries": [dataclasses.asdict(s) for s in self.summaries],
@@ -99,31 +123,51 @@ class EvalReport:
 
 
 def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]:
+    """(measured energy, measured time, accuracy) at a policy's choice; a clock the workload lacks is judged at its nearest."""
     if freq == MAXN:
         return curve.maxn_energy_j, curve.maxn_time_s, curve.accuracy.get(MAXN)
-    f = float(freq)
-    if f not in curve.energy_j:
-        raise DvfsError(f"the sweep has no point {curve.workload}@{f:g}; a policy chose a clock the sweep did not measure")
+    f = curve.nearest(float(freq))
     return curve.energy_j[f], curve.time_s[f], curve.accuracy.get(freq_label(f))
 
 
+def _truth_energy(curve: WorkloadCurve, freq: Any) -> float:
+    e, _, _, maxn_e = curve.truth()
+    return maxn_e if freq == MAXN else e[curve.nearest(float(freq))]
+
+
+def _regret(curve: WorkloadCurve, freq: Any, objective: Objective, expected: bool) -> float:
+    """Regret of a choice (maxn included: charged its own energy and time) against the oracle of one curve."""
+    if expected:
+        e, t, mt, maxn_e = curve.truth()
+    else:
+        e, t, mt, maxn_e = curve.energy_j, curve.time_s, curve.maxn_time_s, curve.maxn_energy_j
+    if freq != MAXN:
+        return objective.regret(curve.nearest(float(freq)), e, t, mt)
+    best = objective.best(e, t, mt)  # maxn is never the oracle (a pinned clock is), but it is charged by the same rule
+    oracle = e[best] * t[best] if objective.kind == "edp" else e[best]
+    return (maxn_e * mt if objective.kind == "edp" else maxn_e) / oracle - 1.0
+
+
 def evaluate_dataset(dataset: GovernorDataset, policies: dict[str, Any], objective: Objective, split: str = "eval") -> EvalReport:
-    """Pure evaluation on measured curves (no MLflow): rows per workload x policy, and summaries."""
+    """Pure evaluation (no MLflow): rows per workload x policy, and summaries."""
     curves = dataset.curves if split == "all" else dataset.split(split).curves
     if not curves:
         raise DvfsError(f"sweep {dataset.sweep_id} has no {split!r} workloads to evaluate (the paper preset has eval tasks; or use --split train)")
     rows: list[PolicyRow] = []
     for c in curves:
-        oracle_e = c.energy_j[c.label(objective)]
         for name, policy in policies.items():
             freq = choice_for(policy, c, dataset.frequencies)
             e, t, acc = _point(c, freq)
-            rows.append(PolicyRow(c.workload, name, freq_label(freq), e, t, acc, 1.0 - e / c.maxn_energy_j, e / oracle_e - 1.0,
-                                  c.features.num_params))
+            _, _, _, maxn_e = c.truth()
+            rows.append(PolicyRow(c.workload, name, freq_label(freq), e, t, acc, 1.0 - _truth_energy(c, freq) / maxn_e,
+                                  _regret(c, freq, objective, expected=False), c.features.num_params,
+                                  _regret(c, freq, objective, expected=True) if c.has_expected else None))
     return EvalReport(dataset.sweep_id, split, objective.name, dataset.simulated, rows, summarise(rows, list(policies)))
 
 
 def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySummary]:
+    from dvfs_mlops.governor.search import bootstrap_ci
+
     out = []
     for name in order:
         rs = [r for r in rows if r.policy == name]
@@ -133,10 +177,14 @@ def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySum
         big = [r.saving_vs_maxn for r in rs if r.num_params > SMALL_MODEL_PARAMS]
         best = max(rs, key=lambda r: r.saving_vs_maxn)
         worst = min(rs, key=lambda r: r.saving_vs_maxn)
+        expected = [r.regret_vs_expected for r in rs if r.regret_vs_expected is not None]
+        has_expected = len(expected) == len(rs)
+        judged = expected if has_expected else [r.regret_vs_oracle for r in rs]
         out.append(PolicySummary(name, len(rs), float(np.mean([r.saving_vs_maxn for r in rs])),
                                  float(np.mean(small)) if small else None, float(np.mean(big)) if big else None,
                                  best.saving_vs_maxn, best.workload, worst.saving_vs_maxn, worst.workload,
-                                 float(np.mean([r.regret_vs_oracle for r in rs]))))
+                                 float(np.mean([r.regret_vs_oracle for r in rs])),
+                                 float(np.mean(expected)) if has_expected else None, bootstrap_ci(judged)))
     return out
 
 
@@ -166,7 +214,7 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
                     continue
                 raise
             label = name if name != "production" else f"production (v{meta['version']})"
-            policies[label] = PyfuncPolicy(model, meta, label)
+            policies[label] = PyfuncPolicy(model, meta, label, objective.name)
         else:
             raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
     return policies
@@ -177,12 +225,19 @@ def format_table(report: EvalReport) -> str:
         return "   -  " if x is None else f"{100 * x:6.2f}%"
 
     label = " (SIMULATED)" if report.simulated else ""
+    expected = any(s.mean_regret_expected is not None for s in report.summaries)
     lines = [f"sweep {report.sweep_id}{label}, split {report.split}, objective {report.objective}",
-             f"{'policy':<24} {'n':>3} {'saving':>8} {'<=70M':>8} {'>70M':>8} {'max':>8} {'worst':>8} {'regret':>8}  max / worst workload"]
+             (f"{'policy':<24} {'n':>3} {'saving':>8} {'<=70M':>8} {'>70M':>8} {'max':>8} {'worst':>8} {'regret':>8} "
+              f"{'expected':>8} {'95% CI':>16}  max / worst workload")]
     for s in report.summaries:
+        ci = f"[{100 * s.regret_ci[0]:.2f},{100 * s.regret_ci[1]:.2f}]%" if s.regret_ci else "-"
         lines.append(f"{s.policy:<24} {s.n:>3} {pct(s.mean_saving):>8} {pct(s.mean_saving_small):>8} {pct(s.mean_saving_big):>8} "
-                     f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8}  {s.max_saving_workload} / {s.worst_workload}")
-    lines.append("saving = 1 - E/E(maxn), mean over workloads; regret = E/E(oracle) - 1")
+                     f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8} {pct(s.mean_regret_expected):>8} "
+                     f"{ci:>16}  {s.max_saving_workload} / {s.worst_workload}")
+    truth = "the expected (noise-free) curve" if expected else "the mean over repeats"
+    lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
+                 + (", expected = against the expected oracle" if expected else "")
+                 + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
     if report.run_id:
         lines.append(f"logged run {report.run_id} in {EVALUATE_EXPERIMENT}")
     return "\n".join(lines)
@@ -235,6 +290,10 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
             key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
             metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
                             f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret})
+            if s.mean_regret_expected is not None:
+                metrics[f"{key}_mean_regret_expected"] = s.mean_regret_expected
+            if s.regret_ci is not None:
+                metrics[f"{key}_regret_ci_low"], metrics[f"{key}_regret_ci_high"] = s.regret_ci
             if s.mean_saving_small is not None:
                 metrics[f"{key}_mean_saving_small"] = s.mean_saving_small
             if s.mean_saving_big is not None:

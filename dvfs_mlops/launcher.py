@@ -106,7 +106,8 @@ class PolicyModel:
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         table = (params or {}).get("frequencies") or None
-        return pd.DataFrame(policy_tree.decide_rows(self.policy, frame.to_dict(orient="records"), table))
+        objective = (params or {}).get("objective") or None
+        return pd.DataFrame(policy_tree.decide_rows(self.policy, frame.to_dict(orient="records"), table, objective))
 
 
 _MODELS_URI = re.compile(r"models:/([^/@]+)(?:@([^/@]+)|/([0-9]+))")

@@ -91,7 +91,9 @@ def version_metrics(c: Any, mv: Any) -> dict[str, float]:
 def describe(c: Any, mv: Any) -> dict[str, Any]:
     m = version_metrics(c, mv)
     return {"version": int(mv.version), "aliases": list(mv.aliases), "run_id": mv.run_id, "tags": dict(mv.tags),
-            "metrics": {k: m[k] for k in sorted(m) if "loocv" in k or k == "n_workloads"}, "created": mv.creation_timestamp}
+            "metrics": {k: m[k] for k in sorted(m) if any(w in k for w in ("loocv", "outer", "inner"))
+                        or k in ("n_workloads", "n_features_used", "features_matter", "tree_depth", "n_outer_groups")},
+            "created": mv.creation_timestamp}
 
 
 def list_versions(config: RegistryConfig | None = None) -> list[dict[str, Any]]:
@@ -130,6 +132,12 @@ def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]
             else:
                 out.append(GateResult(name, False, f"version {candidate.version} has no {metric}"))
             continue
+        when = gate.get("when")
+        if isinstance(when, dict) and "metric" in when:
+            cond = cand.get(when["metric"])
+            if cond is None or not cond >= float(when.get("at_least", 1)):
+                out.append(GateResult(name, None, f"not applicable: {when['metric']} is {cond if cond is not None else 'absent'}"))
+                continue
         if gate.get("compare_to") == "production":
             if prod_m is None or metric not in prod_m:
                 out.append(GateResult(name, None, "no production version to compare with"))
@@ -143,6 +151,12 @@ def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]
                 out.append(GateResult(name, False, f"version {candidate.version} has no {gate['at_most_metric']}"))
             else:
                 out.append(GateResult(name, value <= other + 1e-12, f"{metric} {value:.4f} <= {gate['at_most_metric']} {other:.4f}"))
+        elif "below_metric" in gate:  # strict: a tie fails
+            other = cand.get(gate["below_metric"])
+            if other is None:
+                out.append(GateResult(name, False, f"version {candidate.version} has no {gate['below_metric']}"))
+            else:
+                out.append(GateResult(name, value < other, f"{metric} {value:.4f} < {gate['below_metric']} {other:.4f} (strictly)"))
         elif "at_least" in gate:
             out.append(GateResult(name, value >= float(gate["at_least"]), f"{metric} {value:g} >= {gate['at_least']}"))
         elif "at_most" in gate:

@@ -49,8 +49,15 @@ def test_bad_objectives():
             parse_objective(bad)
 
 
-def test_ffg_picks_least_total_energy():
-    assert FixedPolicy.fit([A, B], parse_objective("energy")).freq_mhz == 1020.0  # 22 vs 19 vs 19 -> tie -> higher
+def test_ffg_picks_least_mean_normalised_energy():
+    # E/E_min per workload: A 1.25, 1, 1.125; B 1.2, 1.1, 1 -> sums 2.45, 2.1, 2.125 -> 612
+    # (on total joules it would be 1020: 22, 19, 19 -> a tie broken upwards; B's larger joules would decide it)
+    assert FixedPolicy.fit([A, B], parse_objective("energy")).freq_mhz == 612.0
+    big = curve("big/sst2", [100, 120, 90], [3.0, 1.5, 1.0], 100.0, 1.0)  # 10x the joules, wants 1020 by 11 %
+    # normalised: A+B+big 306: 2.45+1.111, 612: 2.1+1.333, 1020: 2.125+1 -> 1020 (3.125 < 3.433 < 3.561)
+    assert FixedPolicy.fit([A, B, big], parse_objective("energy")).freq_mhz == 1020.0
+    small = [curve(f"s{i}/sst2", [10, 8, 9], [3.0, 1.5, 1.0], 9.5, 1.0) for i in range(3)]  # 3 small ones want 612 by 12.5 %
+    assert FixedPolicy.fit([*small, big], parse_objective("energy")).freq_mhz == 612.0  # on joules big would win (2 * 9 + 90 vs ...)
 
 
 def test_loocv_by_hand_on_tiny_case():
@@ -58,12 +65,13 @@ def test_loocv_by_hand_on_tiny_case():
     C = curve("c/sst2", [5, 4, 6], [2.0, 1.0, 0.8], 5.5, 0.8)
     e = parse_objective("energy")
     s = loocv([A, B, C], e, ffg_fitter(e, F))
-    # hold A: B+C totals 306:17 612:15 1020:16 -> 612, A's regret 0, hit (A's label 612)
-    # hold B: A+C totals 306:15 612:12 1020:15 -> 612, B regret 11/10-1 = 0.1, miss
-    # hold C: A+B totals 306:22 612:19 1020:19 -> 1020 (tie -> higher), C regret 6/4-1 = 0.5, miss
-    assert s.choices == {"a/sst2": 612.0, "b/sst2": 612.0, "c/sst2": 1020.0}
-    assert s.regret == pytest.approx((0 + 0.1 + 0.5) / 3)
-    assert s.accuracy == pytest.approx(1 / 3)
+    # normalised (E/E_min): A 1.25 1 1.125, B 1.2 1.1 1, C 1.25 1 1.5
+    # hold A: B+C 306:2.45 612:2.1 1020:2.5 -> 612, A's regret 0, hit (A's label 612)
+    # hold B: A+C 306:2.5 612:2 1020:2.625 -> 612, B regret 11/10-1 = 0.1, miss
+    # hold C: A+B 306:2.45 612:2.1 1020:2.125 -> 612, C regret 0, hit
+    assert s.choices == {"a/sst2": 612.0, "b/sst2": 612.0, "c/sst2": 612.0}
+    assert s.regret == pytest.approx(0.1 / 3)
+    assert s.accuracy == pytest.approx(2 / 3)
 
 
 def test_published_tree_decisions():
@@ -124,11 +132,25 @@ def test_dataset_from_runs_means_repeats_and_takes_util_at_maxn():
     assert c.features.gpu_util_pct == 33.0 and c.maxn_energy_j == 9.0 and c.label(parse_objective("energy")) == 612.0
 
 
-def test_dataset_names_missing_points():
+def test_dataset_names_unusable_workloads_only():
+    """No maxn (no gpu_util_pct, no slowdown reference) is unusable; a missing pinned clock is not."""
     rows = [_row("m", "sst2", "maxn", 9.0, 1.0), _row("m", "sst2", "306", 10.0, 3.0), _row("m", "sst2", "612", 8.0, 1.5),
-            _row("n", "sst2", "306", 10.0, 3.0)]
-    with pytest.raises(DvfsError, match=r"missing 2 point\(s\): n/sst2@612, n/sst2@maxn"):
+            _row("n", "sst2", "306", 10.0, 3.0), _row("o", "sst2", "maxn", 9.0, 1.0)]
+    with pytest.raises(DvfsError, match=r"2 unusable workload\(s\), missing: n/sst2@maxn, o/sst2@\(any pinned clock\)"):
         dataset_from_frame(_frame(rows), "sw1")
+
+
+def test_partial_sweep_is_valid_and_policies_choose_among_measured_clocks():
+    rows = [_row("m", "sst2", "maxn", 9.0, 1.0), _row("m", "sst2", "306", 10.0, 3.0), _row("m", "sst2", "612", 8.0, 1.5),
+            _row("m", "sst2", "1020", 9.0, 1.0), _row("n", "sst2", "maxn", 9.0, 1.0), _row("n", "sst2", "306", 12.0, 3.0),
+            _row("n", "sst2", "1020", 10.0, 1.0)]
+    ds = dataset_from_frame(_frame(rows), "sw1")
+    n = ds.curves[1]
+    assert ds.frequencies == F and n.clocks == [306.0, 1020.0]
+    e = parse_objective("energy")
+    # a clock this workload did not measure is judged at the nearest one it did
+    assert n.regret(612.0, e) == pytest.approx(12 / 10 - 1) and n.regret(900.0, e) == 0.0
+    assert FixedPolicy.fit(ds.curves, e).freq_mhz in F
 
 
 def test_too_few_workloads_for_loocv():
@@ -136,7 +158,7 @@ def test_too_few_workloads_for_loocv():
     from dvfs_mlops.governor.search import run_search
 
     ds = GovernorDataset([A, B], F, "sw", "sim-orin", True)
-    with pytest.raises(DvfsError, match="LOOCV needs at least 4"):
+    with pytest.raises(DvfsError, match="cross-validation needs at least 4"):
         run_search(ds, parse_objective("energy"), trials=1, storage="sqlite:///:memory:")
 
 
@@ -153,7 +175,7 @@ def test_search_beats_or_matches_baselines_on_structured_data(tmp_path):
         curves.append(WorkloadCurve(f"m{i}/sst2", "train", WorkloadFeatures("encoder", layers, 256, 1, 20.0, 50.0),
                                     e, {510.0: 1.5, 816.0: 1.0}, 11.0, 1.0))
     res = run_search(GovernorDataset(curves, freqs, "sw", "sim-orin", True), parse_objective("energy"), trials=15,
-                     storage=f"sqlite:///{tmp_path}/o.db")
+                     storage=f"sqlite:///{tmp_path}/o.db", outer_trials=4, outer_splits=())
     assert res.tree.regret == 0.0 and res.tree.accuracy == 1.0
     assert res.ffg.regret > 0.0 and math.isclose(res.ffg.accuracy, 0.5)
     assert res.policy.choose({"model_type": "encoder", "num_layers": 20, "hidden_size": 1, "num_params": 1,

@@ -261,7 +261,7 @@ def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
     assert orin6.range_hz == (306000000, 1300500000)
 
 
-def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split, acc=0.8, util=60.0):
+def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split, acc=0.8, util=60.0, extra=None):
     run = c.create_run(exp, tags={"dvfs.point": f"{model}/{task}@{freq}#0", "dvfs.sweep_id": sweep, "dvfs.workload": f"{model}/{task}",
                                   "dvfs.simulated": "true"})
     from dvfs_mlops import tracking
@@ -269,7 +269,7 @@ def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split
     tracking.log_run_batch(c, run.info.run_id, params={"model": model, "task": task, "freq_mhz": freq, "model_type": "encoder",
                                                        "num_layers": 12, "hidden_size": 768, "num_params": params_m, "avg_seq_len": 40.0,
                                                        "split": split, "repeat": 0, "device_profile": "sim-orin"},
-                           metrics={"energy_j": energy, "time_s": time_s, "gpu_util_pct": util, "eval_accuracy": acc})
+                           metrics={"energy_j": energy, "time_s": time_s, "gpu_util_pct": util, "eval_accuracy": acc, **(extra or {})})
     c.set_terminated(run.info.run_id, "FINISHED")
 
 
@@ -292,19 +292,49 @@ def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path):
     r = run_cli("evaluate", "--sweep-id", "hand", "--policies", "ffg,maxn,oracle", "--json", env={"MLFLOW_TRACKING_URI": uri})
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    s = {x["policy"]: x for x in d["summaries"]}
-    # FFG on train: totals 612 -> 79, 816 -> 88 => 612. eval: big 150/200 -> 25 % saving, small 19/20 -> 5 %
-    assert s["ffg"]["mean_saving"] == pytest.approx((0.25 + 0.05) / 2)
-    assert s["ffg"]["mean_saving_big"] == pytest.approx(0.25) and s["ffg"]["mean_saving_small"] == pytest.approx(0.05)
+    assert isinstance(d, list) and [x["policy"] for x in d] == ["ffg", "maxn", "oracle"]
+    s = {x["policy"]: x for x in d}
+    # FFG on train, per-workload normalised: 612 -> 1 + 9/8, 816 -> 80/70 + 1 => 612. eval: big 150/200 -> 25 % saving, small 5 %
+    assert s["ffg"]["saving"] == pytest.approx((0.25 + 0.05) / 2) and s["ffg"]["n"] == 2
+    assert s["ffg"]["saving_big"] == pytest.approx(0.25) and s["ffg"]["saving_small"] == pytest.approx(0.05)
     assert s["ffg"]["max_saving"] == pytest.approx(0.25) and s["ffg"]["worst_saving"] == pytest.approx(0.05)
-    assert s["ffg"]["mean_regret"] == pytest.approx((150 / 120 - 1 + 19 / 15 - 1) / 2)
+    assert s["ffg"]["regret"] == pytest.approx((150 / 120 - 1 + 19 / 15 - 1) / 2)
+    lo, hi = s["ffg"]["regret_ci"]  # no expected curves (as on hardware): the interval is of the measured regret
+    assert s["ffg"]["regret_expected"] is None and lo <= s["ffg"]["regret"] <= hi
+    assert lo == pytest.approx(150 / 120 - 1) and hi == pytest.approx(19 / 15 - 1)  # two workloads: the bootstrap's extremes
     # oracle: 816 for both eval workloads: 40 % and 25 %
-    assert s["oracle"]["mean_saving"] == pytest.approx((0.4 + 0.25) / 2) and s["oracle"]["mean_regret"] == 0
-    assert s["maxn"]["mean_saving"] == 0 and s["maxn"]["mean_regret"] == pytest.approx((200 / 120 - 1 + 20 / 15 - 1) / 2)
-    assert {x["workload"] for x in d["rows"]} == {"big/rte", "small/rte"}
-    run = c.get_run(d["run_id"])
-    assert c.get_experiment(run.info.experiment_id).name == "dvfs-evaluate"
-    assert {a.path for a in c.list_artifacts(d["run_id"])} >= {"evaluation.csv", "summary.csv", "savings.png"}
+    assert s["oracle"]["saving"] == pytest.approx((0.4 + 0.25) / 2) and s["oracle"]["regret"] == 0
+    assert s["maxn"]["saving"] == 0 and s["maxn"]["regret"] == pytest.approx((200 / 120 - 1 + 20 / 15 - 1) / 2)
+    runs = c.search_runs([c.get_experiment_by_name("dvfs-evaluate").experiment_id])
+    assert len(runs) == 1 and runs[0].data.metrics["ffg_regret_ci_high"] == pytest.approx(hi)
+    assert {a.path for a in c.list_artifacts(runs[0].info.run_id)} >= {"evaluation.csv", "summary.csv", "savings.png"}
+
+
+def test_evaluate_judges_against_the_expected_oracle_where_logged(tmp_path):
+    """A twin sweep with expected (noise-free) values: the oracle is the expected one, the measured one is a lucky draw."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("dvfs-sweep")
+    # (measured, expected) energy per clock; time 1 s everywhere
+    table = {
+        ("big", "sst2", "train"): {"maxn": (100, 100), "612": (70, 70), "816": (80, 80)},
+        ("big", "rte", "eval"): {"maxn": (200, 200), "612": (120, 130), "816": (125, 125)},  # the draw favours 612; truth 816
+    }
+    for (model, task, split), points in table.items():
+        for freq, (e, ee) in points.items():
+            _log_point(c, exp, "twin", model, task, freq, e, 1.0, 200_000_000, split,
+                       extra={"energy_expected_j": ee, "time_expected_s": 1.0})
+    r = run_cli("evaluate", "--sweep-id", "twin", "--policies", "ffg,oracle", "--json", env={"MLFLOW_TRACKING_URI": uri})
+    assert r.returncode == 0, r.stderr
+    s = {x["policy"]: x for x in json.loads(r.stdout)}
+    # FFG (fit on train) picks 612: measured oracle 612 -> regret 0; expected oracle 816 -> 130/125 - 1
+    assert s["ffg"]["regret"] == 0 and s["ffg"]["regret_expected"] == pytest.approx(130 / 125 - 1)
+    assert s["ffg"]["regret_ci"] == pytest.approx([130 / 125 - 1] * 2) and s["ffg"]["simulated"] is True
+    # the oracle is the expected one: 816, which the measured draw charges 125/120 - 1
+    assert s["oracle"]["regret_expected"] == 0 and s["oracle"]["regret"] == pytest.approx(125 / 120 - 1)
+    assert s["ffg"]["saving"] == pytest.approx(1 - 130 / 200)  # savings on the expected curve
 
 
 def test_evaluate_unknown_policy(tmp_path):

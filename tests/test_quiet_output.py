@@ -51,7 +51,8 @@ def test_main_loop_prints_no_warnings_and_ends_with_ui_links(tmp_path):
 
     steps = [
         ("train", ["train", "--trials", "3"], r"models/dvfs-governor/versions/1\?workflowType=machine_learning"),
-        ("promote", ["registry", "promote", "latest"], r"models/dvfs-governor/versions/1\?workflowType=machine_learning"),
+        # one clock: no governor can beat FFG strictly (the beats-ffg gate), so this loop promotes with --force
+        ("promote", ["registry", "promote", "latest", "--force"], r"models/dvfs-governor/versions/1\?workflowType=machine_learning"),
         ("finetune", ["finetune", "--model", "bert-tiny", "--task", "rte", "--device", "sim", "--steps", "1", "--probe-steps", "1",
                       "--train-size", "32"], r"experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning"),
         ("evaluate", ["evaluate"], r"experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning"),

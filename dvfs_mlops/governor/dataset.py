@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,11 @@ __all__ = ["NUMERIC_FEATURES", "GovernorDataset", "WorkloadCurve", "dataset_from
 
 @dataclasses.dataclass
 class WorkloadCurve:
+    """One workload's curves. `energy_j`/`time_s` are measured (mean over repeats); the `*_expected_*` ones are the
+    twin's noise-free values (metrics energy_expected_j, time_expected_s), empty on hardware and on older runs.
+
+    A partial sweep leaves some clocks out: every method works on the clocks this workload has."""
+
     workload: str  # "bert-base/rte"
     split: str  # train | eval
     features: WorkloadFeatures  # gpu_util_pct measured at maxn
@@ -26,12 +32,64 @@ class WorkloadCurve:
     maxn_energy_j: float
     maxn_time_s: float
     accuracy: dict[str, float] = dataclasses.field(default_factory=dict)  # freq label -> eval metric
+    energy_expected_j: dict[float, float] = dataclasses.field(default_factory=dict)
+    time_expected_s: dict[float, float] = dataclasses.field(default_factory=dict)
+    maxn_energy_expected_j: float | None = None
+    maxn_time_expected_s: float | None = None
+
+    @property
+    def model(self) -> str:
+        return self.workload.split("/", 1)[0]
+
+    @property
+    def task(self) -> str:
+        return self.workload.split("/", 1)[-1]
+
+    @property
+    def clocks(self) -> list[float]:
+        """The pinned clocks this workload measured, ascending."""
+        return sorted(self.energy_j)
+
+    @property
+    def has_expected(self) -> bool:
+        """True when the noise-free curve covers every measured clock and maxn."""
+        return (bool(self.energy_expected_j) and set(self.energy_j) <= set(self.energy_expected_j)
+                and set(self.energy_j) <= set(self.time_expected_s) and self.maxn_time_expected_s is not None)
+
+    def truth(self) -> tuple[dict[float, float], dict[float, float], float, float]:
+        """(energy, time, maxn time, maxn energy) to judge a choice by: expected where logged, else the measured mean."""
+        if self.has_expected:
+            e = {f: self.energy_expected_j[f] for f in self.energy_j}
+            t = {f: self.time_expected_s[f] for f in self.energy_j}
+            return e, t, float(self.maxn_time_expected_s), float(self.maxn_energy_expected_j or self.maxn_energy_j)  # type: ignore[arg-type]
+        return dict(self.energy_j), dict(self.time_s), self.maxn_time_s, self.maxn_energy_j
 
     def label(self, objective: Objective) -> float:
+        """The measured best clock: what a classifier learns from (all hardware can give)."""
         return objective.best(self.energy_j, self.time_s, self.maxn_time_s)
 
+    def true_label(self, objective: Objective) -> float:
+        e, t, mt, _ = self.truth()
+        return objective.best(e, t, mt)
+
     def regret(self, chosen: float, objective: Objective) -> float:
-        return objective.regret(chosen, self.energy_j, self.time_s, self.maxn_time_s)
+        """Regret against the truth (the expected oracle where logged, else the mean-over-repeats one)."""
+        e, t, mt, _ = self.truth()
+        return objective.regret(self.nearest(chosen), e, t, mt)
+
+    def regret_measured(self, chosen: float, objective: Objective) -> float:
+        return objective.regret(self.nearest(chosen), self.energy_j, self.time_s, self.maxn_time_s)
+
+    def nearest(self, freq: float) -> float:
+        """The measured clock nearest to `freq` (ties go up): a policy is judged among the clocks that were measured."""
+        f = float(freq)
+        return f if f in self.energy_j else min(self.energy_j, key=lambda c: (abs(c - f), -c))
+
+    def normalised(self, truth: bool = False) -> tuple[dict[float, float], dict[float, float]]:
+        """(E/E_min, T/T_maxn) per measured clock: the shape of the curve, comparable across workload sizes."""
+        e, t, mt, _ = self.truth() if truth else (self.energy_j, self.time_s, self.maxn_time_s, self.maxn_energy_j)
+        lo = min(e.values())
+        return {f: v / lo for f, v in e.items()}, {f: v / mt for f, v in t.items()}
 
 
 @dataclasses.dataclass
@@ -76,8 +134,23 @@ def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
                     "labelled with a clock the GPU did not run at: %s", sweep_id or "?", len(bad), shown)
 
 
+def _mean_by_clock(g: Any, column: str) -> dict[float, float]:
+    if column not in g:
+        return {}
+    v = g.groupby("_f")[column].mean()
+    return {float(k): float(x) for k, x in v.items() if not math.isnan(x)}  # drop NaN (a run without the metric)
+
+
+def _maxn_mean(m: Any, column: str) -> float | None:
+    v = float(m[column].mean()) if column in m else math.nan
+    return None if math.isnan(v) else v
+
+
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
-    """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset; missing points are named."""
+    """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset.
+
+    Partial sweeps are valid: a workload needs maxn (its gpu_util_pct and the slowdown reference) and at least
+    one pinned clock; clocks it lacks are simply not among its choices. Unusable workloads are named."""
     if not len(df):
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
@@ -88,17 +161,15 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     curves: list[WorkloadCurve] = []
     missing: list[str] = []
     for workload, g in df.groupby("_workload", sort=True):
-        have = {_num(f) for f in g.loc[g["params.freq_mhz"] != "maxn", "params.freq_mhz"]}
-        lacks = [f"{workload}@{f:g}" for f in freqs if f not in have]
-        if not (g["params.freq_mhz"] == "maxn").any():
-            lacks.append(f"{workload}@maxn")
-        if lacks:
-            missing += lacks
-            continue
         gp = g[g["params.freq_mhz"] != "maxn"].assign(_f=lambda x: x["params.freq_mhz"].map(_num))
-        energy = gp.groupby("_f")["metrics.energy_j"].mean().to_dict()
-        time = gp.groupby("_f")["metrics.time_s"].mean().to_dict()
         m = g[g["params.freq_mhz"] == "maxn"]
+        if m.empty or gp.empty:
+            missing.append(f"{workload}@maxn" if m.empty else f"{workload}@(any pinned clock)")
+            continue
+        energy = _mean_by_clock(gp, "metrics.energy_j")
+        time = _mean_by_clock(gp, "metrics.time_s")
+        e_exp = _mean_by_clock(gp, "metrics.energy_expected_j")
+        t_exp = _mean_by_clock(gp, "metrics.time_expected_s")
         r0 = g.iloc[0]
         feats = WorkloadFeatures(
             model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),
@@ -107,11 +178,18 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         )
         acc_col = next((c for c in ("metrics.eval_accuracy", "metrics.eval_pearson") if c in g and g[c].notna().any()), None)
         acc = {str(k): float(v) for k, v in g.groupby("params.freq_mhz")[acc_col].mean().items()} if acc_col else {}
+
         curves.append(WorkloadCurve(workload, str(r0.get("params.split", "train")), feats, energy, time,
-                                    float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc))
+                                    float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc,
+                                    e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s")))
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
-        raise DvfsError(f"sweep {sweep_id or '?'} is missing {len(missing)} point(s): {shown}; re-run the sweep to complete it")
+        raise DvfsError(f"sweep {sweep_id or '?'} has {len(missing)} unusable workload(s), missing: {shown}; "
+                        "re-run the sweep to measure them")
+    partial = [c.workload for c in curves if len(c.energy_j) < len(freqs)]
+    if partial:
+        log.info("sweep %s: %d workload(s) measured only some clocks; policies are judged among the clocks each has",
+                 sweep_id or "?", len(partial))
     return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated)
 
 

@@ -1,8 +1,8 @@
 """Frequency-choosing policies, one interface: `choose(features, frequencies) -> freq`.
 
-MaxN (the default governor), Fixed (FFG: the single clock with least total cost over the
-training workloads), Tree (a policy.json, ours or the published one), Oracle (the measured best;
-evaluation only).
+MaxN (the default governor), Fixed (FFG: the single clock with least mean normalised cost over
+the training workloads), Tree (a policy.json, ours or the published one: classifier or curve
+leaves), Oracle (the true best: expected curve where logged, else mean over repeats; evaluation only).
 """
 from __future__ import annotations
 
@@ -54,15 +54,22 @@ class FixedPolicy:
 
     @classmethod
     def fit(cls, curves: Sequence[WorkloadCurve], objective: Objective) -> FixedPolicy:
-        """FFG: the clock with the least total cost (energy by default) summed over `curves`."""
-        freqs = sorted(set.intersection(*(set(c.energy_j) for c in curves)))
-        costs = [objective.costs(c.energy_j, c.time_s, c.maxn_time_s) for c in curves]
+        """FFG: the clock with the least mean normalised cost (cost/least cost, per workload) over `curves`.
 
-        def total(f: float) -> float:
-            return sum(cost[f] if math.isfinite(cost[f]) else 2 * max(v for v in cost.values() if math.isfinite(v))
-                       if any(math.isfinite(v) for v in cost.values()) else c.energy_j[f] for cost, c in zip(costs, curves))
-
-        return cls(min(freqs, key=lambda f: (total(f), -f)))
+        Normalised per workload, so the largest models do not decide it alone; measured curves (all hardware
+        gives). A workload that lacks a clock is charged its nearest measured one, as evaluation does."""
+        freqs = sorted(set().union(*(c.energy_j for c in curves)))
+        totals = dict.fromkeys(freqs, 0.0)
+        for c in curves:
+            costs = objective.costs(c.energy_j, c.time_s, c.maxn_time_s)
+            finite = [v for v in costs.values() if math.isfinite(v)]
+            if not finite:  # nothing feasible: judge by energy
+                costs, finite = dict(c.energy_j), list(c.energy_j.values())
+            lo, worst = min(finite), 2 * max(finite)
+            for f in freqs:
+                v = costs[c.nearest(f)]
+                totals[f] += (v if math.isfinite(v) else worst) / lo
+        return cls(min(freqs, key=lambda f: (totals[f], -f)))
 
     def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> FreqRequest:
         return policy_tree.snap(self.freq_mhz, frequencies)
@@ -76,12 +83,14 @@ class TreePolicy:
     policy: dict[str, Any]
     name: str = "tree"
 
+    objective: str | None = None  # a curve policy's decision-time objective (None: the policy's own)
+
     def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> FreqRequest:
-        freq, _ = policy_tree.decide(self.policy, _row(features))
+        freq, _ = policy_tree.decide(self.policy, _row(features), self.objective)
         return policy_tree.snap(freq, frequencies)
 
     def explain(self, features: Any, frequencies: Sequence[float] | None = None) -> str:
-        freq, path = policy_tree.decide(self.policy, _row(features))
+        freq, path = policy_tree.decide(self.policy, _row(features), self.objective)
         return policy_tree.explain(path, policy_tree.snap(freq, frequencies))
 
     @classmethod
@@ -114,7 +123,8 @@ class OraclePolicy:
         self.objective = objective
 
     def choose_for(self, curve: WorkloadCurve) -> float:
-        return curve.label(self.objective)
+        """The true best: on the expected curve where the twin logged it, else on the mean over repeats."""
+        return curve.true_label(self.objective)
 
 
 def paper_tree() -> TreePolicy:
@@ -123,7 +133,7 @@ def paper_tree() -> TreePolicy:
 
 
 def choice_for(policy: Any, curve: WorkloadCurve, frequencies: Sequence[float]) -> FreqRequest:
-    """What `policy` picks for a sweep workload (the oracle looks at the measured curve)."""
+    """What `policy` picks for a sweep workload, among the clocks that workload measured (the oracle looks at the curve)."""
     if isinstance(policy, OraclePolicy):
         return policy.choose_for(curve)
-    return policy.choose(curve.features, frequencies)
+    return policy.choose(curve.features, curve.clocks or frequencies)

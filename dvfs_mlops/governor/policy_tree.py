@@ -1,11 +1,17 @@
-"""Evaluate a governor policy file (policy.json): nested threshold splits ending in a clock.
+"""Evaluate a governor policy file (policy.json): nested threshold splits ending in a clock or a curve.
 
 Standard library only: this file also ships inside every registered model (MLflow `code_paths`),
 so loading a governor needs mlflow, pandas and this, and unpickles nothing.
 
     {"format": "dvfs-governor-policy/1", "tree": NODE, ...metadata}
     NODE = {"feature": "num_layers", "threshold": 7, "left": NODE, "right": NODE}   # left: value <= threshold
-         | {"freq_mhz": 612.0}
+         | {"freq_mhz": 612.0}                                                      # classifier leaf
+         | {"energy": [...], "time": [...], "time_hi": [...], "samples": 5}          # curve leaf
+
+A curve policy (`"family": "curve"`) also has `"clocks_mhz": [...]`: its leaves hold, per clock, the
+mean energy normalised per workload (E/E_min), the mean time against maxn (T/T_maxn) and the
+largest such time in the leaf. The objective is applied at decision time (`objective=` or the
+policy's own "objective"): energy, edp, or max-slowdown:X (least energy whose `time_hi` <= X).
 """
 from __future__ import annotations
 
@@ -27,11 +33,46 @@ def feature_value(row: Mapping[str, Any], feature: str) -> float:
     return float(value)
 
 
-def decide(policy: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[float, list[str]]:
-    """(clock in MHz, the path through the tree as readable steps)."""
+def parse_objective(text: str) -> tuple[str, float | None]:
+    """("energy" | "edp" | "max-slowdown", X or None); a bad name raises ValueError."""
+    t = str(text).strip().lower()
+    if t in ("energy", "edp"):
+        return t, None
+    if t.startswith("max-slowdown:"):
+        try:
+            x = float(t.split(":", 1)[1])
+        except ValueError:
+            x = float("nan")
+        if x >= 1.0:
+            return "max-slowdown", x
+    raise ValueError(f"unknown objective {text!r}; valid: energy, edp, max-slowdown:X (X >= 1)")
+
+
+def leaf_choice(policy: Mapping[str, Any], leaf: Mapping[str, Any], objective: str | None = None) -> tuple[float, str]:
+    """The clock a curve leaf picks under `objective`, and the leaf's figures at that clock."""
+    kind, x = parse_objective(objective or policy.get("objective", "energy"))
+    clocks = [float(f) for f in policy["clocks_mhz"]]
+    energy, time = leaf["energy"], leaf["time"]
+    time_hi = leaf.get("time_hi", time)
+    if kind == "edp":
+        cost = [e * t for e, t in zip(energy, time)]
+        ok = list(range(len(clocks)))
+    else:
+        cost = list(energy)
+        ok = [i for i in range(len(clocks)) if kind == "energy" or time_hi[i] <= x * (1 + 1e-9)]  # type: ignore[operator]
+    if not ok:  # nothing meets the bound: the fastest clock is the closest
+        i = min(range(len(clocks)), key=lambda j: (time_hi[j], -clocks[j]))
+    else:
+        i = min(ok, key=lambda j: (cost[j], -clocks[j]))
+    note = f"leaf curve ({leaf.get('samples', '?')} workloads) at {clocks[i]:g} MHz: E/Emin {energy[i]:.3f}, T/Tmaxn {time[i]:.3f}"
+    return clocks[i], note
+
+
+def decide(policy: Mapping[str, Any], row: Mapping[str, Any], objective: str | None = None) -> tuple[float, list[str]]:
+    """(clock in MHz, the path through the tree as readable steps; a curve leaf adds its figures)."""
     node = policy["tree"]
     path: list[str] = []
-    while "freq_mhz" not in node:
+    while "feature" in node:
         feature, threshold = node["feature"], float(node["threshold"])
         value = feature_value(row, feature)
         shown = f"model_type={row.get('model_type')}" if feature == "is_decoder" else f"{feature}={value:g}"
@@ -41,7 +82,10 @@ def decide(policy: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[float, li
         else:
             path.append(f"{shown} > {threshold:g}")
             node = node["right"]
-    return float(node["freq_mhz"]), path
+    if "freq_mhz" in node:
+        return float(node["freq_mhz"]), path
+    freq, note = leaf_choice(policy, node, objective)
+    return freq, [*path, note]
 
 
 def snap(freq_mhz: float, table: Sequence[float] | None) -> float:
@@ -56,12 +100,20 @@ def explain(path: Sequence[str], freq_mhz: float) -> str:
 
 
 def decide_rows(policy: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                table: Sequence[float] | None = None) -> dict[str, list[Any]]:
-    """The governor's output columns for input rows: the pyfunc and the launcher's direct read both call this."""
+                table: Sequence[float] | None = None, objective: str | None = None) -> dict[str, list[Any]]:
+    """The governor's output columns for input rows: the pyfunc and the launcher's direct read both call this.
+
+    `objective` (energy | edp | max-slowdown:X) applies to a curve policy; a classifier policy was trained
+    for one objective and refuses another."""
+    if objective and "clocks_mhz" not in policy:
+        own = str(policy.get("objective", "energy"))
+        if parse_objective(objective) != parse_objective(own):
+            raise ValueError(f"this governor picks clocks for objective {own!r} only (a classifier tree); "
+                             f"train a curve governor to choose {objective!r} at decision time")
     freqs: list[float] = []
     paths: list[str] = []
     for row in rows:
-        f, path = decide(policy, row)
+        f, path = decide(policy, row, objective)
         f = snap(f, table)
         freqs.append(f)
         paths.append(explain(path, f))
@@ -69,5 +121,11 @@ def decide_rows(policy: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
 
 
 def tree_depth(node: Mapping[str, Any]) -> int:
-    return 0 if "freq_mhz" in node else 1 + max(tree_depth(node["left"]), tree_depth(node["right"]))
+    return 1 + max(tree_depth(node["left"]), tree_depth(node["right"])) if "feature" in node else 0
 
+
+def features_used(node: Mapping[str, Any]) -> set[str]:
+    """The features a tree splits on (empty for a constant, depth-0 tree)."""
+    if "feature" not in node:
+        return set()
+    return {node["feature"]} | features_used(node["left"]) | features_used(node["right"])

@@ -1,4 +1,5 @@
-"""Log a TreePolicy as a models-from-code pyfunc with its artifacts (policy.json, tree.txt, tree.png)."""
+"""Log a TreePolicy as a models-from-code pyfunc with its artifacts (policy.json, tree.txt, tree.png; leaf_curves.png
+for a curve governor)."""
 from __future__ import annotations
 
 import contextlib
@@ -22,14 +23,15 @@ def input_example() -> list[dict[str, Any]]:
     ]
 
 
-def signature() -> Any:
+def signature(default_objective: str = "energy") -> Any:
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
                      ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct")])
     outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
-    params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,))])
+    params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),
+                          ParamSpec("objective", "string", default=default_objective)])
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
@@ -37,13 +39,19 @@ def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Any =
     """policy.json, tree.txt and tree.png in `out`; returns the artifact map for log_model."""
     paths = {"policy": out / "policy.json", "tree_txt": out / "tree.txt", "tree_png": out / "tree.png"}
     paths["policy"].write_text(json.dumps(policy, indent=2, sort_keys=True))
-    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names))
+    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names, policy.get("clocks_mhz")))
     plot_tree_png(policy, paths["tree_png"], classifier, feature_names)
+    if policy.get("family") == "curve":  # the leaves' curves: what the governor believes, leaf by leaf
+        from dvfs_mlops.governor.curves import leaf_curves_plot
+
+        paths["leaf_curves"] = out / "leaf_curves.png"
+        leaf_curves_plot(dict(policy), paths["leaf_curves"])
     return {k: str(v) for k, v in paths.items()}
 
 
-def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: list[str] | None = None) -> str:
-    if classifier is not None:
+def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: list[str] | None = None,
+              policy_clocks: list[float] | None = None) -> str:
+    if classifier is not None and hasattr(classifier, "classes_"):
         from sklearn.tree import export_text
 
         return export_text(classifier, feature_names=list(feature_names or []))
@@ -53,6 +61,11 @@ def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: li
         pad = "|   " * depth + "|--- "
         if "freq_mhz" in n:
             lines.append(f"{pad}freq_mhz: {n['freq_mhz']:g}")
+            return
+        if "feature" not in n:  # a curve leaf: its curve, and what the energy objective picks from it
+            clocks = policy_clocks or []
+            curve = ", ".join(f"{f:g}:{e:.3f}/{t:.2f}" for f, e, t in zip(clocks, n["energy"], n["time"]))
+            lines.append(f"{pad}curve (n={n.get('samples', '?')}, MHz:E/Emin/T/Tmaxn) {curve}")
             return
         lines.append(f"{pad}{n['feature']} <= {n['threshold']:g}")
         walk(n["left"], depth + 1)
@@ -70,14 +83,15 @@ def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: Any = None,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 6))
-    if classifier is not None:
+    if classifier is not None and hasattr(classifier, "classes_"):
         from sklearn.tree import plot_tree
 
         plot_tree(classifier, feature_names=feature_names, class_names=[f"{c:g} MHz" for c in classifier.classes_],
                   filled=True, ax=ax, fontsize=8, impurity=False)
     else:
         ax.axis("off")
-        ax.text(0.01, 0.99, tree_text(policy["tree"]), family="monospace", va="top", fontsize=10)
+        ax.text(0.01, 0.99, tree_text(policy["tree"], policy_clocks=policy.get("clocks_mhz")), family="monospace", va="top",
+                fontsize=10 if policy.get("family") != "curve" else 6)
     ax.set_title(f"governor {policy.get('name', '')}: objective {policy.get('objective', 'energy')}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -109,7 +123,7 @@ def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, clas
         with _quiet_example_check():
             info = mlflow.pyfunc.log_model(
                 name="governor", python_model=str(CODE), code_paths=[str(TREE_CODE)], artifacts=artifacts,
-                signature=signature(), input_example=input_example(), registered_model_name=registered_name,
+                signature=signature(str(policy.get("objective", "energy"))), input_example=input_example(), registered_model_name=registered_name,
                 pip_requirements=["mlflow", "pandas"], tags=dict(tags or {}), metadata={"objective": policy.get("objective", "energy")},
             )
     if metrics:

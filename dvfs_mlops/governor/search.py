@@ -1,17 +1,20 @@
-"""Optuna search over decision-tree hyper-parameters, scored by leave-one-workload-out CV.
+"""Optuna over governor families and hyper-parameters, with nested cross-validation for the reported score.
 
-Each trial: a DecisionTreeClassifier (criterion, depth, split/leaf sizes, max_features,
-ccp_alpha, class weights, and which features it may use) is fit on all training workloads but
-one and asked for the held-out one's clock, for every workload. The score is the mean energy
-regret E(chosen)/E(oracle) - 1 (what a user pays), LOOCV accuracy is reported beside it (the
-study's 0.62). FFG and the published tree are scored on the same folds. Each trial is a nested
-MLflow run under one `dvfs-governor` run; the study lives in SQLite next to the tracking DB and
-resumes by name.
+Two families: `classifier` (a DecisionTreeClassifier on each workload's measured best clock) and
+`curve` (a regression tree whose leaves hold normalised energy/time curves, `curves.py`). Optuna
+chooses the family and its hyper-parameters by inner cross-validation regret (judged against the
+truth: the twin's expected curve where logged, else the mean over repeats).
+
+The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
+in-memory study selects on the outer fold's training workloads only, and the held-out group is then
+scored. So neither this study nor an older one can leak selection into the reported figure. The
+production study is fresh per training request unless `study_name` joins one on purpose.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.governor import policy_tree
+from dvfs_mlops.governor.curves import CurveParams, fit_curve_policy
 from dvfs_mlops.governor.dataset import (
     NUMERIC_FEATURES,
     GovernorDataset,
@@ -30,32 +35,74 @@ from dvfs_mlops.governor.objectives import Objective
 from dvfs_mlops.governor.policies import FixedPolicy, TreePolicy, paper_tree
 
 MIN_WORKLOADS = 4
+SPLITS = ("workload", "task", "model")
+INNER_FOLDS = 5
+Chooser = Callable[[WorkloadCurve], float]
+Fitter = Callable[[Sequence[WorkloadCurve]], Chooser]
+
+
+def group_of(curve: WorkloadCurve, split: str) -> str:
+    return {"workload": curve.workload, "task": curve.task, "model": curve.model}[split]
+
+
+def bootstrap_ci(values: Sequence[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
+    """95 % percentile interval of the mean, resampling workloads."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        m = float(v.mean()) if len(v) else math.nan
+        return m, m
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 @dataclasses.dataclass(frozen=True)
 class CVScore:
-    regret: float  # mean over held-out workloads
-    accuracy: float  # share of held-out workloads whose label was hit
+    regret: float  # mean over held-out workloads, against the truth
+    accuracy: float  # share of held-out workloads whose true best clock was hit
     choices: dict[str, float]  # workload -> chosen clock
+    regrets: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> regret
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return bootstrap_ci(list(self.regrets.values()))
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}_loocv_regret": self.regret, f"{prefix}_loocv_accuracy": self.accuracy}
+        lo, hi = self.ci
+        return {f"{prefix}_regret": self.regret, f"{prefix}_regret_ci_low": lo, f"{prefix}_regret_ci_high": hi,
+                f"{prefix}_accuracy": self.accuracy}
 
 
 def score(curves: Sequence[WorkloadCurve], choices: dict[str, float], objective: Objective) -> CVScore:
-    regrets = [c.regret(choices[c.workload], objective) for c in curves]
-    hits = [choices[c.workload] == c.label(objective) for c in curves]
-    return CVScore(float(np.mean(regrets)), float(np.mean(hits)), choices)
+    regrets = {c.workload: c.regret(choices[c.workload], objective) for c in curves}
+    hits = [c.nearest(choices[c.workload]) == c.true_label(objective) for c in curves]
+    return CVScore(float(np.mean(list(regrets.values()))), float(np.mean(hits)), choices, regrets)
 
 
-def loocv(curves: Sequence[WorkloadCurve], objective: Objective,
-          fit: Callable[[Sequence[WorkloadCurve]], Callable[[WorkloadCurve], float]]) -> CVScore:
-    """Leave-one-workload-out: fit on the others, choose for the held-out one."""
-    choices = {}
-    for i, held in enumerate(curves):
-        rest = [c for j, c in enumerate(curves) if j != i]
-        choices[held.workload] = fit(rest)(held)
+def folds(curves: Sequence[WorkloadCurve], split: str, k: int | None = None) -> list[list[int]]:
+    """Held-out index sets: one group per fold, or (k given, more groups than k) groups dealt round k folds."""
+    groups = sorted({group_of(c, split) for c in curves})
+    if k is not None and len(groups) > k:
+        assign = {g: i % k for i, g in enumerate(groups)}
+        return [[i for i, c in enumerate(curves) if assign[group_of(c, split)] == j] for j in range(k)]
+    return [[i for i, c in enumerate(curves) if group_of(c, split) == g] for g in groups]
+
+
+def cross_validate(curves: Sequence[WorkloadCurve], objective: Objective, fit: Fitter, split: str = "workload",
+                   k: int | None = None) -> CVScore:
+    """Fit on all but one fold, choose for the held-out fold, for every fold."""
+    choices: dict[str, float] = {}
+    for held in folds(curves, split, k):
+        hs = set(held)
+        choose = fit([c for i, c in enumerate(curves) if i not in hs])
+        for i in held:
+            choices[curves[i].workload] = choose(curves[i])
     return score(curves, choices, objective)
+
+
+def loocv(curves: Sequence[WorkloadCurve], objective: Objective, fit: Fitter) -> CVScore:
+    """Leave-one-workload-out: fit on the others, choose for the held-out one."""
+    return cross_validate(curves, objective, fit, "workload")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +125,13 @@ class TreeParams:
                                       ccp_alpha=self.ccp_alpha, class_weight=self.class_weight, random_state=self.seed)
 
 
+GovernorParams = TreeParams | CurveParams
+
+
+def family_of(params: GovernorParams) -> str:
+    return "curve" if isinstance(params, CurveParams) else "classifier"
+
+
 def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
     clf = params.classifier()
     labels = [c.label(objective) for c in curves]
@@ -87,18 +141,36 @@ def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: Tree
     return clf
 
 
-def tree_fitter(objective: Objective, params: TreeParams) -> Callable[[Sequence[WorkloadCurve]], Callable[[WorkloadCurve], float]]:
-    def fit(train: Sequence[WorkloadCurve]) -> Callable[[WorkloadCurve], float]:
+def fit_policy(curves: Sequence[WorkloadCurve], objective: Objective, params: GovernorParams, clocks: Sequence[float],
+               metadata: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """(policy.json dict, the sklearn estimator) of one family; every decision then goes through policy_tree."""
+    meta = {"objective": objective.name, **(metadata or {})}
+    if isinstance(params, CurveParams):
+        return fit_curve_policy(curves, clocks, params, meta)
+    clf = fit_tree(curves, objective, params)
+    return TreePolicy.from_sklearn(clf, list(params.features), {"family": "classifier", **meta}).policy, clf
+
+
+def policy_fitter(objective: Objective, params: GovernorParams, clocks: Sequence[float]) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
+        policy, _ = fit_policy(train, objective, params, clocks)
+        return lambda c: policy_tree.snap(policy_tree.decide(policy, c.features.as_row())[0], c.clocks)
+
+    return fit
+
+
+def tree_fitter(objective: Objective, params: TreeParams) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
         clf = fit_tree(train, objective, params)
         return lambda c: float(clf.predict(np.asarray(feature_matrix([c], params.features)))[0])
 
     return fit
 
 
-def ffg_fitter(objective: Objective, frequencies: Sequence[float]) -> Callable[[Sequence[WorkloadCurve]], Callable[[WorkloadCurve], float]]:
-    def fit(train: Sequence[WorkloadCurve]) -> Callable[[WorkloadCurve], float]:
-        f = FixedPolicy.fit(train, objective).choose(None, frequencies)
-        return lambda c: float(f)
+def ffg_fitter(objective: Objective, frequencies: Sequence[float]) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
+        f = FixedPolicy.fit(train, objective).freq_mhz
+        return lambda c: policy_tree.snap(f, c.clocks)
 
     return fit
 
@@ -106,43 +178,154 @@ def ffg_fitter(objective: Objective, frequencies: Sequence[float]) -> Callable[[
 def paper_score(curves: Sequence[WorkloadCurve], objective: Objective, frequencies: Sequence[float]) -> CVScore:
     """The published tree needs no fitting: every workload is already 'held out'."""
     tree = paper_tree()
-    return score(curves, {c.workload: float(tree.choose(c.features, frequencies)) for c in curves}, objective)
+    return score(curves, {c.workload: float(tree.choose(c.features, c.clocks or frequencies)) for c in curves}, objective)
 
 
-def suggest(trial: Any, seed: int) -> TreeParams:
+def suggest(trial: Any, seed: int) -> GovernorParams:
     use = [f for f in NUMERIC_FEATURES if trial.suggest_categorical(f"use_{f}", [True, False])]
     if not use:
         use = ["num_layers"]
+    family = trial.suggest_categorical("family", ["curve", "classifier"])
     mf = trial.suggest_categorical("max_features", ["all", "sqrt", "0.5", "0.75"])
+    max_features = None if mf == "all" else ("sqrt" if mf == "sqrt" else float(mf))
+    if family == "curve":
+        return CurveParams(max_depth=trial.suggest_int("curve_max_depth", 0, 5), min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 5),
+                           min_samples_split=trial.suggest_int("min_samples_split", 2, 10),
+                           ccp_alpha=trial.suggest_float("curve_ccp_alpha", 0.0, 0.002),
+                           time_weight=trial.suggest_categorical("time_weight", [0.0, 0.1, 0.3]),
+                           max_features=max_features, features=tuple(use), seed=seed)  # type: ignore[arg-type]
+    cw = trial.suggest_categorical("class_weight", ["none", "balanced"])
     return TreeParams(
         criterion=trial.suggest_categorical("criterion", ["gini", "entropy", "log_loss"]),
         max_depth=trial.suggest_int("max_depth", 1, 6),
         min_samples_split=trial.suggest_int("min_samples_split", 2, 10),
         min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 5),
-        max_features=None if mf == "all" else ("sqrt" if mf == "sqrt" else float(mf)),  # type: ignore[arg-type]
+        max_features=max_features,  # type: ignore[arg-type]
         ccp_alpha=trial.suggest_float("ccp_alpha", 0.0, 0.05),
-        class_weight=trial.suggest_categorical("class_weight", ["none", "balanced"]),
+        class_weight=None if cw == "none" else cw,
         features=tuple(use),
         seed=seed,
     )
 
 
-def _params_from_trial(trial: Any, seed: int) -> TreeParams:
-    p = suggest(trial, seed)
-    return dataclasses.replace(p, class_weight=None if p.class_weight == "none" else p.class_weight)
+def _params_from_trial(trial: Any, seed: int) -> GovernorParams:
+    return suggest(trial, seed)
+
+
+WARM_STARTS: list[dict[str, Any]] = [
+    {"family": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2, "curve_ccp_alpha": 0.0,
+     "time_weight": 0.0, "max_features": "all", **{f"use_{f}": True for f in NUMERIC_FEATURES}},
+    {"family": "classifier", "criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
+     "ccp_alpha": 0.0, "class_weight": "none", **{f"use_{f}": True for f in NUMERIC_FEATURES}},
+]
+
+
+def choose_split(curves: Sequence[WorkloadCurve], wanted: str = "auto") -> str:
+    """The selection/reporting split: `wanted`, or (auto) leave one task out when there are 3+ tasks, else one workload."""
+    if wanted != "auto":
+        if wanted not in SPLITS:
+            raise DvfsError(f"unknown CV split {wanted!r}; valid: auto, {', '.join(SPLITS)}")
+        return wanted
+    return "task" if len({c.task for c in curves}) >= 3 else "workload"
+
+
+def _inner_split(curves: Sequence[WorkloadCurve], split: str) -> str:
+    return split if len({group_of(c, split) for c in curves}) >= 2 else "workload"
+
+
+def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int, seed: int,
+           study: Any = None, callbacks: Sequence[Any] = ()) -> tuple[GovernorParams, Any]:
+    """Optuna on inner CV of `curves` only; returns the best params and the study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if study is None:
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+    inner = _inner_split(curves, split)
+
+    def objective_fn(trial: Any) -> float:
+        params = _params_from_trial(trial, seed)
+        s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
+        trial.set_user_attr("accuracy", s.accuracy)
+        trial.set_user_attr("family", family_of(params))
+        return s.regret
+
+    if not study.trials:
+        for warm in WARM_STARTS:
+            study.enqueue_trial(warm)
+    study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
+    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed), study
+
+
+@dataclasses.dataclass
+class NestedScore:
+    split: str
+    n_groups: int
+    governor: CVScore
+    ffg: CVScore
+    paper: CVScore
+
+
+def nested_cv(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int,
+              seed: int) -> NestedScore | None:
+    """Held-out score of the whole selection procedure: per outer group, a fresh study on the rest. None: < 2 groups."""
+    outer = folds(curves, split)
+    if len(outer) < 2:
+        return None
+    gov: dict[str, float] = {}
+    ffg: dict[str, float] = {}
+    for held in outer:
+        hs = set(held)
+        train = [c for i, c in enumerate(curves) if i not in hs]
+        params, _ = select(train, objective, clocks, split, trials, seed)
+        choose = policy_fitter(objective, params, clocks)(train)
+        fixed = ffg_fitter(objective, clocks)(train)
+        for i in held:
+            gov[curves[i].workload] = choose(curves[i])
+            ffg[curves[i].workload] = fixed(curves[i])
+    return NestedScore(split, len(outer), score(curves, gov, objective), score(curves, ffg, objective),
+                       paper_score(curves, objective, clocks))
 
 
 @dataclasses.dataclass
 class SearchResult:
-    best_params: TreeParams
-    tree: CVScore
-    ffg: CVScore
+    best_params: GovernorParams
+    tree: CVScore  # the selected configuration on the selection folds (inner: optimistic, for reference only)
+    ffg: CVScore  # FFG on the same folds
     paper: CVScore
     policy: TreePolicy
     classifier: Any
     study: Any
     n_workloads: int
     governor_run_id: str | None
+    split: str = "workload"
+    nested: dict[str, NestedScore] = dataclasses.field(default_factory=dict)  # split -> held-out scores
+    features_matter: bool = False
+    study_name: str = ""
+    expected_truth: bool = False  # regrets are against the twin's expected curves (else mean over repeats)
+
+    @property
+    def family(self) -> str:
+        return family_of(self.best_params)
+
+    @property
+    def heldout(self) -> NestedScore | None:
+        return self.nested.get(self.split)
+
+    def metrics(self) -> dict[str, float]:
+        """What the governor run logs and the gates read (all fractions)."""
+        m: dict[str, float] = {"n_workloads": float(self.n_workloads), "features_matter": float(self.features_matter),
+                               "tree_depth": float(policy_tree.tree_depth(self.policy.policy["tree"])),
+                               "n_features_used": float(len(policy_tree.features_used(self.policy.policy["tree"]))),
+                               "tree_inner_regret": self.tree.regret, "ffg_inner_regret": self.ffg.regret}
+        for split, ns in self.nested.items():
+            for name, s in (("tree", ns.governor), ("ffg", ns.ffg), ("paper", ns.paper)):
+                m[f"{name}_outer_regret_{split}"] = s.regret
+                if split == self.split:
+                    m.update(s.as_metrics(f"{name}_outer"))
+            if split == self.split:
+                m["n_outer_groups"] = float(ns.n_groups)
+        return m
 
 
 def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
@@ -176,7 +359,7 @@ def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
     names = list(imp)[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
     ax.barh(names, [imp[n] for n in names])
-    ax.set_xlabel("importance for LOOCV regret (fANOVA)")
+    ax.set_xlabel("importance for inner-CV regret (fANOVA)")
     ax.set_title("hyper-parameter importances")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -197,25 +380,22 @@ def optuna_storage() -> str:
 
 def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60, seed: int = 0, storage: str | None = None,
                study_name: str | None = None, mlflow_client: Any = None, parent_run_id: str | None = None,
-               experiment_id: str | None = None) -> SearchResult:
-    """Search, score the baselines on the same folds, refit the best tree on every training workload."""
+               experiment_id: str | None = None, cv_split: str = "auto", outer_trials: int | None = None,
+               outer_splits: Sequence[str] = SPLITS) -> SearchResult:
+    """Select on all training workloads (one fresh study), report nested held-out scores, refit the best."""
     import optuna
 
     curves = dataset.split("train").curves
     if len(curves) < MIN_WORKLOADS:
-        raise DvfsError(f"sweep {dataset.sweep_id} has {len(curves)} training workload(s); LOOCV needs at least {MIN_WORKLOADS} "
-                        "(sweep more models/tasks, e.g. --preset quick)")
+        raise DvfsError(f"sweep {dataset.sweep_id} has {len(curves)} training workload(s); cross-validation needs at least "
+                        f"{MIN_WORKLOADS} (sweep more models/tasks, e.g. --preset quick)")
     freqs = dataset.frequencies
+    split = choose_split(curves, cv_split)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = study_name or f"governor-{dataset.sweep_id}-{objective.name}"
-    study = optuna.create_study(direction="minimize", storage=storage or optuna_storage(), study_name=name, load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-
-    def objective_fn(trial: Any) -> float:
-        params = _params_from_trial(trial, seed)
-        s = loocv(curves, objective, tree_fitter(objective, params))
-        trial.set_user_attr("accuracy", s.accuracy)
-        return s.regret
+    # a fresh study per request: an older study's trials never steer this selection unless joined by name on purpose
+    name = study_name or f"governor-{dataset.sweep_id}-{objective.name}-{uuid.uuid4().hex[:8]}"
+    study = optuna.create_study(direction="minimize", storage=storage or optuna_storage(), study_name=name,
+                                load_if_exists=study_name is not None, sampler=optuna.samplers.TPESampler(seed=seed))
 
     def log_trial(study_: Any, trial: Any) -> None:
         if mlflow_client is None or trial.value is None:
@@ -225,26 +405,37 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
         run = mlflow_client.create_run(experiment_id, run_name=f"trial {trial.number}",
                                        tags={tracking.TAG_PARENT: parent_run_id, "optuna.study": name, "optuna.trial": str(trial.number)})
         tracking.log_run_batch(mlflow_client, run.info.run_id, params=trial.params,
-                               metrics={"loocv_regret": trial.value, "loocv_accuracy": trial.user_attrs.get("accuracy", math.nan)})
+                               metrics={"inner_regret": trial.value, "inner_accuracy": trial.user_attrs.get("accuracy", math.nan)})
         mlflow_client.set_terminated(run.info.run_id, "FINISHED")
 
-    if not study.trials:  # warm start: sklearn's defaults at depth 3, and the study's feature set
-        base = {"criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
-                "ccp_alpha": 0.0, "class_weight": "none"}
-        study.enqueue_trial({**base, **{f"use_{f}": True for f in NUMERIC_FEATURES}})
-        paper_features = {"is_decoder", "num_layers", "hidden_size", "avg_seq_len", "gpu_util_pct"}
-        study.enqueue_trial({**base, **{f"use_{f}": f in paper_features for f in NUMERIC_FEATURES}})
-    study.optimize(objective_fn, n_trials=trials, callbacks=[log_trial], gc_after_trial=False)
-    best = _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed)
-    tree_score = loocv(curves, objective, tree_fitter(objective, best))
-    ffg = loocv(curves, objective, ffg_fitter(objective, freqs))
+    best, study = select(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
+    inner = _inner_split(curves, split)
+    tree_score = cross_validate(curves, objective, policy_fitter(objective, best, freqs), inner, INNER_FOLDS)
+    ffg = cross_validate(curves, objective, ffg_fitter(objective, freqs), inner, INNER_FOLDS)
+    constant = cross_validate(curves, objective, policy_fitter(objective, CurveParams(max_depth=0), freqs), inner, INNER_FOLDS)
     paper = paper_score(curves, objective, freqs)
-    clf = fit_tree(curves, objective, best)
+    n_outer = trials if outer_trials is None else outer_trials
+    nested = {}
+    for s in dict.fromkeys([split, *outer_splits]):
+        ns = nested_cv(curves, objective, freqs, s, n_outer, seed)
+        if ns is not None:
+            nested[s] = ns
     metadata = {
-        "name": "dvfs-governor", "objective": objective.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id,
-        "n_workloads": len(curves), "frequencies_mhz": freqs, "features": list(best.features),
+        "name": "dvfs-governor", "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id, "simulated": dataset.simulated,
+        "n_workloads": len(curves), "frequencies_mhz": freqs, "features": list(best.features), "cv_split": split,
         "hyperparameters": {k: v for k, v in dataclasses.asdict(best).items() if k not in ("features",)},
-        "loocv": {"regret": tree_score.regret, "accuracy": tree_score.accuracy},
+        "inner_cv": {"regret": tree_score.regret, "accuracy": tree_score.accuracy},
     }
-    policy = TreePolicy.from_sklearn(clf, list(best.features), metadata)
-    return SearchResult(best, tree_score, ffg, paper, policy, clf, study, len(curves), parent_run_id)
+    if split in nested:
+        metadata["outer_cv"] = {"split": split, "regret": nested[split].governor.regret, "regret_ci": list(nested[split].governor.ci)}
+    policy, est = fit_policy(curves, objective, best, freqs, metadata)
+    features_matter = _features_matter_from(study, min(constant.regret, ffg.regret))
+    return SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), parent_run_id, split, nested,
+                        features_matter, name, all(c.has_expected for c in curves))
+
+
+def _features_matter_from(study: Any, constant: float) -> bool:
+    """Some trial that is not a constant (depth 0) policy beat the best constant one on the selection folds."""
+    vals = [t.value for t in study.trials if t.value is not None
+            and not (t.params.get("family") == "curve" and t.params.get("curve_max_depth") == 0)]
+    return bool(vals) and min(vals) < constant - 1e-9

@@ -1,4 +1,4 @@
-"""`dvfs-mlops train`: sweep -> dataset -> Optuna LOOCV search -> logged (and registered) governor."""
+"""`dvfs-mlops train`: sweep -> dataset -> Optuna (family + hyper-parameters) with nested CV -> logged (and registered) governor."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +25,8 @@ class TrainOutcome:
 
 
 def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
-                   seed: int = 0, register: bool = True, say: Callable[[str], None] = log.info, storage: str | None = None) -> TrainOutcome:
+                   seed: int = 0, register: bool = True, say: Callable[[str], None] = log.info, storage: str | None = None,
+                   study_name: str | None = None, cv_split: str = "auto", outer_trials: int | None = None) -> TrainOutcome:
     import mlflow
 
     from dvfs_mlops.governor.pyfunc import log_governor
@@ -45,11 +46,14 @@ def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
         tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id,
                 "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
         mlflow.set_tags(tags)
-        result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, mlflow_client=c, parent_run_id=run.info.run_id,
-                            experiment_id=run.info.experiment_id)
-        metrics = {**result.tree.as_metrics("tree"), **result.ffg.as_metrics("ffg"), **result.paper.as_metrics("paper"),
-                   "n_workloads": float(result.n_workloads)}
-        mlflow.log_params({f"best_{k}": v for k, v in dataclasses.asdict(result.best_params).items()})
+        result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, study_name=study_name, mlflow_client=c,
+                            parent_run_id=run.info.run_id, experiment_id=run.info.experiment_id, cv_split=cv_split,
+                            outer_trials=outer_trials)
+        metrics = result.metrics()
+        tags["family"] = result.family
+        tags["cv_split"] = result.split
+        mlflow.set_tags({"family": result.family, "cv_split": result.split, "optuna.study": result.study_name})
+        mlflow.log_params({f"best_{k}": v for k, v in {"family": result.family, **dataclasses.asdict(result.best_params)}.items()})
         with tempfile.TemporaryDirectory() as tmp:
             extra = {}
             if importance_plot(result.study, Path(tmp) / "importance.png"):
