@@ -160,3 +160,51 @@ def test_params_from_yaml_and_unknown_key(tmp_path):
     f.write_text("gpu_kk: 20\n")
     with pytest.raises(DvfsError, match="gpu_kk"):
         OrinTwinParams.from_yaml(f)
+
+
+# --- truth that knows its noise -------------------------------------------------------------------
+def _sim_report(trace, seed, key, params=None, freq=714):
+    s = SimDevice(params=params, seed=seed).session(freq, noise_key=key)
+    with s:
+        with s.window("train"):
+            for _ in range(5):
+                s.step(trace)
+        s.step(trace)  # outside the window: in the session, not in the training window
+    return s.report(), s.session_report()
+
+
+def test_sim_logs_expected_beside_measured_and_only_the_noise_differs(trace_cache_dir):
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+    p = OrinTwinParams()
+    (a, _), (b, _), (c, _) = _sim_report(t, 1, "r0"), _sim_report(t, 1, "r1"), _sim_report(t, 7, "r0")
+    # the expected values are the noise-free physics, the same for every draw
+    est = estimate_step(t, 714, p)
+    assert a.time_expected_s == b.time_expected_s == c.time_expected_s == pytest.approx(5 * est.time_s, rel=1e-12)
+    assert a.energy_expected_j == b.energy_expected_j == c.energy_expected_j == pytest.approx(5 * est.energy_j, rel=1e-12)
+    for r, seed, key in ((a, 1, "r0"), (b, 1, "r1"), (c, 7, "r0")):  # measured = expected x the draw's noise, nothing else
+        s = SimDevice(seed=seed).session(714, noise_key=key)
+        assert r.duration_s == pytest.approx(r.time_expected_s * s.time_factor, rel=1e-12)
+        assert r.energy_j == pytest.approx(r.energy_expected_j * s.time_factor * s.power_factor, rel=1e-12)
+        assert r.duration_s != r.time_expected_s and abs(r.energy_j / r.energy_expected_j - 1) < 0.1
+    assert len({a.energy_j, b.energy_j, c.energy_j}) == 3
+
+
+def test_sim_without_noise_measures_the_expected_values(trace_cache_dir):
+    import dataclasses
+
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+    quiet = dataclasses.replace(OrinTwinParams(), noise_time=0.0, noise_power=0.0)
+    for freq in (306, "maxn"):
+        train, whole = _sim_report(t, 3, "r0", quiet, freq)
+        assert train.energy_j == train.energy_expected_j and train.duration_s == train.time_expected_s
+        assert whole.energy_j == whole.energy_expected_j and whole.time_expected_s == pytest.approx(6 / 5 * train.time_expected_s)
+
+
+def test_real_reports_carry_no_expected_values():
+    from dvfs_mlops.meter import EnergyReport
+    from dvfs_mlops.records import report_metrics
+
+    r = EnergyReport(1.0, 2.0, 3.0, {"VDD_GPU_SOC": 2.0}, 3.0, 3.0, 50.0, 10, False)
+    assert "energy_expected_j" not in r.to_dict()
+    m = report_metrics(r)
+    assert m["energy_expected_j"] is None and m["time_expected_s"] is None  # None metrics are not logged
