@@ -488,6 +488,49 @@ def registry_rollback() -> None:
     _show_production_link()
 
 
+@main.group()
+def twin() -> None:
+    """The simulated twin's board profiles."""
+
+
+@twin.command("fit")
+@click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Or fit to a CSV: workload (MODEL/TASK), freq_mhz, time_s and energy_j or power_w (CPU + GPU); optional steps "
+                   "(default 1), batch_size (16), seq_len (the task's mean length), dtype.")
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
+@click.option("--name", default="", help="The fitted profile's name (default fit-<sweep id or CSV name>).")
+@click.option("--out", default="", metavar="FILE.yaml", help="Where to write the profile (default <name>.yaml here).")
+@JSON_OPTION
+def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, twin_profile: str | None, twin_params: str | None, name: str,
+             out: str, as_json: bool) -> None:
+    """Fit a profile's timing and power constants to measured points; write it as YAML (loadable by --twin-params)."""
+    from dvfs_mlops.twin.profiles import load_twin_params
+    from dvfs_mlops.twin_fit import fit_twin
+
+    base = load_twin_params(twin_profile, twin_params)
+    outcome = fit_twin(base, sweep_id=sweep_id or None, experiment=experiment, csv_path=csv_path, name=name or None, out=out or None,
+                       say=_echo_err)
+    if as_json:
+        click.echo(json.dumps(outcome.to_dict(), indent=2))
+        return
+    r = outcome.result
+    label = " (SIMULATED)" if outcome.simulated_input else ""
+    click.echo(f"twin profile {r.params.profile}: fitted {base.profile} to {r.n_points} points of {r.n_workloads} workloads{label}")
+    click.echo(f"{'quantity':<9} {'mean err':>9} {'max err':>9}   {'base mean':>9} {'base max':>9}")
+    for q, e in r.errors.items():
+        b = r.errors_before[q]
+        click.echo(f"{q:<9} {100 * e.mean:8.2f}% {100 * e.max:8.2f}%   {100 * b.mean:8.2f}% {100 * b.max:8.2f}%")
+    if r.errors_expected is not None:
+        click.echo("against the points' noise-free values (SIMULATED): "
+                   + ", ".join(f"{q} {100 * e.mean:.2f}% mean / {100 * e.max:.2f}% max" for q, e in r.errors_expected.items()))
+    for k in r.fitted:
+        click.echo(f"  {k:<24} {getattr(r.params, k):.6g}  (was {getattr(base, k):.6g})")
+    click.echo(f"wrote {outcome.path}; use it with --twin-params {outcome.path}")
+
+
 @main.command()
 def restore() -> None:
     """Put back clocks that a killed run left pinned (applies its restore journal)."""

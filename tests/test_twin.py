@@ -208,3 +208,99 @@ def test_real_reports_carry_no_expected_values():
     assert "energy_expected_j" not in r.to_dict()
     m = report_metrics(r)
     assert m["energy_expected_j"] is None and m["time_expected_s"] is None  # None metrics are not logged
+
+
+# --- twin fit: a round trip through a known profile -----------------------------------------------
+FIT_MODELS = ("bert-tiny", "bert-mini", "pythia-14m", "bert-base")
+FIT_CLOCKS = (306.0, 510.0, 816.0, 1122.0, 1300.5)
+
+
+def _known_board():
+    """sim-orin-measured with two timing constants moved too: the fit must find timing and power."""
+    import dataclasses
+
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    return dataclasses.replace(builtin_profile("sim-orin-measured"), profile="board-a", host_per_step_s=12e-3, kernel_fixed_s=1e-5)
+
+
+def _simulated_points(cache, board, steps=10):
+    from dvfs_mlops.twin.fit import FitPoint
+    from dvfs_mlops.workloads.tasks import TASKS
+
+    points = []
+    for m in FIT_MODELS:
+        for task in ("sst2", "qnli", "mrpc"):
+            trace = cache.get(PRESETS[m].config(), 16, TASKS[task].mean_tokens)
+            for f in FIT_CLOCKS:
+                s = SimDevice(board, seed=5).session(f, noise_key=f"{m}/{task}")
+                with s:
+                    for _ in range(steps):
+                        s.step(trace)
+                r = s.report()
+                points.append(FitPoint(f"{m}/{task}", f, ((trace, steps),), r.duration_s, r.energy_j / r.duration_s,
+                                       r.time_expected_s, r.energy_expected_j))
+    return points
+
+
+def test_fit_recovers_a_noise_free_profile_exactly(trace_cache_dir):
+    import dataclasses
+
+    from dvfs_mlops.twin.fit import fit_profile, predict
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    board = dataclasses.replace(_known_board(), noise_time=0.0, noise_power=0.0)
+    points = _simulated_points(TraceCache(trace_cache_dir), board)
+    result = fit_profile(points, builtin_profile("sim-orin"), "fit-a")
+    assert result.n_points == len(FIT_MODELS) * 3 * len(FIT_CLOCKS)
+    assert result.errors_before["energy"].mean > 0.1  # the base profile is far from board A ...
+    for q, e in result.errors.items():  # ... the fitted one reproduces it
+        assert e.max < 2e-3, (q, e)
+    truth, fitted = predict(points, board), predict(points, result.params)
+    assert np.allclose(fitted["energy"], truth["energy"], rtol=2e-3)
+    p = result.params  # only k V^2 is observable: compare the rail's power, not k and V apart
+    for f in (306.0, 816.0, 1300.5):
+        assert p.gpu_k * p.voltage(f) ** 2 == pytest.approx(board.gpu_k * board.voltage(f) ** 2, rel=0.02)
+    assert p.host_per_step_s == pytest.approx(12e-3, rel=0.02) and p.profile == "fit-a"
+
+
+def test_fit_of_noisy_points_is_within_the_noise_of_the_truth(trace_cache_dir):
+    from dvfs_mlops.twin.fit import fit_profile
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    points = _simulated_points(TraceCache(trace_cache_dir), _known_board())
+    result = fit_profile(points, builtin_profile("sim-orin"), "fit-a")
+    truth = result.errors_expected  # against the points' noise-free values
+    assert truth is not None
+    assert truth["time"].mean < 0.005 and truth["power"].mean < 0.01 and truth["energy"].mean < 0.01, truth
+    assert truth["energy"].max < 0.03
+    assert result.errors["power"].mean < 0.03  # against the draws: about the noise (2 % power)
+    assert result.errors_before["energy"].mean > 5 * result.errors["energy"].mean
+
+
+def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from dvfs_mlops.cli import main
+    from dvfs_mlops.twin.profiles import load_twin_params
+
+    points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=3)
+    rows = ["workload,freq_mhz,time_s,energy_j,power_w,steps,seq_len"]
+    for i, p in enumerate(points):  # half the rows give energy, half power
+        seq = p.steps[0][0].seq_len
+        rows.append(f"{p.workload},{p.freq_mhz},{p.time_s},{p.energy_j if i % 2 else ''},{'' if i % 2 else p.power_w},3,{seq}")
+    csv = tmp_path / "board-a.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "fitted" / "a.yaml"
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["profile"] == "fit-board-a" and report["n_points"] == len(points) and report["simulated_input"] is False
+    assert set(report["errors"]) == {"time", "power", "energy"} and report["errors"]["energy"]["mean_rel"] < 0.03
+    assert report["errors_base"]["energy"]["mean_rel"] > 0.1
+    loaded = load_twin_params(None, out)  # loadable by --twin-params, under its own name
+    assert loaded.profile == "fit-board-a" and loaded.gpu_static_w == pytest.approx(report["constants"]["gpu_static_w"])
+    r = CliRunner().invoke(main, ["simulate", "bert-tiny", "--seq-len", "16", "--twin-params", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["device_profile"] == "fit-board-a"
