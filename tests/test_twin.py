@@ -77,6 +77,84 @@ def test_every_target_holds(report):
     assert report.check() == {}
 
 
+# --- every built-in profile: the board's physics (the study's targets above are sim-orin's alone) ---
+@pytest.fixture(scope="module")
+def measured_report(trace_cache_dir):
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    return calibrate(builtin_profile("sim-orin-measured"), cache=TraceCache(trace_cache_dir))
+
+
+@pytest.fixture(params=["sim-orin", "sim-orin-measured"])
+def any_report(request, report, measured_report):
+    return {"sim-orin": report, "sim-orin-measured": measured_report}[request.param]
+
+
+def test_physics_targets_hold_on_every_profile(any_report):
+    assert any_report.check(study=False) == {}
+    s = any_report.summary()
+    for p in any_report.points:  # U-shaped, minimum strictly inside the table
+        e = p.energy_by_freq_j
+        assert e[306.0] > e[p.optimal_mhz] < e[1300.5] and p.optimal_mhz not in (306.0, 1300.5)
+    assert len(s["distinct_optima_mhz"]) >= 4 and s["mean_opt_deep_mhz"] > s["mean_opt_shallow_mhz"]
+    assert 3.0 <= s["compute_bound_time_ratio"] <= 4.0 and 45 <= s["bert_large_maxn_power_w"] <= 65
+
+
+def test_measured_profile_gpu_rail_follows_public_measurements():
+    from dvfs_mlops.twin.physics import rail_power
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    def ratio(p):
+        return rail_power(306.0, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"] / rail_power(1300.5, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"]
+
+    assert 0.41 <= ratio(builtin_profile("sim-orin-measured")) <= 0.45  # public Orin figure: ~43 %
+    assert ratio(builtin_profile("sim-orin")) < 0.25  # the study-shaped default is much steeper
+
+
+def test_flatter_power_curve_moves_optima_up_never_down(report, measured_report):
+    default = {(p.model, p.task): p.optimal_mhz for p in report.points}
+    measured = {(p.model, p.task): p.optimal_mhz for p in measured_report.points}
+    assert default.keys() == measured.keys()
+    assert all(measured[k] >= default[k] for k in default)
+    assert np.mean(list(measured.values())) > np.mean(list(default.values()))
+
+
+def test_profiles_by_name_and_params_files(tmp_path):
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.twin.profiles import builtin_profile, load_twin_params
+
+    assert load_twin_params() == OrinTwinParams() and load_twin_params("sim-orin-measured").profile == "sim-orin-measured"
+    f = tmp_path / "over.yaml"
+    f.write_text("gpu_k: 20\n")  # overrides on the chosen profile, named after it and its constants
+    a = load_twin_params("sim-orin-measured", f)
+    assert a.gpu_k == 20 and a.gpu_static_w == builtin_profile("sim-orin-measured").gpu_static_w
+    assert a.profile.startswith("sim-orin-measured+") and a.profile != load_twin_params(None, f).profile
+    f.write_text("profile: sim-orin-measured\n")  # naming a built-in with its own constants is fine ...
+    assert load_twin_params("sim-orin-measured", f) == builtin_profile("sim-orin-measured")
+    with pytest.raises(DvfsError, match="names the built-in profile 'sim-orin-measured' but changes gpu_k"):
+        load_twin_params("sim-orin", f)  # ... on another base it would mislabel sim-orin's constants
+    f.write_text("profile: sim-orin\ngpu_k: 1\n")
+    with pytest.raises(DvfsError, match="names the built-in profile 'sim-orin' but changes gpu_k"):
+        load_twin_params(None, f)
+    with pytest.raises(DvfsError, match="unknown twin profile 'orin-nano'"):
+        load_twin_params("orin-nano")
+
+
+def test_sweep_id_tells_profiles_apart(tmp_path):
+    from dvfs_mlops.sweep.spec import build_spec
+    from dvfs_mlops.twin.profiles import load_twin_params
+
+    f = tmp_path / "board.yaml"
+    f.write_text("profile: my-board\ngpu_k: 20\n")
+    default = SimDevice()
+    ids = {name: build_spec(SimDevice(params=load_twin_params(*args)), "smoke").sweep_id
+           for name, args in {"default": (), "measured": ("sim-orin-measured",), "file": (None, f)}.items()}
+    assert len(set(ids.values())) == 3
+    assert build_spec(default, "smoke").twin_digest == "" and "twin_digest" not in build_spec(default, "smoke").definition()
+    f.write_text("profile: my-board\ngpu_k: 21\n")  # the same name, other constants: another sweep
+    assert build_spec(SimDevice(params=load_twin_params(None, f)), "smoke").sweep_id != ids["file"]
+
+
 # --- mechanics ------------------------------------------------------------------------------------
 def test_trace_counts_attention_matmuls(trace_cache_dir):
     """Eager attention: QK^T and AV bmm appear, so FLOPs exceed the 6*N*T dense estimate's matmul part."""
