@@ -176,7 +176,8 @@ def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
     preset = PRESETS.get(params.get("preset", ""))
     if preset is None:
         raise DvfsError("cannot tell the sweep's data sizes (its parent run has no sweep_definition or preset); fit from a CSV instead")
-    return {"train_size": preset.train_size, "dev_size": preset.dev_size, "data_dir": params.get("data_dir") or None}
+    data_dir = (params.get("data_dir") or "").strip("'\"")  # `mlflow run` logs an empty value as ''
+    return {"train_size": preset.train_size, "dev_size": preset.dev_size, "data_dir": data_dir or None}
 
 
 def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[Any, ...]:
