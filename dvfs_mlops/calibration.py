@@ -6,6 +6,13 @@ itself knows nothing of the presets.
 Workloads are the study's: every model preset on the characterisation tasks' length profiles
 (sst2, qnli, mrpc mean token counts), batch 16, FP32. `check()` returns the failed targets by name,
 so a test failure says which one broke and by how much.
+
+Targets come in two kinds. The board's physics must hold on every profile: energy U-shaped with
+its minimum inside the table, at least four distinct optima, deeper models optimal at higher
+clocks, the compute-bound time ratio, bert-large's power at maxn. The study's results
+(`STUDY_TARGETS`: big models' optima within 510-1020 MHz, the savings against maxn, maxn never
+dearer than pinned 1300.5) are what sim-orin was shaped after; a profile not fitted to the study
+(sim-orin-measured) need not reproduce them: `check(study=False)` leaves them out.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from dvfs_mlops.workloads.tasks import TASKS
 from dvfs_mlops.workloads.zoo import PRESETS
 
 CHARACTERISATION_TASKS = ("sst2", "qnli", "mrpc")
+# The targets sim-orin's power constants were searched for (the study's results, not the board's physics).
+STUDY_TARGETS = ("big_optimum", "saving_big", "saving_small", "maxn_le_pinned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +52,7 @@ class CalibrationReport:
     points: list[WorkloadPoint]
     compute_bound_time_ratio: float  # t(306)/t(1300.5), bert-large b32 s128
     bert_large_maxn_power_w: float  # total rails, bert-large b32 s128
+    frequencies_mhz: tuple[float, ...] = OrinTwinParams().frequencies_mhz  # the profile's table
 
     def _mean(self, pts: list[WorkloadPoint], attr: str) -> float:
         return float(np.mean([getattr(p, attr) for p in pts])) if pts else float("nan")
@@ -70,11 +80,18 @@ class CalibrationReport:
             "bert_large_maxn_power_w": self.bert_large_maxn_power_w,
         }
 
-    def check(self) -> dict[str, str]:
-        """Failed targets: name -> what was found. Empty when every target holds."""
+    def check(self, study: bool = True) -> dict[str, str]:
+        """Failed targets: name -> what was found. Empty when every target holds. `study=False`: the board's
+        physics only, without `STUDY_TARGETS`."""
+        failed = self._check()
+        if not study:
+            failed = {k: v for k, v in failed.items() if k.split(":")[0] not in STUDY_TARGETS}
+        return failed
+
+    def _check(self) -> dict[str, str]:
         s = self.summary()
         failed: dict[str, str] = {}
-        lo, hi = min(OrinTwinParams().frequencies_mhz), max(OrinTwinParams().frequencies_mhz)
+        lo, hi = min(self.frequencies_mhz), max(self.frequencies_mhz)
         for p in self.points:
             curve = p.energy_by_freq_j
             if p.optimal_mhz in (lo, hi):
@@ -131,4 +148,4 @@ def calibrate(params: OrinTwinParams | None = None, cache: TraceCache | None = N
     big_curve = energy_curve(big, p)
     ratio = big_curve[min(p.frequencies_mhz)].time_s / big_curve[p.max_mhz].time_s
     power = estimate_maxn(big, p, big_curve).avg_power_w
-    return CalibrationReport(points, ratio, power)
+    return CalibrationReport(points, ratio, power, tuple(sorted(p.frequencies_mhz)))

@@ -41,6 +41,11 @@ GPU_INDEX_OPTION = click.option("--gpu-index", default=0, show_default=True, typ
                                      "order can differ, the backend maps it by UUID).")
 OBSERVE_OPTION = click.option("--observe", is_flag=True,
                               help="Meter only: write no clock or setting, take no lock (no root needed); runs are tagged dvfs.observe=true.")
+TWIN_PROFILE_OPTION = click.option("--twin-profile", default=None, metavar="NAME",
+                                   help="sim: the twin's board profile, sim-orin (default, shaped after the study) or "
+                                        "sim-orin-measured (GPU-rail power after public Orin measurements).")
+TWIN_PARAMS_OPTION = click.option("--twin-params", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml",
+                                  help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`).")
 TORCH_DEVICE_OPTION = click.option("--torch-device", default="", metavar="DEV",
                                    help="Train on DEV (cpu, cuda:1 ...) instead of the backend's own GPU; for tests and "
                                         "unusual set-ups only: a clock pinned on a GPU that does not train saves nothing.")
@@ -114,10 +119,25 @@ def _announce(dev: Any, requested: str) -> None:
     _echo_err(describe_device(dev, requested))
 
 
-def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_index: int = 0) -> Any:
+def _twin(twin_profile: str | None, twin_params: str | None) -> Any:
+    """The twin's constants for --twin-profile/--twin-params (checked before anything runs), None when neither is given."""
+    if twin_profile is None and not twin_params:
+        return None
+    from dvfs_mlops.twin.profiles import load_twin_params
+
+    return load_twin_params(twin_profile, twin_params)
+
+
+def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_index: int = 0, twin: Any = None) -> Any:
     from dvfs_mlops.device import open_device
 
-    return open_device(device_name, sample_hz=sample_hz, gpu_index=gpu_index, announce=None if quiet else _echo_err)
+    if twin is not None and device_name not in ("auto", "sim"):
+        raise DvfsError(f"--twin-profile/--twin-params describe the simulated twin; drop them or use --device sim (not {device_name})")
+    dev = open_device(device_name, sample_hz=sample_hz, gpu_index=gpu_index, twin_params=twin, announce=None if quiet else _echo_err)
+    if twin is not None and not dev.simulated:
+        raise DvfsError(f"--twin-profile/--twin-params describe the simulated twin, but --device auto found {dev.name}; "
+                        "drop them or use --device sim")
+    return dev
 
 
 def _torch_device(dev: Any, override: str) -> str:
@@ -155,16 +175,18 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @click.option("--batch-size", type=Count(min=1), default=16, show_default=True, help="Examples per training step.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Training precision the twin charges for.")
-@click.option("--twin-params", type=click.Path(exists=True, dir_okay=False), help="YAML with OrinTwinParams overrides.")
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
 @JSON_OPTION
 def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, dtype: str,
-             twin_params: str | None, as_json: bool) -> None:
+             twin_profile: str | None, twin_params: str | None, as_json: bool) -> None:
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
     from dvfs_mlops.simulate import simulate_curve
 
     if model and model_config:
         raise DvfsError("give either MODEL or --model-config, not both")
-    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, twin_params)
+    twin = _twin(twin_profile, twin_params)
+    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -185,16 +207,19 @@ def simulate(model: str | None, model_config: str | None, seq_len: int, batch_si
 @SAMPLE_HZ_OPTION
 @GPU_INDEX_OPTION
 @OBSERVE_OPTION
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the EnergyReport as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
+def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: bool, twin_profile: str | None, twin_params: str | None,
+        as_json: bool, command: tuple[str, ...]) -> None:
     """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
     from dvfs_mlops.device import parse_freq
     from dvfs_mlops.runner import check_command, run_metered
 
     if not freq and not observe:
         raise DvfsError("give --freq MHZ (or maxn), or --observe to meter without touching the clock")
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=_twin(twin_profile, twin_params))
     freq = freq or "maxn"
     parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
     check_command(list(command))
@@ -231,6 +256,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @SAMPLE_HZ_OPTION
 @GPU_INDEX_OPTION
 @TORCH_DEVICE_OPTION
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
 @click.option("--settle-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Hardware: idle this many seconds before each point after the first (cool-down, so points start alike).")
 @click.option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe).")
@@ -244,7 +271,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
 def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, profile_steps: int | None, batch_size: int,
-          repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, settle_s: float, observe: bool,
+          repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, twin_profile: str | None,
+          twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
           train_size: int | None, dev_size: int | None, replay: bool) -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
@@ -254,8 +282,9 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     if observe:
         raise DvfsError("a sweep exists to pin each clock, so it has no --observe; meter a job as found with "
                         "`dvfs-mlops finetune --observe` or `dvfs-mlops run --observe -- CMD`")
+    twin = _twin(twin_profile, twin_params)
     tracking.check_reachable()  # before the device is even opened
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
     where = _torch_device(dev, torch_device)
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
@@ -333,6 +362,8 @@ def _depth(policy: dict) -> int:
 @GPU_INDEX_OPTION
 @OBSERVE_OPTION
 @TORCH_DEVICE_OPTION
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
 @click.option("--steps", default=60, show_default=True, type=Count(min=1), help="Training steps.")
 @click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
 @click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
@@ -348,7 +379,7 @@ def _depth(policy: dict) -> int:
 @click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
 @JSON_OPTION
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
-                 gpu_index: int, observe: bool, torch_device: str, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
+                 gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
@@ -358,11 +389,12 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 
     if not (model or model_config or pretrained):
         raise DvfsError("name the model: --model PRESET, --model-config PATH or --pretrained NAME_OR_PATH")
+    twin = _twin(twin_profile, twin_params)
     if not dry_run:  # a dry run asks the store only if its governor is not remembered (launcher.resolve_governor)
         tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
                                 data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
     where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
@@ -471,6 +503,49 @@ def registry_rollback() -> None:
 
     rollback(say=click.echo)
     _show_production_link()
+
+
+@main.group()
+def twin() -> None:
+    """The simulated twin's board profiles."""
+
+
+@twin.command("fit")
+@click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Or fit to a CSV: workload (MODEL/TASK), freq_mhz, time_s and energy_j or power_w (CPU + GPU); optional steps "
+                   "(default 1), batch_size (16), seq_len (the task's mean length), dtype.")
+@TWIN_PROFILE_OPTION
+@TWIN_PARAMS_OPTION
+@click.option("--name", default="", help="The fitted profile's name (default fit-<sweep id or CSV name>).")
+@click.option("--out", default="", metavar="FILE.yaml", help="Where to write the profile (default <name>.yaml here).")
+@JSON_OPTION
+def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, twin_profile: str | None, twin_params: str | None, name: str,
+             out: str, as_json: bool) -> None:
+    """Fit a profile's timing and power constants to measured points; write it as YAML (loadable by --twin-params)."""
+    from dvfs_mlops.twin.profiles import load_twin_params
+    from dvfs_mlops.twin_fit import fit_twin
+
+    base = load_twin_params(twin_profile, twin_params)
+    outcome = fit_twin(base, sweep_id=sweep_id or None, experiment=experiment, csv_path=csv_path, name=name or None, out=out or None,
+                       say=_echo_err)
+    if as_json:
+        click.echo(json.dumps(outcome.to_dict(), indent=2))
+        return
+    r = outcome.result
+    label = " (SIMULATED)" if outcome.simulated_input else ""
+    click.echo(f"twin profile {r.params.profile}: fitted {base.profile} to {r.n_points} points of {r.n_workloads} workloads{label}")
+    click.echo(f"{'quantity':<9} {'mean err':>9} {'max err':>9}   {'base mean':>9} {'base max':>9}")
+    for q, e in r.errors.items():
+        b = r.errors_before[q]
+        click.echo(f"{q:<9} {100 * e.mean:8.2f}% {100 * e.max:8.2f}%   {100 * b.mean:8.2f}% {100 * b.max:8.2f}%")
+    if r.errors_expected is not None:
+        click.echo("against the points' noise-free values (SIMULATED): "
+                   + ", ".join(f"{q} {100 * e.mean:.2f}% mean / {100 * e.max:.2f}% max" for q, e in r.errors_expected.items()))
+    for k in r.fitted:
+        click.echo(f"  {k:<24} {getattr(r.params, k):.6g}  (was {getattr(base, k):.6g})")
+    click.echo(f"wrote {outcome.path}; use it with --twin-params {outcome.path}")
 
 
 @main.command()

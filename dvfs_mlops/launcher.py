@@ -39,14 +39,15 @@ class Decision:
                 "expected_saving_simulated": True, "gpu_util_source": self.util_source}
 
 
-def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int) -> Any:
-    """The twin's view of this job: per-step estimates for the median padded length of its batches."""
+def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int, device: Any = None) -> Any:
+    """The twin's view of this job: per-step estimates for the median padded length of its batches (on the
+    sim device's own profile when `device` is the twin, else on the default one)."""
     from dvfs_mlops.device.sim import SimDevice
 
     batches = plan_batches(prepared.n_train, max(1, steps), batch_size, seed)
     lengths = sorted(padded_length([prepared.train_lengths[i] for i in b]) for b in batches)
     trace = prepared.trace_provider(batch_size)(lengths[len(lengths) // 2])
-    return SimDevice().curve(trace)
+    return SimDevice(params=getattr(device, "params", None) if getattr(device, "simulated", False) else None).curve(trace)
 
 
 def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_steps: int, *, torch_device: str | None = None,
@@ -57,7 +58,7 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
     `observe=True` takes no lock either.
     """
     if probe_steps <= 0:
-        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed)
+        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     prepared.materialize()  # the probe trains: data, tokenizer and model config, before the session starts
     probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
@@ -206,7 +207,7 @@ def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri:
     freq, path = decide(model, meta, features, device.frequencies_mhz)
     saving = None
     try:
-        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed)
+        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device)
         nearest = min(curve, key=lambda f: abs(f - freq))
         saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
     except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none

@@ -48,6 +48,10 @@ class EnergyReport:
     clock_held: bool | None = None  # None where nothing was pinned (maxn, observe)
     samples_failed: int = 0
     power_series_w: list[float] = dataclasses.field(default_factory=list, repr=False)
+    # The twin only: the same window without its run-to-run noise (the truth a policy is judged by).
+    # Real backends leave them None, so nothing is logged for them.
+    energy_expected_j: float | None = None  # CPU + GPU, like energy_j
+    time_expected_s: float | None = None
 
     @property
     def energy_gpu_j(self) -> float:
@@ -67,6 +71,9 @@ class EnergyReport:
         d["meter_degraded"] = self.meter_degraded
         if not with_series:
             d.pop("power_series_w")
+        for key in ("energy_expected_j", "time_expected_s"):  # the twin's; real backends have no noise-free value
+            if d[key] is None:
+                d.pop(key)
         return d
 
 

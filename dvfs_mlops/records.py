@@ -26,6 +26,8 @@ def report_metrics(report: EnergyReport) -> dict[str, float | None]:
         "time_s": t, "gpu_util_pct": report.gpu_util_pct, "clock_mhz_measured": report.clock_mhz_measured,
         "clock_held": None if report.clock_held is None else float(report.clock_held),
         "samples_failed": float(report.samples_failed),
+        # the twin's noise-free values (None, so not logged, on real backends)
+        "energy_expected_j": report.energy_expected_j, "time_expected_s": report.time_expected_s,
     }
 
 

@@ -5,14 +5,18 @@ from typing import Any
 
 from dvfs_mlops.twin.params import OrinTwinParams
 from dvfs_mlops.twin.physics import energy_curve, estimate_maxn
+from dvfs_mlops.twin.profiles import load_twin_params
 from dvfs_mlops.twin.trace import TraceCache
 from dvfs_mlops.workloads.zoo import resolve_model
 
 
 def simulate_curve(model: str | None, model_config: str | None, seq_len: int, batch_size: int = 16,
-                   dtype: str = "float32", twin_params: str | None = None, cache: TraceCache | None = None) -> dict[str, Any]:
+                   dtype: str = "float32", twin_params: str | None = None, cache: TraceCache | None = None, *,
+                   params: OrinTwinParams | None = None) -> dict[str, Any]:
+    """`params` (a profile's constants) wins; else `twin_params`, a YAML of overrides on sim-orin."""
     spec = resolve_model(model, model_config)
-    params = OrinTwinParams.from_yaml(twin_params) if twin_params else OrinTwinParams()
+    if params is None:
+        params = load_twin_params(None, twin_params)
     trace = (cache or TraceCache()).get(spec.config, batch_size, seq_len, dtype)
     curve = energy_curve(trace, params)
     maxn = estimate_maxn(trace, params, curve)

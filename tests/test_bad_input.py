@@ -43,6 +43,16 @@ CASES = [
      "nope has no version 1"),
     (["evaluate", "--policies", "magic"], "experiment 'dvfs-sweep' does not exist"),
     (["evaluate", "--objective", "power"], "unknown objective 'power'"),
+    (["simulate", "bert-tiny", "--seq-len", "8", "--twin-profile", "sim-xavier"], "unknown twin profile 'sim-xavier'; valid twin profiles: sim-orin, sim-orin-measured"),
+    (["simulate", "bert-tiny", "--seq-len", "8", "--twin-params", "{broken_yaml}"], "is not valid YAML (line 2)"),
+    (["simulate", "bert-tiny", "--seq-len", "8", "--twin-params", "{list_yaml}"], "must hold a mapping of twin parameters"),
+    (["simulate", "bert-tiny", "--seq-len", "8", "--twin-params", "{typed_yaml}"], "gpu_k must be a number, got 'fast'"),
+    (["simulate", "bert-tiny", "--seq-len", "8", "--twin-params", "{builtin_yaml}"], "names the built-in profile 'sim-orin' but changes gpu_k"),
+    (["sweep", "--preset", "smoke", "--device", "sim", "--twin-profile", "orin"], "unknown twin profile 'orin'"),
+    (["sweep", "--preset", "smoke", "--device", "jetson", "--twin-profile", "sim-orin-measured"], "describe the simulated twin"),
+    (["finetune", "--model", "bert-tiny", "--task", "sst2", "--twin-params", "{broken_yaml}"], "is not valid YAML"),
+    (["run", "--freq", "816", "--device", "sim", "--twin-profile", "x", "--", "true"], "unknown twin profile 'x'"),
+    (["twin", "fit", "--csv", "{bad_csv}"], "lacks column(s) time_s"),
 ]
 
 
@@ -54,7 +64,13 @@ def env(tmp_path, monkeypatch):
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpu_kk: 1\n")
     (tmp_path / "empty").mkdir()
-    return fake, {"{bad_yaml}": str(bad), "{empty_dir}": str(tmp_path / "empty")}
+    files = {"broken_yaml": "gpu_k: [1\n", "list_yaml": "- gpu_k\n", "typed_yaml": "gpu_k: fast\n",
+             "builtin_yaml": "profile: sim-orin\ngpu_k: 3\n", "bad_csv": "workload,freq_mhz,energy_j\nbert-tiny/sst2,816,1.0\n"}
+    subs = {"{bad_yaml}": str(bad), "{empty_dir}": str(tmp_path / "empty")}
+    for name, text in files.items():
+        (tmp_path / f"{name}.txt").write_text(text)
+        subs[f"{{{name}}}"] = str(tmp_path / f"{name}.txt")
+    return fake, subs
 
 
 def test_matrix_has_at_least_20_cases_across_commands():

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("governor",),
     ("registry",),
     ("governor.train",),
-    ("launcher", "governor_cache", "evaluate", "runner", "simulate", "integrations"),
+    ("launcher", "governor_cache", "evaluate", "runner", "simulate", "twin_fit", "integrations"),
     ("cli",),
 ]
 

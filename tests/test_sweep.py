@@ -39,7 +39,8 @@ def _runs(tmp_path: Path, status: str | None = None):
 @pytest.fixture(scope="module")
 def smoke_store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smoke")
-    cmd = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep", "-P", "preset=smoke"]
+    cmd = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep", "-P", "preset=smoke",
+           "-P", "twin_profile=sim-orin"]  # the default, named: the same sweep id as without it (test_rerun_adds_no_runs)
     out = subprocess.run(cmd, env=_env(tmp), capture_output=True, text=True, timeout=600, cwd=tmp)
     assert out.returncode == 0, out.stderr[-3000:]
     return tmp, out
@@ -76,6 +77,49 @@ def test_every_param_metric_tag_present(smoke_store):
         assert r.data.params["device"] == "sim" and r.data.params["device_profile"] == "sim-orin"
     series = c.get_metric_history(children[0].info.run_id, "power_w")
     assert len(series) == 4 and [m.step for m in series] == [0, 1, 2, 3]  # one per training step
+
+
+def test_points_log_the_noise_free_values_beside_the_measured(smoke_store):
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    for r in children:
+        m = r.data.metrics
+        assert m["energy_expected_j"] > 0 and m["time_expected_s"] > 0
+        assert m["time_s"] != m["time_expected_s"] and abs(m["time_s"] / m["time_expected_s"] - 1) < 0.05  # ~1 % noise
+        assert abs(m["energy_j"] / m["energy_expected_j"] - 1) < 0.1  # ~1 % x ~2 % noise
+    w = [r for r in children if r.data.tags["dvfs.workload"] == "bert-tiny/rte"]
+    expected = {r.data.params["freq_mhz"]: r.data.metrics["energy_expected_j"] for r in w}
+    assert expected["510"] < expected["1300.5"]
+
+
+def test_twin_fit_from_the_sweep_reproduces_its_points(smoke_store):
+    """Fit sim-orin-measured to the sim-orin smoke sweep: the fitted profile lands within the noise of the truth."""
+    import json
+
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    sweep_id = children[0].data.tags["dvfs.sweep_id"]
+    out = tmp / "fitted.yaml"
+    r = run_cli("twin", "fit", "--sweep-id", sweep_id, "--twin-profile", "sim-orin-measured", "--out", str(out), "--json",
+                env=_env(tmp), timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["n_points"] == SMOKE_WORKLOADS * 3 and report["n_workloads"] == SMOKE_WORKLOADS  # maxn left out
+    assert report["simulated_input"] is True and report["base_profile"] == "sim-orin-measured"
+    truth = report["errors_expected"]
+    assert truth["energy"]["mean_rel"] < 0.03 and truth["time"]["mean_rel"] < 0.02, truth
+    assert report["errors_base"]["energy"]["mean_rel"] > 3 * report["errors"]["energy"]["mean_rel"]
+    assert out.read_text().startswith("# Twin profile fit-" + sweep_id)
+
+
+def test_a_sweep_id_of_another_profile_is_refused(smoke_store):
+    tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    sweep_id = children[0].data.tags["dvfs.sweep_id"]
+    r = run_cli("sweep", "--preset", "smoke", "--device", "sim", "--twin-profile", "sim-orin-measured", "--sweep-id", sweep_id,
+                env=_env(tmp), timeout=300)
+    assert r.returncode == 2 and "was measured on device profile 'sim-orin', not 'sim-orin-measured'" in r.stderr
+    assert len(_runs(tmp)[0]) == SMOKE_POINTS
 
 
 def test_accuracy_identical_across_clocks(smoke_store):

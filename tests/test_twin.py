@@ -77,6 +77,84 @@ def test_every_target_holds(report):
     assert report.check() == {}
 
 
+# --- every built-in profile: the board's physics (the study's targets above are sim-orin's alone) ---
+@pytest.fixture(scope="module")
+def measured_report(trace_cache_dir):
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    return calibrate(builtin_profile("sim-orin-measured"), cache=TraceCache(trace_cache_dir))
+
+
+@pytest.fixture(params=["sim-orin", "sim-orin-measured"])
+def any_report(request, report, measured_report):
+    return {"sim-orin": report, "sim-orin-measured": measured_report}[request.param]
+
+
+def test_physics_targets_hold_on_every_profile(any_report):
+    assert any_report.check(study=False) == {}
+    s = any_report.summary()
+    for p in any_report.points:  # U-shaped, minimum strictly inside the table
+        e = p.energy_by_freq_j
+        assert e[306.0] > e[p.optimal_mhz] < e[1300.5] and p.optimal_mhz not in (306.0, 1300.5)
+    assert len(s["distinct_optima_mhz"]) >= 4 and s["mean_opt_deep_mhz"] > s["mean_opt_shallow_mhz"]
+    assert 3.0 <= s["compute_bound_time_ratio"] <= 4.0 and 45 <= s["bert_large_maxn_power_w"] <= 65
+
+
+def test_measured_profile_gpu_rail_follows_public_measurements():
+    from dvfs_mlops.twin.physics import rail_power
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    def ratio(p):
+        return rail_power(306.0, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"] / rail_power(1300.5, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"]
+
+    assert 0.41 <= ratio(builtin_profile("sim-orin-measured")) <= 0.45  # public Orin figure: ~43 %
+    assert ratio(builtin_profile("sim-orin")) < 0.25  # the study-shaped default is much steeper
+
+
+def test_flatter_power_curve_moves_optima_up_never_down(report, measured_report):
+    default = {(p.model, p.task): p.optimal_mhz for p in report.points}
+    measured = {(p.model, p.task): p.optimal_mhz for p in measured_report.points}
+    assert default.keys() == measured.keys()
+    assert all(measured[k] >= default[k] for k in default)
+    assert np.mean(list(measured.values())) > np.mean(list(default.values()))
+
+
+def test_profiles_by_name_and_params_files(tmp_path):
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.twin.profiles import builtin_profile, load_twin_params
+
+    assert load_twin_params() == OrinTwinParams() and load_twin_params("sim-orin-measured").profile == "sim-orin-measured"
+    f = tmp_path / "over.yaml"
+    f.write_text("gpu_k: 20\n")  # overrides on the chosen profile, named after it and its constants
+    a = load_twin_params("sim-orin-measured", f)
+    assert a.gpu_k == 20 and a.gpu_static_w == builtin_profile("sim-orin-measured").gpu_static_w
+    assert a.profile.startswith("sim-orin-measured+") and a.profile != load_twin_params(None, f).profile
+    f.write_text("profile: sim-orin-measured\n")  # naming a built-in with its own constants is fine ...
+    assert load_twin_params("sim-orin-measured", f) == builtin_profile("sim-orin-measured")
+    with pytest.raises(DvfsError, match="names the built-in profile 'sim-orin-measured' but changes gpu_k"):
+        load_twin_params("sim-orin", f)  # ... on another base it would mislabel sim-orin's constants
+    f.write_text("profile: sim-orin\ngpu_k: 1\n")
+    with pytest.raises(DvfsError, match="names the built-in profile 'sim-orin' but changes gpu_k"):
+        load_twin_params(None, f)
+    with pytest.raises(DvfsError, match="unknown twin profile 'orin-nano'"):
+        load_twin_params("orin-nano")
+
+
+def test_sweep_id_tells_profiles_apart(tmp_path):
+    from dvfs_mlops.sweep.spec import build_spec
+    from dvfs_mlops.twin.profiles import load_twin_params
+
+    f = tmp_path / "board.yaml"
+    f.write_text("profile: my-board\ngpu_k: 20\n")
+    default = SimDevice()
+    ids = {name: build_spec(SimDevice(params=load_twin_params(*args)), "smoke").sweep_id
+           for name, args in {"default": (), "measured": ("sim-orin-measured",), "file": (None, f)}.items()}
+    assert len(set(ids.values())) == 3
+    assert build_spec(default, "smoke").twin_digest == "" and "twin_digest" not in build_spec(default, "smoke").definition()
+    f.write_text("profile: my-board\ngpu_k: 21\n")  # the same name, other constants: another sweep
+    assert build_spec(SimDevice(params=load_twin_params(None, f)), "smoke").sweep_id != ids["file"]
+
+
 # --- mechanics ------------------------------------------------------------------------------------
 def test_trace_counts_attention_matmuls(trace_cache_dir):
     """Eager attention: QK^T and AV bmm appear, so FLOPs exceed the 6*N*T dense estimate's matmul part."""
@@ -160,3 +238,147 @@ def test_params_from_yaml_and_unknown_key(tmp_path):
     f.write_text("gpu_kk: 20\n")
     with pytest.raises(DvfsError, match="gpu_kk"):
         OrinTwinParams.from_yaml(f)
+
+
+# --- truth that knows its noise -------------------------------------------------------------------
+def _sim_report(trace, seed, key, params=None, freq=714):
+    s = SimDevice(params=params, seed=seed).session(freq, noise_key=key)
+    with s:
+        with s.window("train"):
+            for _ in range(5):
+                s.step(trace)
+        s.step(trace)  # outside the window: in the session, not in the training window
+    return s.report(), s.session_report()
+
+
+def test_sim_logs_expected_beside_measured_and_only_the_noise_differs(trace_cache_dir):
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+    p = OrinTwinParams()
+    (a, _), (b, _), (c, _) = _sim_report(t, 1, "r0"), _sim_report(t, 1, "r1"), _sim_report(t, 7, "r0")
+    # the expected values are the noise-free physics, the same for every draw
+    est = estimate_step(t, 714, p)
+    assert a.time_expected_s == b.time_expected_s == c.time_expected_s == pytest.approx(5 * est.time_s, rel=1e-12)
+    assert a.energy_expected_j == b.energy_expected_j == c.energy_expected_j == pytest.approx(5 * est.energy_j, rel=1e-12)
+    for r, seed, key in ((a, 1, "r0"), (b, 1, "r1"), (c, 7, "r0")):  # measured = expected x the draw's noise, nothing else
+        s = SimDevice(seed=seed).session(714, noise_key=key)
+        assert r.duration_s == pytest.approx(r.time_expected_s * s.time_factor, rel=1e-12)
+        assert r.energy_j == pytest.approx(r.energy_expected_j * s.time_factor * s.power_factor, rel=1e-12)
+        assert r.duration_s != r.time_expected_s and abs(r.energy_j / r.energy_expected_j - 1) < 0.1
+    assert len({a.energy_j, b.energy_j, c.energy_j}) == 3
+
+
+def test_sim_without_noise_measures_the_expected_values(trace_cache_dir):
+    import dataclasses
+
+    t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
+    quiet = dataclasses.replace(OrinTwinParams(), noise_time=0.0, noise_power=0.0)
+    for freq in (306, "maxn"):
+        train, whole = _sim_report(t, 3, "r0", quiet, freq)
+        assert train.energy_j == train.energy_expected_j and train.duration_s == train.time_expected_s
+        assert whole.energy_j == whole.energy_expected_j and whole.time_expected_s == pytest.approx(6 / 5 * train.time_expected_s)
+
+
+def test_real_reports_carry_no_expected_values():
+    from dvfs_mlops.meter import EnergyReport
+    from dvfs_mlops.records import report_metrics
+
+    r = EnergyReport(1.0, 2.0, 3.0, {"VDD_GPU_SOC": 2.0}, 3.0, 3.0, 50.0, 10, False)
+    assert "energy_expected_j" not in r.to_dict()
+    m = report_metrics(r)
+    assert m["energy_expected_j"] is None and m["time_expected_s"] is None  # None metrics are not logged
+
+
+# --- twin fit: a round trip through a known profile -----------------------------------------------
+FIT_MODELS = ("bert-tiny", "bert-mini", "pythia-14m", "bert-base")
+FIT_CLOCKS = (306.0, 510.0, 816.0, 1122.0, 1300.5)
+
+
+def _known_board():
+    """sim-orin-measured with two timing constants moved too: the fit must find timing and power."""
+    import dataclasses
+
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    return dataclasses.replace(builtin_profile("sim-orin-measured"), profile="board-a", host_per_step_s=12e-3, kernel_fixed_s=1e-5)
+
+
+def _simulated_points(cache, board, steps=10):
+    from dvfs_mlops.twin.fit import FitPoint
+    from dvfs_mlops.workloads.tasks import TASKS
+
+    points = []
+    for m in FIT_MODELS:
+        for task in ("sst2", "qnli", "mrpc"):
+            trace = cache.get(PRESETS[m].config(), 16, TASKS[task].mean_tokens)
+            for f in FIT_CLOCKS:
+                s = SimDevice(board, seed=5).session(f, noise_key=f"{m}/{task}")
+                with s:
+                    for _ in range(steps):
+                        s.step(trace)
+                r = s.report()
+                points.append(FitPoint(f"{m}/{task}", f, ((trace, steps),), r.duration_s, r.energy_j / r.duration_s,
+                                       r.time_expected_s, r.energy_expected_j))
+    return points
+
+
+def test_fit_recovers_a_noise_free_profile_exactly(trace_cache_dir):
+    import dataclasses
+
+    from dvfs_mlops.twin.fit import fit_profile, predict
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    board = dataclasses.replace(_known_board(), noise_time=0.0, noise_power=0.0)
+    points = _simulated_points(TraceCache(trace_cache_dir), board)
+    result = fit_profile(points, builtin_profile("sim-orin"), "fit-a")
+    assert result.n_points == len(FIT_MODELS) * 3 * len(FIT_CLOCKS)
+    assert result.errors_before["energy"].mean > 0.1  # the base profile is far from board A ...
+    for q, e in result.errors.items():  # ... the fitted one reproduces it
+        assert e.max < 2e-3, (q, e)
+    truth, fitted = predict(points, board), predict(points, result.params)
+    assert np.allclose(fitted["energy"], truth["energy"], rtol=2e-3)
+    p = result.params  # only k V^2 is observable: compare the rail's power, not k and V apart
+    for f in (306.0, 816.0, 1300.5):
+        assert p.gpu_k * p.voltage(f) ** 2 == pytest.approx(board.gpu_k * board.voltage(f) ** 2, rel=0.02)
+    assert p.host_per_step_s == pytest.approx(12e-3, rel=0.02) and p.profile == "fit-a"
+
+
+def test_fit_of_noisy_points_is_within_the_noise_of_the_truth(trace_cache_dir):
+    from dvfs_mlops.twin.fit import fit_profile
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    points = _simulated_points(TraceCache(trace_cache_dir), _known_board())
+    result = fit_profile(points, builtin_profile("sim-orin"), "fit-a")
+    truth = result.errors_expected  # against the points' noise-free values
+    assert truth is not None
+    assert truth["time"].mean < 0.005 and truth["power"].mean < 0.01 and truth["energy"].mean < 0.01, truth
+    assert truth["energy"].max < 0.03
+    assert result.errors["power"].mean < 0.03  # against the draws: about the noise (2 % power)
+    assert result.errors_before["energy"].mean > 5 * result.errors["energy"].mean
+
+
+def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from dvfs_mlops.cli import main
+    from dvfs_mlops.twin.profiles import load_twin_params
+
+    points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=3)
+    rows = ["workload,freq_mhz,time_s,energy_j,power_w,steps,seq_len"]
+    for i, p in enumerate(points):  # half the rows give energy, half power
+        seq = p.steps[0][0].seq_len
+        rows.append(f"{p.workload},{p.freq_mhz},{p.time_s},{p.energy_j if i % 2 else ''},{'' if i % 2 else p.power_w},3,{seq}")
+    csv = tmp_path / "board-a.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "fitted" / "a.yaml"
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["profile"] == "fit-board-a" and report["n_points"] == len(points) and report["simulated_input"] is False
+    assert set(report["errors"]) == {"time", "power", "energy"} and report["errors"]["energy"]["mean_rel"] < 0.03
+    assert report["errors_base"]["energy"]["mean_rel"] > 0.1
+    loaded = load_twin_params(None, out)  # loadable by --twin-params, under its own name
+    assert loaded.profile == "fit-board-a" and loaded.gpu_static_w == pytest.approx(report["constants"]["gpu_static_w"])
+    r = CliRunner().invoke(main, ["simulate", "bert-tiny", "--seq-len", "16", "--twin-params", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["device_profile"] == "fit-board-a"

@@ -85,6 +85,9 @@ class SimSession(FreqSession):
         self._time_s = 0.0
         self._busy_s = 0.0
         self._joules = {r: 0.0 for r in RAILS}
+        # The same totals without the noise: what this draw is a noisy sample of.
+        self._time_expected_s = 0.0
+        self._joules_expected = {r: 0.0 for r in RAILS}
         self._series: list[float] = []
         self._wall0 = 0.0
         self.effective_mhz: float | None = None
@@ -99,11 +102,14 @@ class SimSession(FreqSession):
         self._wall0 = time.monotonic()
 
     def _mark(self) -> _Counters:
-        return _Counters(self._time_s, self._busy_s, dict(self._joules), len(self._series))
+        return _Counters(self._time_s, self._busy_s, dict(self._joules), len(self._series), self._time_expected_s,
+                         dict(self._joules_expected))
 
     def _window_report(self, start: _Counters, end: _Counters) -> EnergyReport:
         joules = {r: end.joules[r] - start.joules.get(r, 0.0) for r in end.joules}
-        return self._build(end.time_s - start.time_s, end.busy_s - start.busy_s, joules, self._series[start.steps:end.steps])
+        expected = {r: end.joules_expected[r] - start.joules_expected.get(r, 0.0) for r in end.joules_expected}
+        return self._build(end.time_s - start.time_s, end.busy_s - start.busy_s, joules, self._series[start.steps:end.steps],
+                           end.time_expected_s - start.time_expected_s, expected)
 
     def step(self, profile: Any = None) -> None:
         """Charge one training step of `profile` (a StepTrace) at this session's clock."""
@@ -117,6 +123,9 @@ class SimSession(FreqSession):
             est = curve[float(self.freq)]
             t, rails, util = est.time_s, est.power_by_rail_w, est.gpu_util
             self.effective_mhz = float(self.freq)
+        self._time_expected_s += t
+        for r, w in rails.items():
+            self._joules_expected[r] += w * t
         t *= self.time_factor
         self._time_s += t
         self._busy_s += util * t
@@ -132,12 +141,16 @@ class SimSession(FreqSession):
         rails = rail_power(f, p.external_gpu_util, 1.0, 0.0, p)
         self._time_s, self._busy_s = wall, p.external_gpu_util * wall
         self._joules = {r: w * self.power_factor * wall for r, w in rails.items()}
+        self._time_expected_s, self._joules_expected = wall, {r: w * wall for r, w in rails.items()}
         self._series = [sum(rails.values()) * self.power_factor]
         self.effective_mhz = f
 
     def _build(self, time_s: float | None = None, busy_s: float | None = None, joules: dict[str, float] | None = None,
-               series: list[float] | None = None) -> EnergyReport:
+               series: list[float] | None = None, time_expected_s: float | None = None,
+               joules_expected: dict[str, float] | None = None) -> EnergyReport:
         time_s = self._time_s if time_s is None else time_s
+        time_expected_s = self._time_expected_s if time_expected_s is None else time_expected_s
+        joules_expected = dict(self._joules_expected) if joules_expected is None else joules_expected
         busy_s = self._busy_s if busy_s is None else busy_s
         joules = dict(self._joules) if joules is None else joules
         series = list(self._series) if series is None else series
@@ -154,6 +167,8 @@ class SimSession(FreqSession):
             simulated=True,
             clock_mhz_measured=self.effective_mhz if series else None,
             power_series_w=series,
+            energy_expected_j=cpu_gpu_energy(joules_expected),
+            time_expected_s=time_expected_s,
         )
 
     def _stop_meter(self) -> EnergyReport:
@@ -173,3 +188,5 @@ class _Counters:
     busy_s: float
     joules: dict[str, float]
     steps: int
+    time_expected_s: float
+    joules_expected: dict[str, float]

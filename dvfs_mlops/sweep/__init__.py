@@ -25,7 +25,7 @@ from dvfs_mlops.runs import sweep_frame
 from dvfs_mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point
 from dvfs_mlops.sweep.progress import Progress
-from dvfs_mlops.sweep.resume import finished_points, resolve_parent
+from dvfs_mlops.sweep.resume import check_same_profile, finished_points, resolve_parent
 from dvfs_mlops.sweep.spec import MODEL_PRESETS, PRESETS, Point, SweepPreset, SweepSpec, build_spec
 from dvfs_mlops.workloads.tasks import TASKS
 
@@ -54,6 +54,8 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     say = announce or log.info
     where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = tracking.check_reachable()  # before any clock is touched
+    if (exp := c.get_experiment_by_name(spec.experiment)) is not None:  # before a parent run is made for it
+        check_same_profile(c, [exp.experiment_id], spec.sweep_id, device.profile)
     exp_id, parent_id, created = resolve_parent(c, spec)
     done, stale = finished_points(c, [exp_id], spec.sweep_id)
     points = spec.points()

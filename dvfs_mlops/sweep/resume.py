@@ -28,6 +28,16 @@ def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[s
     return done, stale
 
 
+def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile: str) -> None:
+    """A sweep id already measured on another device profile is refused: its points would mix two boards."""
+    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and params.device_profile != '{profile}'",
+                         max_results=1)
+    if runs:
+        other = runs[0].data.params.get("device_profile")
+        raise DvfsError(f"sweep {sweep_id} was measured on device profile {other!r}, not {profile!r}; "
+                        "give this profile its own sweep (drop --sweep-id or choose another)")
+
+
 def resolve_parent(c: Any, spec: SweepSpec) -> tuple[str, str, bool]:
     """(experiment id, parent run id, created by us). Under `mlflow run`, the parent is MLFLOW_RUN_ID."""
     env_run = os.environ.get("MLFLOW_RUN_ID")

@@ -73,6 +73,7 @@ class SweepSpec:
     device_profile: str
     sweep_id: str = ""
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
+    twin_digest: str = ""  # a twin profile that is not built in: a digest of its constants (a refit is another sweep)
 
     def points(self) -> list[Point]:
         out = []
@@ -90,6 +91,8 @@ class SweepSpec:
         d.pop("sweep_id")
         d.pop("experiment")
         d.pop("shuffle_clocks")  # the order of the points, not what is measured
+        if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
+            d.pop("twin_digest")
         d["freqs"] = [freq_label(f) for f in self.freqs]
         return d
 
@@ -147,6 +150,16 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
-        shuffle_clocks=not device.simulated,
+        shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device),
     )
     return spec.with_default_id()
+
+
+def _twin_digest(device: Any) -> str:
+    """The twin's constants when its profile is not a built-in one (a YAML board, a fitted profile), else ''."""
+    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES, params_digest
+
+    params = getattr(device, "params", None)
+    if not device.simulated or params is None or BUILTIN_PROFILES.get(device.profile) == params:
+        return ""
+    return params_digest(params)

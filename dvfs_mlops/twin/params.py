@@ -6,6 +6,7 @@ so a typo can't silently fall back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +72,69 @@ class OrinTwinParams:
         return self.volt_v0 + self.volt_v1 * x * x
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> OrinTwinParams:
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        return cls.from_dict(data, source=str(path))
+    def from_yaml(cls, path: str | Path, base: OrinTwinParams | None = None) -> OrinTwinParams:
+        """A YAML mapping of overrides on `base` (default: the sim-orin constants)."""
+        return cls.from_dict(read_yaml_mapping(path), source=str(path), base=base)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "parameters") -> OrinTwinParams:
+    def from_dict(cls, data: dict[str, Any], source: str = "parameters", base: OrinTwinParams | None = None) -> OrinTwinParams:
+        """Overrides on `base`; a wrong name or a value of the wrong type is a DvfsError naming it."""
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(data) - names)
         if bad:
             raise DvfsError(f"{source}: unknown twin parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(names))}")
-        if "frequencies_mhz" in data:
-            data = {**data, "frequencies_mhz": tuple(sorted(float(f) for f in data["frequencies_mhz"]))}
-        return cls(**data)
+        clean: dict[str, Any] = {}
+        for key, value in data.items():
+            clean[key] = _checked(key, value, source)
+        return dataclasses.replace(base or cls(), **clean)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every constant, YAML-ready (loadable again by `from_dict`/`from_yaml`)."""
+        d = dataclasses.asdict(self)
+        d["frequencies_mhz"] = list(self.frequencies_mhz)
+        return d
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; unreadable, malformed or another shape is one DvfsError."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise DvfsError(f"cannot read twin parameters {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise DvfsError(f"{path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}; fix it or regenerate it with `dvfs-mlops twin fit`") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DvfsError(f"{path} must hold a mapping of twin parameters (name: value), not a {type(data).__name__}")
+    return data
+
+
+def _checked(key: str, value: Any, source: str) -> Any:
+    """One override, converted to its field's type (a bool or a string where a number belongs is refused)."""
+    default = getattr(OrinTwinParams, key, None) if key != "frequencies_mhz" else None
+    if key == "profile":
+        if not isinstance(value, str) or not value.strip():
+            raise DvfsError(f"{source}: profile must be a non-empty name, got {value!r}")
+        return value.strip()
+    if key == "frequencies_mhz":
+        if not isinstance(value, (list, tuple)) or not value or not all(_is_number(f) and f > 0 for f in value):
+            raise DvfsError(f"{source}: frequencies_mhz must be a non-empty list of clocks in MHz, got {value!r}")
+        return tuple(sorted(float(f) for f in value))
+    if not _is_number(value):
+        raise DvfsError(f"{source}: {key} must be a number, got {value!r}")
+    if value < 0:
+        raise DvfsError(f"{source}: {key} must not be negative, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        if float(value) != int(value):
+            raise DvfsError(f"{source}: {key} must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
