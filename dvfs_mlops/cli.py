@@ -359,6 +359,65 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
         _show_link(lambda: tracking.run_link(summary["run_id"]), err=as_json)
 
 
+@main.group()
+def curve() -> None:
+    """The per-workload curve model: time, power and energy at every clock from a few measured ones."""
+
+
+@curve.command("fit")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--clocks", default="", help="Comma-separated clocks (MHz) to fit on (default: every row).")
+@click.option("--sweep-id", default="", help="Read the points from this MLflow sweep instead of FILE.")
+@click.option("--workload", default="", help="With --sweep-id: the workload, MODEL/TASK.")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="With --sweep-id: where the sweep's runs are.")
+@click.option("--voltage-shape", default=None, type=click.FloatRange(min=0),
+              help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the Orin's, 0.43).")
+@JSON_OPTION
+def curve_fit(file: str | None, clocks: str, sweep_id: str, workload: str, experiment: str, voltage_shape: float | None,
+              as_json: bool) -> None:
+    """Fit time = a + b/f and power = c + d V(f)^2 f on some clocks; predict every clock and the energy optimum."""
+    from dvfs_mlops import curve as cm
+
+    if bool(file) == bool(sweep_id):
+        raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --sweep-id ID --workload MODEL/TASK")
+    if sweep_id:
+        if not workload:
+            raise DvfsError("--sweep-id needs --workload MODEL/TASK")
+        from dvfs_mlops.runs import sweep_measurements
+
+        points = sweep_measurements(experiment, sweep_id, workload)
+    else:
+        points = cm.read_measurements_csv(file or "")
+    table = sorted({m.freq_mhz for m in points})
+    chosen = points
+    if clocks.strip():
+        try:
+            wanted = [float(x) for x in clocks.split(",") if x.strip()]
+        except ValueError:
+            raise DvfsError(f"--clocks must be comma-separated numbers in MHz, got {clocks!r}") from None
+        chosen = cm.select_clocks(points, wanted)
+    fit = cm.fit_curve(chosen, voltage_shape=cm.ORIN_VOLTAGE_SHAPE if voltage_shape is None else voltage_shape, f_max_mhz=max(table))
+    pred = fit.predict(table)
+    best = min(pred, key=lambda p: p.energy_j)
+    fitted_on = sorted({m.freq_mhz for m in chosen})
+    if as_json:
+        click.echo(json.dumps({
+            "points": [{"freq_mhz": p.freq_mhz, "time_s": p.time_s, "power_w": p.power_w, "energy_j": p.energy_j,
+                        "energy_std_j": p.energy_std_j, "measured": p.freq_mhz in fitted_on} for p in pred],
+            "optimal_freq_mhz": best.freq_mhz, "fitted_on_mhz": fitted_on,
+            "params": {"a_s": fit.a, "b_s_ghz": fit.b, "c_w": fit.c, "d_w_per_ghz": fit.d, "voltage_shape": fit.voltage_shape},
+        }, indent=2))
+        return
+    click.echo(f"fitted on {', '.join(f'{f:g}' for f in fitted_on)} MHz: time = {fit.a:.4g} + {fit.b:.4g}/f[GHz] s, "
+               f"power = {fit.c:.4g} + {fit.d:.4g} V(f)^2 f[GHz] W")
+    click.echo(f"{'freq_mhz':>9} {'time_s':>10} {'power_w':>9} {'energy_j':>10} {'+/- J':>8}")
+    for p in pred:
+        sd = f"{p.energy_std_j:8.3g}" if p.energy_std_j is not None else "     n/a"
+        mark = "  (fitted on)" if p.freq_mhz in fitted_on else ""
+        click.echo(f"{p.freq_mhz:9g} {p.time_s:10.4g} {p.power_w:9.4g} {p.energy_j:10.4g} {sd}{mark}")
+    click.echo(f"optimal_freq_mhz: {best.freq_mhz:g}")
+
+
 @main.command("evaluate")
 @click.option("--sweep-id", default="", help="The sweep whose measured points are compared (default: the latest in --experiment).")
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
