@@ -330,10 +330,14 @@ def _depth(policy: dict) -> int:
 @click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")
 @click.option("--dry-run", is_flag=True, help="Stop after the decision (nothing is trained or logged).")
 @click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
+@click.option("--refine", default=None, type=Count(min=0), metavar="N",
+              help="Probe-and-refine: N training steps spent probing clocks around the governor's, then the rest at the curve "
+                   "model's optimum (probes count in the totals); 0 = off. Default: 30 on jetson and nvml, 0 on the twin.")
 @JSON_OPTION
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
-                 data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
+                 data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
+                 refine: int | None = None) -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -352,7 +356,7 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
-                           announce_device=not as_json, torch_device=where, observe=observe)
+                           announce_device=not as_json, torch_device=where, observe=observe, refine=refine)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     if summary.get("run_id"):
