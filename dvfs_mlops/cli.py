@@ -243,10 +243,13 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's).")
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
+@click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
+              help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
+                   "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points).")
 def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, profile_steps: int | None, batch_size: int,
           repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
-          train_size: int | None, dev_size: int | None, replay: bool) -> None:
+          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid") -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
@@ -260,14 +263,28 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
         repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy,
     )
     _announce(dev, device_name)
-    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s)
+    start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
+    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s, start_clock=start_clock)
     label = " (SIMULATED)" if dev.simulated else ""
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
     _show_link(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
+
+
+def _adaptive_start(dev: Any) -> Any:
+    """The production governor's clock for a workload's features, where an adaptive sweep starts; None without one."""
+    from dvfs_mlops.launcher import decide, resolve_governor
+
+    try:
+        model, meta = resolve_governor(None)
+    except DvfsError as e:
+        _echo_err(f"adaptive sweep: no production governor ({str(e).splitlines()[0][:120]}); each workload starts at the middle of the table")
+        return None
+    _echo_err(f"adaptive sweep: each workload starts at the clock of {meta.get('name')} v{meta.get('version')}")
+    return lambda features: decide(model, meta, features, dev.frequencies_mhz)[0]
 
 
 @main.command()

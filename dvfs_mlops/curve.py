@@ -29,8 +29,18 @@ from dvfs_mlops.errors import DvfsError
 # The twin's (and the JetPack 6 AGX Orin's) voltage shape: V(f) = 0.63 + 0.27 (f/f_max)^2 -> r = 0.27 / 0.63.
 ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
 
-__all__ = ["ORIN_VOLTAGE_SHAPE", "CurveFit", "CurvePoint", "Measurement", "fit_curve", "fit_voltage_shape", "read_measurements_csv",
-           "select_clocks", "voltage_shape_for"]
+__all__ = [
+    "ORIN_VOLTAGE_SHAPE",
+    "CurveFit",
+    "CurvePoint",
+    "Measurement",
+    "fit_curve",
+    "fit_voltage_shape",
+    "next_clock",
+    "read_measurements_csv",
+    "select_clocks",
+    "voltage_shape_for",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,3 +280,36 @@ def select_clocks(points: Sequence[Measurement], clocks: Sequence[float]) -> lis
             raise DvfsError(f"clock {c:g} MHz was not measured; measured clocks: {', '.join(f'{f:g}' for f in have)}")
         chosen += hits
     return chosen
+
+
+def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mhz: float, *, max_clocks: int = 4,
+               voltage_shape: float = ORIN_VOLTAGE_SHAPE) -> float | None:
+    """The clock an adaptive sweep measures next for one workload, or None when the optimum is pinned down.
+
+    The start (the governor's choice), then the table's two ends (the leverage both fits need), then
+    the curve model's predicted optimum; once that is measured, its cheaper unmeasured neighbour,
+    unless the model already puts that neighbour more than two standard deviations above it.
+    At most `max_clocks` clocks.
+    """
+    freqs = sorted(float(f) for f in table)
+    have = sorted({round(m.freq_mhz, 3) for m in measured})
+    if len(have) >= max_clocks:
+        return None
+    if not have:
+        return min(freqs, key=lambda f: abs(f - start_mhz))
+    for end in (freqs[-1], freqs[0]):
+        if round(end, 3) not in have:
+            return end
+    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1])
+    pred = fit.predict(freqs)
+    best = min(pred, key=lambda p: p.energy_j)
+    if round(best.freq_mhz, 3) not in have:
+        return best.freq_mhz
+    i = freqs.index(best.freq_mhz)
+    neighbours = [pred[j] for j in (i - 1, i + 1) if 0 <= j < len(freqs) and round(freqs[j], 3) not in have]
+    if not neighbours:
+        return None
+    n = min(neighbours, key=lambda p: p.energy_j)
+    if n.energy_std_j is not None and n.energy_j - best.energy_j > 2 * n.energy_std_j:
+        return None
+    return n.freq_mhz

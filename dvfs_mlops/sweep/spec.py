@@ -38,6 +38,9 @@ PRESETS: dict[str, SweepPreset] = {
 }
 
 
+STRATEGIES = ("grid", "adaptive")
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     model: str
@@ -73,6 +76,7 @@ class SweepSpec:
     device_profile: str
     sweep_id: str = ""
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
+    strategy: str = "grid"  # grid: every clock; adaptive: the clocks the curve model asks for (sweep/adaptive.py)
 
     def points(self) -> list[Point]:
         out = []
@@ -90,6 +94,8 @@ class SweepSpec:
         d.pop("sweep_id")
         d.pop("experiment")
         d.pop("shuffle_clocks")  # the order of the points, not what is measured
+        if d.get("strategy") == "grid":
+            d.pop("strategy")  # grid sweeps keep the ids they had before strategies existed
         d["freqs"] = [freq_label(f) for f in self.freqs]
         return d
 
@@ -110,10 +116,13 @@ def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
 def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
                steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
                seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
-               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None) -> SweepSpec:
+               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
+               strategy: str = "grid") -> SweepSpec:
     """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, list(PRESETS))
+    if strategy not in STRATEGIES:
+        raise unknown("strategy", strategy, list(STRATEGIES))
     p = PRESETS[preset]
     model_list = _split_list(models) or list(p.models)
     for m in model_list:
@@ -147,6 +156,6 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
-        shuffle_clocks=not device.simulated,
+        shuffle_clocks=not device.simulated, strategy=strategy,
     )
     return spec.with_default_id()
