@@ -90,6 +90,9 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     for workload, g in df.groupby("_workload", sort=True):
         have = {_num(f) for f in g.loc[g["params.freq_mhz"] != "maxn", "params.freq_mhz"]}
         lacks = [f"{workload}@{f:g}" for f in freqs if f not in have]
+        adaptive = "tags.dvfs.strategy" in g and (g["tags.dvfs.strategy"] == "adaptive").all() and len(have) >= 2
+        if adaptive:
+            lacks = []  # an adaptive sweep's unmeasured clocks are the curve model's predictions (below)
         if not (g["params.freq_mhz"] == "maxn").any():
             lacks.append(f"{workload}@maxn")
         if lacks:
@@ -98,6 +101,12 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         gp = g[g["params.freq_mhz"] != "maxn"].assign(_f=lambda x: x["params.freq_mhz"].map(_num))
         energy = gp.groupby("_f")["metrics.energy_j"].mean().to_dict()
         time = gp.groupby("_f")["metrics.time_s"].mean().to_dict()
+        if adaptive and set(energy) != set(freqs):
+            from dvfs_mlops.curve import Measurement, fit_curve
+
+            fit = fit_curve([Measurement(f, time[f], energy[f]) for f in energy], f_max_mhz=max(freqs))
+            for pt in fit.predict([f for f in freqs if f not in energy]):
+                energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
         m = g[g["params.freq_mhz"] == "maxn"]
         r0 = g.iloc[0]
         feats = WorkloadFeatures(
