@@ -128,3 +128,16 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, header, rows, args, 
 def test_reader_takes_repeats_as_extra_rows(tmp_path: Path):
     pts = read_measurements_csv(_csv(tmp_path, "freq_mhz,time_s,energy_j", ["306,1,2", "306,1.1,2.1", "612,1,2"]))
     assert [m.freq_mhz for m in pts] == [306, 306, 612]
+
+
+def test_adaptive_next_clock_starts_at_the_governor_then_ends_then_the_optimum_and_stops_at_four():
+    from dvfs_mlops.curve import next_clock
+
+    measured: list[Measurement] = []
+    order = []
+    while (f := next_clock(measured, TABLE, 816.0)) is not None:
+        order.append(f)
+        measured += _measure([f])
+    energies = {f: t * p for f, (t, p) in ((f, _truth(f)) for f in TABLE)}
+    assert order[:3] == [816.0, 1300.5, 306.0] and len(order) <= 4
+    assert fit_curve(measured, f_max_mhz=1300.5).optimum(TABLE).freq_mhz == min(energies, key=energies.__getitem__)
