@@ -14,6 +14,7 @@ SUITES = {
     "sweep": ("Sweep: MLflow overhead and quick preset", "benchmarks.sweep_overhead"),
     "decision": ("Governor decision latency", "benchmarks.decision_latency"),
     "overhead": ("Instrumented vs bare fine-tune step", "benchmarks.step_overhead"),
+    "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
 }
 
 
