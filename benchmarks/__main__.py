@@ -15,6 +15,7 @@ SUITES = {
     "decision": ("Governor decision latency", "benchmarks.decision_latency"),
     "overhead": ("Instrumented vs bare fine-tune step", "benchmarks.step_overhead"),
     "governor": ("Governor quality on the paper preset (SIMULATED)", "benchmarks.governor_quality"),
+    "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
 }
 
 

@@ -270,11 +270,14 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's).")
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
+@click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
+              help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
+                   "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points).")
 def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, profile_steps: int | None, batch_size: int,
           repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, twin_profile: str | None,
           twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
-          train_size: int | None, dev_size: int | None, replay: bool) -> None:
+          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid") -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
@@ -289,14 +292,28 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
         repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy,
     )
     _announce(dev, device_name)
-    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s)
+    start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
+    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s, start_clock=start_clock)
     label = " (SIMULATED)" if dev.simulated else ""
     click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
     _show_link(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
+
+
+def _adaptive_start(dev: Any) -> Any:
+    """The production governor's clock for a workload's features, where an adaptive sweep starts; None without one."""
+    from dvfs_mlops.launcher import decide, resolve_governor
+
+    try:
+        model, meta = resolve_governor(None)
+    except DvfsError as e:
+        _echo_err(f"adaptive sweep: no production governor ({str(e).splitlines()[0][:120]}); each workload starts at the middle of the table")
+        return None
+    _echo_err(f"adaptive sweep: each workload starts at the clock of {meta.get('name')} v{meta.get('version')}")
+    return lambda features: decide(model, meta, features, dev.frequencies_mhz)[0]
 
 
 @main.command()
@@ -377,10 +394,14 @@ def _depth(policy: dict) -> int:
 @click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")
 @click.option("--dry-run", is_flag=True, help="Stop after the decision (nothing is trained or logged).")
 @click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact.")
+@click.option("--refine", default=None, type=Count(min=0), metavar="N",
+              help="Probe-and-refine: N training steps spent probing clocks around the governor's, then the rest at the curve "
+                   "model's optimum (probes count in the totals); 0 = off. Default: 30 on jetson and nvml, 0 on the twin.")
 @JSON_OPTION
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
-                 data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool) -> None:
+                 data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
+                 refine: int | None = None) -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -400,11 +421,70 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
-                           announce_device=not as_json, torch_device=where, observe=observe)
+                           announce_device=not as_json, torch_device=where, observe=observe, refine=refine)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     if summary.get("run_id"):
         _show_link(lambda: tracking.run_link(summary["run_id"]), err=as_json)
+
+
+@main.group()
+def curve() -> None:
+    """The per-workload curve model: time, power and energy at every clock from a few measured ones."""
+
+
+@curve.command("fit")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--clocks", default="", help="Comma-separated clocks (MHz) to fit on (default: every row).")
+@click.option("--sweep-id", default="", help="Read the points from this MLflow sweep instead of FILE.")
+@click.option("--workload", default="", help="With --sweep-id: the workload, MODEL/TASK.")
+@click.option("--experiment", default="dvfs-sweep", show_default=True, help="With --sweep-id: where the sweep's runs are.")
+@click.option("--voltage-shape", default=None, type=click.FloatRange(min=0),
+              help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the Orin's, 0.43).")
+@JSON_OPTION
+def curve_fit(file: str | None, clocks: str, sweep_id: str, workload: str, experiment: str, voltage_shape: float | None,
+              as_json: bool) -> None:
+    """Fit time = a + b/f and power = c + d V(f)^2 f on some clocks; predict every clock and the energy optimum."""
+    from dvfs_mlops import curve as cm
+
+    if bool(file) == bool(sweep_id):
+        raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --sweep-id ID --workload MODEL/TASK")
+    if sweep_id:
+        if not workload:
+            raise DvfsError("--sweep-id needs --workload MODEL/TASK")
+        from dvfs_mlops.runs import sweep_measurements
+
+        points = sweep_measurements(experiment, sweep_id, workload)
+    else:
+        points = cm.read_measurements_csv(file or "")
+    table = sorted({m.freq_mhz for m in points})
+    chosen = points
+    if clocks.strip():
+        try:
+            wanted = [float(x) for x in clocks.split(",") if x.strip()]
+        except ValueError:
+            raise DvfsError(f"--clocks must be comma-separated numbers in MHz, got {clocks!r}") from None
+        chosen = cm.select_clocks(points, wanted)
+    fit = cm.fit_curve(chosen, voltage_shape=cm.ORIN_VOLTAGE_SHAPE if voltage_shape is None else voltage_shape, f_max_mhz=max(table))
+    pred = fit.predict(table)
+    best = min(pred, key=lambda p: p.energy_j)
+    fitted_on = sorted({m.freq_mhz for m in chosen})
+    if as_json:
+        click.echo(json.dumps({
+            "points": [{"freq_mhz": p.freq_mhz, "time_s": p.time_s, "power_w": p.power_w, "energy_j": p.energy_j,
+                        "energy_std_j": p.energy_std_j, "measured": p.freq_mhz in fitted_on} for p in pred],
+            "optimal_freq_mhz": best.freq_mhz, "fitted_on_mhz": fitted_on,
+            "params": {"a_s": fit.a, "b_s_ghz": fit.b, "c_w": fit.c, "d_w_per_ghz": fit.d, "voltage_shape": fit.voltage_shape},
+        }, indent=2))
+        return
+    click.echo(f"fitted on {', '.join(f'{f:g}' for f in fitted_on)} MHz: time = {fit.a:.4g} + {fit.b:.4g}/f[GHz] s, "
+               f"power = {fit.c:.4g} + {fit.d:.4g} V(f)^2 f[GHz] W")
+    click.echo(f"{'freq_mhz':>9} {'time_s':>10} {'power_w':>9} {'energy_j':>10} {'+/- J':>8}")
+    for p in pred:
+        sd = f"{p.energy_std_j:8.3g}" if p.energy_std_j is not None else "     n/a"
+        mark = "  (fitted on)" if p.freq_mhz in fitted_on else ""
+        click.echo(f"{p.freq_mhz:9g} {p.time_s:10.4g} {p.power_w:9.4g} {p.energy_j:10.4g} {sd}{mark}")
+    click.echo(f"optimal_freq_mhz: {best.freq_mhz:g}")
 
 
 @main.command("evaluate")

@@ -101,8 +101,10 @@ def finetune(
     t0 = time.monotonic()
     if not run_training:
         with metered(session, "train", torch_device):
-            for n in lengths:
+            for step, n in enumerate(lengths):
                 _charge(session, trace_for, n)
+                if on_step is not None:
+                    on_step(step, None)
         return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
 
     import torch

@@ -238,11 +238,13 @@ def save_model_artifacts(result: Any, prepared: Any, out: Path) -> None:
 def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_uri: str | None = None, probe_steps: int = 5,
                  dry_run: bool = False, strict: bool = False, save_model: bool = True, pretrained: str | None = None,
                  say: Callable[[str], None] = print, announce_device: bool = False, torch_device: str | None = None,
-                 observe: bool = False) -> dict[str, Any]:
+                 observe: bool = False, refine: int | None = None) -> dict[str, Any]:
     """The launcher. Returns a JSON-able summary (decision, and the run's id/metrics unless dry-run).
 
     `observe=True` decides and reports the clock it would pin, but fine-tunes under the clocks as
     found and meters only (no lock, no write: no root needed); the run is tagged dvfs.observe=true.
+    `refine` is the probe-step budget of probe-and-refine (`refine.py`; 0 = off; None = the backend's
+    default, `default_refine`): the job settles at the curve model's optimum, probes included in its totals.
     """
     where = resolve_torch_device(device, torch_device)  # CUDA missing: an error before any clock is touched
     c = None if dry_run else tracking.check_reachable()  # before any clock is touched (a dry run may need no store)
@@ -271,21 +273,34 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
         sim = " (SIMULATED)" if device.simulated else ""
         say(f"observing on {device.name}{sim} (clocks left as found; would pin {decision.freq_mhz:g} MHz), fine-tuning on {where} ..."
             if observe else f"pinning {decision.freq_mhz:g} MHz on {device.name}{sim}, fine-tuning on {where} ...")
+        budget = default_refine(device) if refine is None else refine
+        if budget and observe:
+            say("refine: off under --observe (nothing is pinned, so there is no clock to move)")
+            budget = 0
+        refiner = None
         with session:
+            if budget:
+                from dvfs_mlops.refine import Refiner
+
+                refiner = Refiner(session, budget, num_steps(cfg, prepared.n_train), say=say)
             result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                              pretrained=pretrained, torch_device=where)
+                              pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None)
+        refined = refiner.result if refiner is not None else None
+        settled = refined.chosen_mhz if refined is not None else decision.freq_mhz
         report = session.report()
-        metrics = records.point_metrics(report, result, None if observe else decision.freq_mhz, session)
+        metrics = records.point_metrics(report, result, None if observe else settled, session)
         f = decision.features
         params = {"model": prepared.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
                   "num_params": f.num_params, "task": prepared.data.task.name, "avg_seq_len": round(f.avg_seq_len, 3),
-                  "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(decision.freq_mhz),
+                  "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(settled),
                   "device": device.name, "device_profile": device.profile, "batch_size": cfg.batch_size, "steps": result.steps,
                   "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source,
                   "torch_device": where, **records.session_params(session)}
         tracking.log_run_batch(c, run_id, params=params, metrics={**metrics, "expected_saving_vs_maxn": decision.expected_saving},
                                tags=records.session_tags(session, report), series={"power_w": report.power_series_w[:1000]})
+        if refined is not None:
+            _log_refine(c, run_id, refined, prepared.name, device.simulated)
         if save_model and result.model is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 save_model_artifacts(result, prepared, Path(tmp) / "model")
@@ -299,9 +314,31 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
     label = " (SIMULATED)" if device.simulated else ""
     measured = f", measured {report.clock_mhz_measured:.0f} MHz" if report.clock_mhz_measured is not None else ""
     held = "; WARNING: the clock did not hold at the pinned value" if report.clock_held is False else ""
-    where_clock = "under the clocks as found (observe)" if observe else f"at {decision.freq_mhz:g} MHz"
+    where_clock = "under the clocks as found (observe)" if observe else f"at {settled:g} MHz"
+    if refined is not None and refined.probes:
+        where_clock += f" (after {refined.probe_steps} probe steps, included)"
     say(f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s of training {where_clock}{measured}; "
         f"{result.eval_metric} {result.eval_value:.3f}; run {run_id} in {FINETUNE_EXPERIMENT}"
         + ("" if observe else "; clocks restored") + held)
     summary.update({"run_id": run_id, "metrics": {k: v for k, v in metrics.items() if v is not None}})
+    if refined is not None:
+        summary["refine"] = {"start_mhz": refined.start_mhz, "chosen_mhz": refined.chosen_mhz, "reason": refined.reason,
+                             "probes": [dataclasses.asdict(p) for p in refined.probes], "simulated": device.simulated}
     return summary
+
+
+def default_refine(device: Any) -> int:
+    """The probe budget `finetune` uses unless told: 30 steps on real boards, none on the twin."""
+    return 0 if device.simulated else 30
+
+
+def _log_refine(c: Any, run_id: str, refined: Any, workload: str, simulated: bool) -> None:
+    """The probes and the choice: tags (and the run's name at the settled clock), and refine.csv."""
+    tags = {**refined.tags(), "mlflow.runName": f"{workload}@{refined.chosen_mhz:g}"}
+    if simulated:
+        tags["refine.simulated"] = "true"
+    tracking.log_run_batch(c, run_id, tags=tags, metrics={"refine_probe_steps": float(refined.probe_steps)})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "refine.csv"
+        path.write_text(refined.to_csv())
+        c.log_artifact(run_id, str(path))

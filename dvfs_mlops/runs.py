@@ -31,3 +31,22 @@ def latest_sweep_id(c: Any, experiment: str) -> str:
     if not runs:
         raise DvfsError(f"experiment {experiment!r} has no sweep points; run a sweep first (dvfs-mlops sweep)")
     return runs[0].data.tags[tracking.TAG_SWEEP]
+
+
+def sweep_measurements(experiment: str, sweep_id: str, workload: str) -> list[Any]:
+    """One workload's pinned points of a sweep as curve-model measurements (`curve.Measurement`, one per run)."""
+    from dvfs_mlops.curve import Measurement
+
+    c = tracking.check_reachable()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
+    sid = sweep_id or latest_sweep_id(c, experiment)
+    df = sweep_frame([exp.experiment_id], sid)
+    if not len(df):
+        raise DvfsError(f"no FINISHED runs of sweep {sid!r} in experiment {experiment!r}")
+    names = df["params.model"] + "/" + df["params.task"]
+    rows = df[(names == workload) & (df["params.freq_mhz"] != "maxn")]
+    if not len(rows):
+        raise DvfsError(f"sweep {sid!r} has no pinned points of workload {workload!r}; it has {', '.join(sorted(set(names)))}")
+    return [Measurement(float(r["params.freq_mhz"]), float(r["metrics.time_s"]), float(r["metrics.energy_j"])) for _, r in rows.iterrows()]

@@ -24,10 +24,10 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "clocks", "paths"),
     ("meter",),
-    ("twin",),
+    ("twin", "curve"),
     ("device",),
     ("workloads",),
-    ("finetune", "calibration"),
+    ("finetune", "calibration", "refine"),
     ("tracking", "records", "runs"),
     ("sweep", "plots"),
     ("governor",),
@@ -155,7 +155,7 @@ def test_every_module_has_a_layer():
 PURE = ["dvfs_mlops.device", "dvfs_mlops.device.base", "dvfs_mlops.device.guard", "dvfs_mlops.device.placement",
         "dvfs_mlops.device.jetson", "dvfs_mlops.device.ina3221", "dvfs_mlops.device.sysfs", "dvfs_mlops.device.nvml",
         "dvfs_mlops.device.sim", "dvfs_mlops.governor.policies", "dvfs_mlops.governor.objectives",
-        "dvfs_mlops.governor.dataset", "dvfs_mlops.governor.search", "dvfs_mlops.governor.policy_tree"]
+        "dvfs_mlops.governor.dataset", "dvfs_mlops.governor.search", "dvfs_mlops.governor.policy_tree", "dvfs_mlops.curve", "dvfs_mlops.refine"]
 
 
 @pytest.mark.parametrize("module", PURE)

@@ -78,6 +78,7 @@ class FreqSession(abc.ABC):
         self._open_windows: dict[str, Any] = {}
         self._window_marks: list[tuple[str, Any, Any]] = []
         self.windows: dict[str, EnergyReport] = {}
+        self.pins: list[float] = []  # clocks pinned inside the session by repin(), in order
         # What the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode,
         # above_mode_cap ...): logged with the run as params/metrics.
         self.context: dict[str, Any] = {}
@@ -110,7 +111,31 @@ class FreqSession(abc.ABC):
     def _window_report(self, start: Any, end: Any) -> EnergyReport:
         """The report between two marks (called after the meter stopped)."""
 
+    def _repin(self, mhz: float) -> None:
+        """Move the pin to `mhz` inside the session (the journal keeps the original settings)."""
+        raise NotImplementedError(f"the {self.device.name} backend cannot change the clock inside a session")
+
     # public ----------------------------------------------------------------------------------
+    def repin(self, freq: FreqRequest) -> float:
+        """Pin another clock of the table inside the open session (refine's probes); returns it.
+
+        The restore guarantees are unchanged: the journal written on entry holds the settings found
+        BEFORE the session, whatever was pinned since, and the exit restores those. The write is
+        shielded from SIGTERM/SIGHUP like the first one. Observing sessions pin nothing and refuse.
+        """
+        from dvfs_mlops.errors import DvfsError
+
+        if self.observe:
+            raise DvfsError("an observing session pins no clock, so it cannot move one (drop --observe to refine)")
+        new = parse_freq(freq, self.device.frequencies_mhz)
+        if new == MAXN:
+            raise DvfsError("repin needs a clock of the table, not maxn")
+        with self._signals.deferring():
+            self._repin(float(new))
+            self.freq = new
+        self.pins.append(float(new))
+        return float(new)
+
     def step(self, profile: Any = None) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once per training step; real hardware needs nothing."""
 
@@ -133,6 +158,13 @@ class FreqSession(abc.ABC):
         """End window `name` (a no-op if it is not open); a window still open at exit ends there."""
         if name in self._open_windows:
             self._window_marks.append((name, self._open_windows.pop(name), self._mark()))
+
+    def window_report(self, name: str) -> EnergyReport:
+        """Window `name`, ended earlier, read while the session is still open (refine's probes)."""
+        for w, a, b in self._window_marks:
+            if w == name:
+                return self._finish(self._window_report(a, b))
+        raise KeyError(f"window {name!r} has not ended in this session")
 
     def report(self) -> EnergyReport:
         """The training window's report (the whole session when no window was metered)."""

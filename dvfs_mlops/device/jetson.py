@@ -318,6 +318,14 @@ class JetsonSession(FreqSession):
         if (hz, hz) != dev.current_range_hz():
             dev.write_range(hz, hz)
 
+    def _repin(self, mhz: float) -> None:
+        """Another clock of the table; the journal still holds the range found before the session."""
+        dev = self.device
+        table_hz = [int(x) for x in dev.read("available_frequencies").split()]
+        hz = min(table_hz, key=lambda h: abs(h / 1e6 - mhz))
+        if (hz, hz) != dev.current_range_hz():
+            dev.write_range(hz, hz)
+
     def _restore(self) -> None:
         if not self._ownership.lock.held:
             return

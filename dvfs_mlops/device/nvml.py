@@ -216,6 +216,17 @@ class NvmlSession(FreqSession):
             raise
         self._locked = True
 
+    def _repin(self, mhz: float) -> None:
+        """Lock another clock; a session entered at maxn journals the reset first, as `_apply` does."""
+        dev = self.device
+        if not self._locked:
+            if dev.clocks_locked():
+                raise DvfsError(f"the clocks of GPU {dev.index} ({dev.gpu_name}) are already locked by someone else; "
+                                "refine cannot move them (nvidia-smi -i N -rgc, or --refine 0)")
+            self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, freq_label(mhz))
+            self._locked = True  # from here on the exit resets, whether or not the lock call below completes
+        dev.lock_clocks(mhz)
+
     def _restore(self) -> None:
         if not self._ownership.lock.held:
             return

@@ -77,11 +77,8 @@ class SimSession(FreqSession):
 
     def __init__(self, device: SimDevice, freq: FreqRequest, noise_key: str = "", observe: bool = False):
         super().__init__(device, MAXN if observe else freq, observe=observe)
-        digest = hashlib.sha256(f"{device.seed}|{freq_label(freq)}|{noise_key}".encode()).digest()
-        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-        p = device.params
-        self.time_factor = float(1.0 + p.noise_time * rng.standard_normal())
-        self.power_factor = float(1.0 + p.noise_power * rng.standard_normal())
+        self._noise_key = noise_key
+        self._draw_noise(freq)
         self._time_s = 0.0
         self._busy_s = 0.0
         self._joules = {r: 0.0 for r in RAILS}
@@ -92,8 +89,20 @@ class SimSession(FreqSession):
         self._wall0 = 0.0
         self.effective_mhz: float | None = None
 
+    def _draw_noise(self, freq: FreqRequest) -> None:
+        """This session's run-to-run noise at `freq` (seeded: same seed, key and clock, same draw)."""
+        digest = hashlib.sha256(f"{self.device.seed}|{freq_label(freq)}|{self._noise_key}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        p = self.device.params
+        self.time_factor = float(1.0 + p.noise_time * rng.standard_normal())
+        self.power_factor = float(1.0 + p.noise_power * rng.standard_normal())
+
     def _apply(self) -> None:
         """Nothing on the host is changed."""
+
+    def _repin(self, mhz: float) -> None:
+        """A new clock for the next steps, with its own noise draw (a probe is a measurement of its own)."""
+        self._draw_noise(mhz)
 
     def _restore(self) -> None:
         """Nothing on the host was changed."""

@@ -146,6 +146,20 @@ def _maxn_mean(m: Any, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def _adaptive(g: Any) -> bool:
+    """An adaptive sweep's workload (sweep/adaptive.py): its unmeasured clocks are left to the curve model."""
+    return "tags.dvfs.strategy" in g and bool((g["tags.dvfs.strategy"] == "adaptive").all())
+
+
+def _fill_from_curve(energy: dict[float, float], time: dict[float, float], freqs: Sequence[float]) -> None:
+    """Predict the clocks an adaptive sweep did not measure from the ones it did (curve.py), in place."""
+    from dvfs_mlops.curve import Measurement, fit_curve
+
+    fit = fit_curve([Measurement(f, time[f], energy[f]) for f in energy], f_max_mhz=max(freqs))
+    for pt in fit.predict([f for f in freqs if f not in energy]):
+        energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
+
+
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
     """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset.
 
@@ -170,6 +184,8 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         time = _mean_by_clock(gp, "metrics.time_s")
         e_exp = _mean_by_clock(gp, "metrics.energy_expected_j")
         t_exp = _mean_by_clock(gp, "metrics.time_expected_s")
+        if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
+            _fill_from_curve(energy, time, freqs)
         r0 = g.iloc[0]
         feats = WorkloadFeatures(
             model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),

@@ -15,6 +15,8 @@ Before any clock is touched it checks that the model sits on the backend's GPU (
 on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU is refused.
 `observe=True` meters without writing any clock (no root needed). The metered window is
 `train()` from its first to its last step, evaluation inside it (eval_strategy) included.
+`refine=N` spends N steps probing clocks around the governor's and runs the rest at the curve model's
+optimum (`dvfs_mlops/refine.py`); `dvfs.refined` holds the probes and the choice.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
 class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
-                 announce: Any = logger.info, observe: bool = False, torch_device: str | None = None):
+                 announce: Any = logger.info, observe: bool = False, torch_device: str | None = None, refine: int = 0):
         self.governor_uri = governor
         self._device_arg = device
         self.freq_override = freq
@@ -63,6 +65,8 @@ class DvfsCallback(TrainerCallback):
         self.sample_hz = sample_hz
         self.observe = observe
         self.torch_device = torch_device
+        self.refine = refine
+        self._refiner: Any = None
         self.announce = announce or (lambda _m: None)
         self.device: Any = None
         self.session: Any = None
@@ -162,6 +166,10 @@ class DvfsCallback(TrainerCallback):
         session.__enter__()
         self.session = session
         session.begin_window("train")
+        if self.refine and not self.observe:
+            from dvfs_mlops.refine import Refiner
+
+            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), say=self.announce)
         if not self._atexit_registered:
             atexit.register(self.close)
             self._atexit_registered = True
@@ -169,6 +177,13 @@ class DvfsCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None and self.device is not None and self.device.simulated:
             self.session.step(self._trace)
+        if self.session is not None and self._refiner is not None:
+            self._refiner.on_step(int(getattr(state, "global_step", 1)) - 1)
+
+    @property
+    def refined(self) -> Any:
+        """The probes and the settled clock (`refine.RefineResult`), None without refine."""
+        return self._refiner.result if self._refiner is not None else None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
@@ -192,4 +207,6 @@ class DvfsCallback(TrainerCallback):
             from dvfs_mlops import records
 
             tags.update(records.session_tags(self._closed_session, r))
+        if self.refined is not None:
+            tags.update({**self.refined.tags(), "dvfs.freq_mhz": f"{self.refined.chosen_mhz:g}"})
         tracking.log_run_batch(tracking.client(), run_id, metrics=metrics, tags=tags)

@@ -42,11 +42,13 @@ class SweepOutcome:
 
 
 def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | None = None, *,
-              torch_device: str | None = None, settle_s: float = 0.0) -> SweepOutcome:
+              torch_device: str | None = None, settle_s: float = 0.0, start_clock: Callable[[Any], float | None] | None = None) -> SweepOutcome:
     """Run (or resume) a sweep; returns what ran and what was already there.
 
     `torch_device`: where training runs (default: the backend's own, `device.torch_device`);
     `settle_s`: seconds to idle before each point after the first, on hardware (cool-down).
+    `start_clock`: with `spec.strategy == "adaptive"`, the governor's clock for a workload's features
+    (where the adaptive search starts; None: the middle of the table).
     """
     from dvfs_mlops.device.placement import resolve_torch_device
     from dvfs_mlops.workloads.prepare import prepare_workload
@@ -58,6 +60,11 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         check_same_profile(c, [exp.experiment_id], spec.sweep_id, device.profile)
     exp_id, parent_id, created = resolve_parent(c, spec)
     done, stale = finished_points(c, [exp_id], spec.sweep_id)
+    if spec.strategy == "adaptive":
+        from dvfs_mlops.sweep.adaptive import run_adaptive_sweep
+
+        ran_now, found = run_adaptive_sweep(spec, device, c, exp_id, parent_id, created, stale, say, where, start_clock)
+        return SweepOutcome(spec.sweep_id, parent_id, ran_now, found, exp_id)
     points = spec.points()
     todo = [p for p in points if p.key not in done]
     sim_label = " (SIMULATED)" if device.simulated else ""

@@ -38,6 +38,9 @@ PRESETS: dict[str, SweepPreset] = {
 }
 
 
+STRATEGIES = ("grid", "adaptive")
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     model: str
@@ -74,6 +77,7 @@ class SweepSpec:
     sweep_id: str = ""
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
     twin_digest: str = ""  # a twin profile that is not built in: a digest of its constants (a refit is another sweep)
+    strategy: str = "grid"  # grid: every clock; adaptive: the clocks the curve model asks for (sweep/adaptive.py)
 
     def points(self) -> list[Point]:
         out = []
@@ -93,6 +97,8 @@ class SweepSpec:
         d.pop("shuffle_clocks")  # the order of the points, not what is measured
         if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
             d.pop("twin_digest")
+        if d.get("strategy") == "grid":
+            d.pop("strategy")  # grid sweeps keep the ids they had before strategies existed
         d["freqs"] = [freq_label(f) for f in self.freqs]
         return d
 
@@ -113,10 +119,13 @@ def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
 def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
                steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
                seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
-               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None) -> SweepSpec:
+               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
+               strategy: str = "grid") -> SweepSpec:
     """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, list(PRESETS))
+    if strategy not in STRATEGIES:
+        raise unknown("strategy", strategy, list(STRATEGIES))
     p = PRESETS[preset]
     model_list = _split_list(models) or list(p.models)
     for m in model_list:
@@ -150,7 +159,7 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
-        shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device),
+        shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device), strategy=strategy,
     )
     return spec.with_default_id()
 

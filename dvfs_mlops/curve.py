@@ -1,0 +1,315 @@
+"""A per-workload curve model: time, power and energy at every clock from a few measured clocks.
+
+Physically shaped, two parameters per curve, both non-negative:
+    time(f)  = a + b / f                 (a fixed part, plus work that scales with the clock)
+    power(f) = c + d * V(f)^2 * f        (static, plus dynamic CMOS power)
+    energy(f) = time(f) * power(f)
+V(f) is the board's voltage curve. Only its shape matters (d absorbs the scale), written as
+V(f) ~ 1 + r * (f / f_max)^2 with r = v1 / v0; the twin's Orin curve (twin/params.py) gives r = 0.43,
+and `fit_voltage_shape` fits r across the workloads of a sweep where the board's curve is unknown.
+
+Both fits are least squares on RELATIVE residuals (run-to-run noise is multiplicative), under the
+constraint a, b, c, d >= 0. The uncertainty is the usual one of a linear least-squares fit: the
+parameter covariance from the residual variance (dof = clocks - 2), or from a stated relative noise
+level when there are too few clocks to estimate it (`noise=`), propagated to each clock's prediction
+and to energy assuming the time and power errors are independent. It says how well the fitted
+shape is pinned by these measurements; it does not cover a board whose curves are not of this shape.
+Standard library and numpy only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from dvfs_mlops.errors import DvfsError
+
+# The twin's (and the JetPack 6 AGX Orin's) voltage shape: V(f) = 0.63 + 0.27 (f/f_max)^2 -> r = 0.27 / 0.63.
+ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
+
+__all__ = [
+    "ORIN_VOLTAGE_SHAPE",
+    "CurveFit",
+    "CurvePoint",
+    "Measurement",
+    "fit_curve",
+    "fit_voltage_shape",
+    "next_clock",
+    "read_measurements_csv",
+    "select_clocks",
+    "voltage_shape_for",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One measured clock: time and energy of the same work (power = energy / time)."""
+
+    freq_mhz: float
+    time_s: float
+    energy_j: float
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.time_s
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvePoint:
+    """The model's prediction at one clock; the *_std are one standard deviation (see the module doc)."""
+
+    freq_mhz: float
+    time_s: float
+    power_w: float
+    energy_j: float
+    time_std_s: float | None = None
+    power_std_w: float | None = None
+    energy_std_j: float | None = None
+    measured: bool = False
+
+    def as_dict(self) -> dict[str, float | bool | None]:
+        return dataclasses.asdict(self)
+
+
+def voltage_shape_for(profile: str) -> float:
+    """The voltage-curve shape r of a board profile: the Orin's for the twin and the Orin boards, else the same default."""
+    return ORIN_VOLTAGE_SHAPE
+
+
+def _nnls2(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Weighted least squares of y ~ x @ beta with beta >= 0, for two columns; returns beta and the free columns."""
+    xw, yw = x * w[:, None], y * w
+    best: tuple[float, np.ndarray, list[int]] | None = None
+    for cols in ([0, 1], [0], [1]):
+        sub = xw[:, cols]
+        beta_sub, *_ = np.linalg.lstsq(sub, yw, rcond=None)
+        if np.any(beta_sub < 0):
+            continue
+        beta = np.zeros(2)
+        beta[cols] = beta_sub
+        rss = float(np.sum((yw - xw @ beta) ** 2))
+        if best is None or rss < best[0] - 1e-15 * max(1.0, rss):
+            best = (rss, beta, cols)
+        if cols == [0, 1]:
+            break  # the unconstrained optimum is feasible: it is the constrained one
+    if best is None:
+        return np.zeros(2), []
+    return best[1], best[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Linear:
+    """y = beta . basis(f), with its covariance (None when it cannot be estimated)."""
+
+    beta: np.ndarray
+    cov: np.ndarray | None
+    rel_sigma: float | None  # the relative residual scale used for the covariance
+
+    def predict(self, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        y = basis @ self.beta
+        if self.cov is None:
+            return y, None
+        var = np.einsum("ij,jk,ik->i", basis, self.cov, basis)
+        return y, np.sqrt(np.maximum(var, 0.0))
+
+
+def _fit_linear(basis: np.ndarray, y: np.ndarray, noise: float | None) -> _Linear:
+    w = 1.0 / y
+    beta, free = _nnls2(basis, y, w)
+    n, k = len(y), len(free)
+    rel_res = (y - basis @ beta) * w
+    sigma: float | None = None
+    if n > k > 0:
+        sigma = float(math.sqrt(np.sum(rel_res ** 2) / (n - k)))
+    if noise is not None:
+        sigma = max(sigma or 0.0, noise)
+    cov = None
+    if sigma is not None and k > 0:
+        xw = basis[:, free] * w[:, None]
+        try:
+            inv = np.linalg.inv(xw.T @ xw)
+        except np.linalg.LinAlgError:
+            inv = None
+        if inv is not None:
+            cov = np.zeros((2, 2))
+            cov[np.ix_(free, free)] = sigma ** 2 * inv
+    return _Linear(beta, cov, sigma)
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveFit:
+    """A fitted workload: time = a + b/f, power = c + d V(f)^2 f (f in GHz inside)."""
+
+    measured: tuple[Measurement, ...]
+    a: float
+    b: float
+    c: float
+    d: float
+    voltage_shape: float
+    f_max_mhz: float
+    _time: _Linear = dataclasses.field(repr=False)
+    _power: _Linear = dataclasses.field(repr=False)
+
+    def _bases(self, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _time_basis(freqs), _power_basis(freqs, self.voltage_shape, self.f_max_mhz)
+
+    def predict(self, frequencies_mhz: Sequence[float]) -> list[CurvePoint]:
+        """Time, power and energy (with their standard deviations) at each clock."""
+        f = np.asarray([float(x) for x in frequencies_mhz], dtype=float)
+        bt, bp = self._bases(f)
+        t, t_sd = self._time.predict(bt)
+        p, p_sd = self._power.predict(bp)
+        e = t * p
+        e_sd = None
+        if t_sd is not None and p_sd is not None:
+            e_sd = e * np.sqrt((t_sd / t) ** 2 + (p_sd / p) ** 2)
+        seen = {round(m.freq_mhz, 3) for m in self.measured}
+        return [CurvePoint(float(f[i]), float(t[i]), float(p[i]), float(e[i]),
+                           None if t_sd is None else float(t_sd[i]), None if p_sd is None else float(p_sd[i]),
+                           None if e_sd is None else float(e_sd[i]), round(float(f[i]), 3) in seen)
+                for i in range(len(f))]
+
+    def optimum(self, frequencies_mhz: Sequence[float]) -> CurvePoint:
+        """The clock of the table with the lowest predicted energy."""
+        return min(self.predict(frequencies_mhz), key=lambda pt: pt.energy_j)
+
+    def energy_residuals(self) -> list[float]:
+        """Relative energy error of the fit at each measured clock (prediction / measurement - 1)."""
+        pred = self.predict([m.freq_mhz for m in self.measured])
+        return [pt.energy_j / m.energy_j - 1.0 for pt, m in zip(pred, self.measured)]
+
+
+def _time_basis(f_mhz: np.ndarray) -> np.ndarray:
+    g = f_mhz / 1000.0
+    return np.column_stack([np.ones_like(g), 1.0 / g])
+
+
+def _power_basis(f_mhz: np.ndarray, shape: float, f_max_mhz: float) -> np.ndarray:
+    g = f_mhz / 1000.0
+    v = 1.0 + shape * (f_mhz / f_max_mhz) ** 2
+    return np.column_stack([np.ones_like(g), v * v * g])
+
+
+def fit_curve(points: Sequence[Measurement], *, voltage_shape: float = ORIN_VOLTAGE_SHAPE, f_max_mhz: float | None = None,
+              noise: tuple[float, float] | None = None) -> CurveFit:
+    """Fit both curves to the measured clocks (at least two distinct ones).
+
+    `f_max_mhz` is the top of the board's table (the voltage curve is written against it; default: the
+    highest measured clock). `noise` = (relative time noise, relative power noise): a floor under the
+    residual scale, and the scale itself when there are too few clocks to estimate it.
+    """
+    pts = sorted(points, key=lambda m: m.freq_mhz)
+    if len({round(m.freq_mhz, 3) for m in pts}) < 2:
+        raise DvfsError(f"the curve model needs measurements at two or more distinct clocks, got {len(pts)}")
+    for m in pts:
+        if not (m.freq_mhz > 0 and m.time_s > 0 and m.energy_j > 0) or not all(map(math.isfinite, (m.freq_mhz, m.time_s, m.energy_j))):
+            raise DvfsError(f"measurement at {m.freq_mhz:g} MHz has a non-positive or non-finite value "
+                            f"(time_s={m.time_s!r}, energy_j={m.energy_j!r}); every clock needs time and energy > 0")
+    f = np.asarray([m.freq_mhz for m in pts])
+    fmax = float(f_max_mhz or f.max())
+    t = np.asarray([m.time_s for m in pts])
+    p = np.asarray([m.power_w for m in pts])
+    tl = _fit_linear(_time_basis(f), t, None if noise is None else noise[0])
+    pl = _fit_linear(_power_basis(f, voltage_shape, fmax), p, None if noise is None else noise[1])
+    return CurveFit(tuple(pts), float(tl.beta[0]), float(tl.beta[1]), float(pl.beta[0]), float(pl.beta[1]), voltage_shape, fmax, tl, pl)
+
+
+def fit_voltage_shape(workloads: Sequence[Sequence[Measurement]], f_max_mhz: float, grid: Sequence[float] | None = None) -> float:
+    """The voltage-curve shape r that best explains the power of every workload of a sweep at once.
+
+    A grid search over r (the fits are linear for a fixed r): the r with the least total relative
+    power residual across workloads with at least three clocks.
+    """
+    usable = [sorted(w, key=lambda m: m.freq_mhz) for w in workloads if len({m.freq_mhz for m in w}) >= 3]
+    if not usable:
+        raise DvfsError("fitting the voltage curve needs at least one workload measured at three or more clocks")
+    candidates = list(grid) if grid is not None else [i * 0.02 for i in range(101)]
+    best_r, best_rss = candidates[0], math.inf
+    for r in candidates:
+        rss = 0.0
+        for w in usable:
+            f = np.asarray([m.freq_mhz for m in w])
+            p = np.asarray([m.power_w for m in w])
+            basis = _power_basis(f, r, f_max_mhz)
+            beta, _ = _nnls2(basis, p, 1.0 / p)
+            rss += float(np.sum(((p - basis @ beta) / p) ** 2))
+        if rss < best_rss:
+            best_r, best_rss = r, rss
+    return float(best_r)
+
+
+def read_measurements_csv(path: str) -> list[Measurement]:
+    """Rows `freq_mhz, time_s, energy_j` (or `power_w` instead of `energy_j`) of a CSV file."""
+    import csv
+
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+            columns = set(rows[0]) if rows else set()
+    except OSError as e:
+        raise DvfsError(f"cannot read {path}: {e.strerror or e}") from None
+    if not rows:
+        raise DvfsError(f"{path} has no rows; it needs the columns freq_mhz, time_s and energy_j (or power_w)")
+    columns = {c.strip() for c in columns if c}
+    lacking = [c for c in ("freq_mhz", "time_s") if c not in columns]
+    if "energy_j" not in columns and "power_w" not in columns:
+        lacking.append("energy_j (or power_w)")
+    if lacking:
+        raise DvfsError(f"{path} lacks the column(s) {', '.join(lacking)}; it has {', '.join(sorted(columns)) or 'none'}")
+    out = []
+    for i, raw in enumerate(rows, start=2):
+        row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        try:
+            f_mhz, t = float(row["freq_mhz"]), float(row["time_s"])
+            e = float(row["energy_j"]) if row.get("energy_j") else float(row["power_w"]) * t
+        except (KeyError, ValueError):
+            raise DvfsError(f"{path} line {i}: freq_mhz, time_s and energy_j (or power_w) must be numbers, got {raw}") from None
+        out.append(Measurement(f_mhz, t, e))
+    return out
+
+
+def select_clocks(points: Sequence[Measurement], clocks: Sequence[float]) -> list[Measurement]:
+    """The measurements at the given clocks (each must be among them, within 0.5 MHz)."""
+    have = sorted({m.freq_mhz for m in points})
+    chosen: list[Measurement] = []
+    for c in clocks:
+        hits = [m for m in points if abs(m.freq_mhz - c) <= 0.5]
+        if not hits:
+            raise DvfsError(f"clock {c:g} MHz was not measured; measured clocks: {', '.join(f'{f:g}' for f in have)}")
+        chosen += hits
+    return chosen
+
+
+def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mhz: float, *, max_clocks: int = 4,
+               voltage_shape: float = ORIN_VOLTAGE_SHAPE) -> float | None:
+    """The clock an adaptive sweep measures next for one workload, or None when the optimum is pinned down.
+
+    The start (the governor's choice), then the table's two ends (the leverage both fits need), then
+    the curve model's predicted optimum; once that is measured, its cheaper unmeasured neighbour,
+    unless the model already puts that neighbour more than two standard deviations above it.
+    At most `max_clocks` clocks.
+    """
+    freqs = sorted(float(f) for f in table)
+    have = sorted({round(m.freq_mhz, 3) for m in measured})
+    if len(have) >= max_clocks:
+        return None
+    if not have:
+        return min(freqs, key=lambda f: abs(f - start_mhz))
+    for end in (freqs[-1], freqs[0]):
+        if round(end, 3) not in have:
+            return end
+    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1])
+    pred = fit.predict(freqs)
+    best = min(pred, key=lambda p: p.energy_j)
+    if round(best.freq_mhz, 3) not in have:
+        return best.freq_mhz
+    i = freqs.index(best.freq_mhz)
+    neighbours = [pred[j] for j in (i - 1, i + 1) if 0 <= j < len(freqs) and round(freqs[j], 3) not in have]
+    if not neighbours:
+        return None
+    n = min(neighbours, key=lambda p: p.energy_j)
+    if n.energy_std_j is not None and n.energy_j - best.energy_j > 2 * n.energy_std_j:
+        return None
+    return n.freq_mhz

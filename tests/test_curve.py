@@ -1,0 +1,143 @@
+"""The curve model: physically shaped fits from a few clocks, and `dvfs-mlops curve fit`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dvfs_mlops.cli import main
+from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape, read_measurements_csv
+from dvfs_mlops.errors import DvfsError
+
+TABLE = (306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5)
+
+
+def _truth(f: float, a=0.05, b=0.04, c=9.0, d=12.0, r=ORIN_VOLTAGE_SHAPE) -> tuple[float, float]:
+    """time and power of a workload whose curves have exactly the model's shape."""
+    g = f / 1000.0
+    v = 1 + r * (f / 1300.5) ** 2
+    return a + b / g, c + d * v * v * g
+
+
+def _measure(freqs, rng=None, noise=(0.0, 0.0), **kw) -> list[Measurement]:
+    out = []
+    for f in freqs:
+        t, p = _truth(f, **kw)
+        if rng is not None:
+            t *= 1 + noise[0] * rng.standard_normal()
+            p *= 1 + noise[1] * rng.standard_normal()
+        out.append(Measurement(f, t, t * p))
+    return out
+
+
+def test_noise_free_four_clocks_recover_every_clock_and_the_optimum():
+    fit = fit_curve(_measure((306, 612, 918, 1300.5)), f_max_mhz=1300.5)
+    assert (fit.a, fit.b, fit.c, fit.d) == pytest.approx((0.05, 0.04, 9.0, 12.0), rel=1e-9)
+    truth = {f: _truth(f) for f in TABLE}
+    energies = {f: t * p for f, (t, p) in truth.items()}
+    for pt in fit.predict(TABLE):
+        assert pt.energy_j == pytest.approx(energies[pt.freq_mhz], rel=1e-9)
+    assert fit.optimum(TABLE).freq_mhz == min(energies, key=energies.__getitem__)
+
+
+def test_parameters_stay_non_negative_and_a_flat_time_curve_fits_a_constant():
+    # time that does not fall with the clock (launch-bound): the unconstrained b would be negative
+    pts = [Measurement(f, 1.0 + 0.01 * (f / 1300.5), 10.0 * (1.0 + 0.01 * (f / 1300.5))) for f in (306, 612, 918, 1300.5)]
+    fit = fit_curve(pts, f_max_mhz=1300.5)
+    assert fit.a > 0 and fit.b == 0.0 and fit.c >= 0 and fit.d >= 0
+
+
+def test_uncertainty_comes_from_the_residuals_and_covers_the_noise():
+    rng = np.random.default_rng(3)
+    inside = total = 0
+    for _ in range(60):
+        pts = _measure((306, 510, 714, 918, 1122, 1300.5), rng, (0.01, 0.02))
+        fit = fit_curve(pts, f_max_mhz=1300.5)
+        for pt in fit.predict((408.0, 816.0, 1224.0)):
+            t, p = _truth(pt.freq_mhz)
+            assert pt.energy_std_j is not None and pt.energy_std_j > 0
+            inside += abs(pt.energy_j - t * p) <= 2 * pt.energy_std_j
+            total += 1
+    assert inside / total > 0.8  # a 2-sigma band holds the truth most of the time (few dof: not exactly 95 %)
+
+
+def test_two_clocks_have_no_residual_uncertainty_unless_a_noise_level_is_stated():
+    pts = _measure((306, 1300.5))
+    assert fit_curve(pts).predict([816.0])[0].energy_std_j is None
+    assert fit_curve(pts, noise=(0.01, 0.02)).predict([816.0])[0].energy_std_j > 0
+
+
+def test_voltage_shape_is_recovered_across_workloads():
+    workloads = [_measure(TABLE, d=d, c=c, r=0.3) for d, c in ((8.0, 6.0), (15.0, 11.0), (20.0, 4.0))]
+    assert fit_voltage_shape(workloads, 1300.5) == pytest.approx(0.3, abs=0.02)
+
+
+def test_one_clock_is_refused():
+    with pytest.raises(DvfsError, match="two or more distinct clocks"):
+        fit_curve(_measure((612, 612)))
+
+
+def _csv(tmp_path: Path, header: str, rows: list[str]) -> str:
+    path = tmp_path / "points.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def points_csv(tmp_path: Path) -> str:
+    return _csv(tmp_path, "freq_mhz,time_s,energy_j", [f"{m.freq_mhz:g},{m.time_s!r},{m.energy_j!r}" for m in _measure(TABLE)])
+
+
+def test_cli_fits_on_the_given_clocks_and_prints_every_clock_as_json(points_csv: str):
+    out = CliRunner().invoke(main, ["curve", "fit", points_csv, "--clocks", "306,612,918,1300.5", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert [p["freq_mhz"] for p in data["points"]] == list(TABLE)
+    energies = {f: t * p for f, (t, p) in ((f, _truth(f)) for f in TABLE)}
+    for p in data["points"]:
+        assert {"freq_mhz", "time_s", "power_w", "energy_j"} <= set(p)
+        assert p["energy_j"] == pytest.approx(energies[p["freq_mhz"]], rel=1e-9)
+        assert p["power_w"] == pytest.approx(_truth(p["freq_mhz"])[1], rel=1e-9)
+    assert data["optimal_freq_mhz"] == min(energies, key=energies.__getitem__)
+
+
+def test_cli_reads_power_instead_of_energy_and_prints_a_table(tmp_path: Path):
+    rows = [f"{m.freq_mhz:g},{m.time_s!r},{m.power_w!r}" for m in _measure((306, 816, 1300.5))]
+    out = CliRunner().invoke(main, ["curve", "fit", _csv(tmp_path, "freq_mhz,time_s,power_w", rows)])
+    assert out.exit_code == 0, out.output
+    assert "optimal_freq_mhz:" in out.output and "(fitted on)" in out.output
+
+
+@pytest.mark.parametrize(("header", "rows", "args", "message"), [
+    ("freq_mhz,time_s", ["306,1", "612,2"], [], "lacks the column(s) energy_j (or power_w)"),
+    ("freq_mhz,time_s,energy_j", ["306,1,2", "612,1,2"], ["--clocks", "306,700"], "clock 700 MHz was not measured"),
+    ("freq_mhz,time_s,energy_j", ["306,1,2", "612,1,2"], ["--clocks", "306"], "two or more distinct clocks"),
+    ("freq_mhz,time_s,energy_j", ["306,x,2", "612,1,2"], [], "must be numbers"),
+])
+def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, header, rows, args, message):
+    from tests.conftest import run_cli
+
+    out = run_cli("curve", "fit", _csv(tmp_path, header, rows), *args)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_reader_takes_repeats_as_extra_rows(tmp_path: Path):
+    pts = read_measurements_csv(_csv(tmp_path, "freq_mhz,time_s,energy_j", ["306,1,2", "306,1.1,2.1", "612,1,2"]))
+    assert [m.freq_mhz for m in pts] == [306, 306, 612]
+
+
+def test_adaptive_next_clock_starts_at_the_governor_then_ends_then_the_optimum_and_stops_at_four():
+    from dvfs_mlops.curve import next_clock
+
+    measured: list[Measurement] = []
+    order = []
+    while (f := next_clock(measured, TABLE, 816.0)) is not None:
+        order.append(f)
+        measured += _measure([f])
+    energies = {f: t * p for f, (t, p) in ((f, _truth(f)) for f in TABLE)}
+    assert order[:3] == [816.0, 1300.5, 306.0] and len(order) <= 4
+    assert fit_curve(measured, f_max_mhz=1300.5).optimum(TABLE).freq_mhz == min(energies, key=energies.__getitem__)

@@ -1,0 +1,169 @@
+"""Probe-and-refine: probes inside the job, the settled clock, totals that include the probes, restores kept."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from dvfs_mlops.refine import Refiner, plan, probe_clocks
+
+TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
+
+
+def test_probe_clocks_spread_around_the_start_and_fill_inward_at_the_edges():
+    assert probe_clocks(816.0, TABLE, 5) == [816.0, 612.0, 1020.0, 408.0, 1224.0]
+    assert probe_clocks(1300.5, TABLE, 3) == [1300.5, 1122.0, 1224.0]
+    assert plan(30, 816.0, TABLE) == ([816.0, 612.0, 1020.0, 408.0, 1224.0], 6)
+    assert plan(7, 816.0, TABLE) == ([], 0)  # too small a budget probes nothing
+
+
+def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes():
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.twin.trace import TraceCache
+    from dvfs_mlops.workloads.zoo import PRESETS
+
+    trace = TraceCache().get(PRESETS["bert-tiny"].config(), 16, 32)
+    dev = SimDevice()
+    steps = 60
+    session = dev.session(612.0, noise_key="t")
+    with session:
+        refiner = Refiner(session, 20, steps, say=lambda m: None)
+        finetune(None, _Split(), _Split(), 0, FinetuneConfig(steps=steps, batch_size=4), is_regression=False, session=session,
+                 trace_for=lambda n: trace, run_training=False, on_step=refiner.on_step)
+    res = refiner.result
+    assert res is not None and [p.freq_mhz for p in res.probes] == [612.0, 408.0, 816.0, 306.0, 1020.0]
+    assert all(p.steps == 4 for p in res.probes)
+    assert res.chosen_mhz == min(res.predicted, key=lambda p: p.energy_j).freq_mhz
+    assert session.freq == res.chosen_mhz and session.effective_mhz == res.chosen_mhz  # the rest ran at the choice
+    curve, _ = dev.curve(trace)
+    train = session.report()
+    probes_j = sum(p.energy_j for p in res.probes)
+    # the job's total: 2 warm-up steps at the start clock, the probes, the rest at the choice (noise within +-10 %)
+    rest = steps - 2 - res.probe_steps
+    expected = 2 * curve[612.0].energy_j + sum(p.steps * curve[p.freq_mhz].energy_j for p in res.probes) + rest * curve[res.chosen_mhz].energy_j
+    assert train.energy_j == pytest.approx(expected, rel=0.1) and train.energy_j > probes_j
+    for p in res.probes:  # each probe window is its own noisy draw of that clock
+        assert p.energy_j / p.steps == pytest.approx(curve[p.freq_mhz].energy_j, rel=0.1)
+
+
+class _Split:
+    """The minimum a profile-only finetune reads from a split."""
+
+    ids = [[1] * 30] * 64
+    labels = [0] * 64
+
+    def __len__(self):
+        return 64
+
+
+class _Fixed:
+    """A governor that always answers 612 MHz (refine is under test here, not the registry)."""
+
+    def predict(self, rows, params=None):
+        import pandas as pd
+
+        return pd.DataFrame({"freq_mhz": [612.0], "decision_path": ["fixed -> 612 MHz"]})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path_factory.mktemp('refine')}/mlflow.db"}
+
+
+@pytest.fixture(autouse=True)
+def _fixed_governor(monkeypatch):
+    from dvfs_mlops import launcher
+
+    monkeypatch.setattr(launcher, "resolve_governor", lambda uri=None: (_Fixed(), {"uri": "test:fixed-612", "name": "fixed", "version": 1,
+                                                                                   "alias": None, "tags": {}}))
+
+
+def _logged(run_id):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient()
+    run = c.get_run(run_id)
+    rows = list(csv.DictReader(io.StringIO(open(c.download_artifacts(run_id, "refine.csv")).read())))
+    return run, rows
+
+
+def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
+    from dvfs_mlops import launcher
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    said: list[str] = []
+    out = launcher.run_finetune(SimDevice(), w, FinetuneConfig(steps=14, batch_size=8), probe_steps=0, refine=8, say=said.append,
+                                save_model=False)
+    r = out["refine"]
+    assert r["start_mhz"] == out["decision"]["freq_mhz"] and len(r["probes"]) == 2 and r["simulated"] is True
+    run, rows = _logged(out["run_id"])
+    assert run.data.params["freq_mhz"] == f"{r['chosen_mhz']:g}" and run.data.metrics["clock_mhz"] == r["chosen_mhz"]
+    assert run.data.tags["refine.chosen_mhz"] == f"{r['chosen_mhz']:g}" and run.data.tags["refine.probe_steps"] == "8"
+    assert run.data.tags["refine.simulated"] == "true"
+    probes = [x for x in rows if x["kind"] == "probe"]
+    assert [float(x["freq_mhz"]) for x in probes] == [p["freq_mhz"] for p in r["probes"]]
+    assert sum(x["chosen"] == "1" for x in rows if x["kind"] == "predicted") == 1 and len([x for x in rows if x["kind"] == "predicted"]) == 11
+    # the run's totals include the probes
+    assert run.data.metrics["energy_j"] > sum(float(x["energy_j"]) for x in probes)
+    assert run.data.metrics["time_s"] > sum(float(x["time_s"]) for x in probes)
+    assert any(line.startswith("refine: settled at") for line in said)
+
+
+def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.launcher import default_refine
+
+    class Board:
+        simulated = False
+
+    assert default_refine(SimDevice()) == 0 and default_refine(Board()) == 30
+
+
+def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_original(orin6, store, state_dir, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
+    from dvfs_mlops import launcher
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    real = launcher.finetune
+    pins: list[tuple[int, int]] = []
+    journals: list[dict] = []
+
+    def watching(*args, on_step=None, **kwargs):
+        def hook(step, loss):
+            on_step(step, loss)
+            pins.append(orin6.range_hz)
+            journals.extend(json.loads(p.read_text()) for p in state_dir.glob("restore-*.json"))
+        return real(*args, on_step=hook, **kwargs)
+
+    monkeypatch.setattr(launcher, "finetune", watching)
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    out = launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=16, batch_size=8), probe_steps=0, refine=8,
+                                say=lambda m: None, save_model=False)
+    r = out["refine"]
+    seen_mhz = [lo / 1e6 for lo, hi in pins if lo == hi]
+    assert len(seen_mhz) == len(pins)  # pinned at every step
+    assert {p["freq_mhz"] for p in r["probes"]} <= set(seen_mhz) and seen_mhz[-1] == r["chosen_mhz"]
+    assert journals and all(j["settings"]["min_freq"] == "306000000" and j["settings"]["max_freq"] == "1300500000" for j in journals)
+    assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.glob("restore-*.json"))  # restored, journal gone
+    run, rows = _logged(out["run_id"])
+    assert run.data.params["freq_mhz"] == f"{r['chosen_mhz']:g}" and run.data.tags["refine.chosen_mhz"] == f"{r['chosen_mhz']:g}"
+    probes = [x for x in rows if x["kind"] == "probe"]
+    assert len(probes) == 2 and run.data.metrics["time_s"] > sum(float(x["time_s"]) for x in probes)  # totals include the probes
+    assert run.data.metrics["energy_j"] > sum(float(x["energy_j"]) for x in probes)
+
+
+def test_refine_needs_a_pinned_session():
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.errors import DvfsError
+
+    with SimDevice().session(612.0, observe=True) as s, pytest.raises(DvfsError, match="observing session"):
+        s.repin(816.0)
