@@ -28,19 +28,20 @@ from typing import Any
 from benchmarks.common import RESULTS
 
 
-def paper_curves(repeats: int = 1, seed: int = 0) -> tuple[list[Any], list[float]]:
-    """WorkloadCurves of the paper preset on the twin: expected and measured (noisy draws)."""
+def paper_curves(repeats: int = 1, seed: int = 0, profile: str = "sim-orin") -> tuple[list[Any], list[float]]:
+    """WorkloadCurves of the paper preset on a built-in twin profile: expected and measured (noisy draws)."""
     from dvfs_mlops.clocks import MAXN
     from dvfs_mlops.device.sim import SimDevice
     from dvfs_mlops.finetune import plan_batches
     from dvfs_mlops.governor.dataset import WorkloadCurve
     from dvfs_mlops.sweep.spec import PRESETS
+    from dvfs_mlops.twin.profiles import builtin_profile
     from dvfs_mlops.workloads.prepare import prepare_workload
     from dvfs_mlops.workloads.tasks import get_task
     from dvfs_mlops.workloads.tokenizer import padded_length
 
     preset = PRESETS["paper"]
-    dev = SimDevice(seed=seed)
+    dev = SimDevice(builtin_profile(profile), seed=seed)
     steps, batch = preset.profile_steps, 16
     freqs = dev.frequencies_mhz
     curves = []
@@ -80,6 +81,12 @@ def _ci(ci: Any) -> str:
 
 
 def run() -> list[tuple[str, str, str]]:
+    """Every built-in profile (DVFS_BENCH_TWIN_PROFILES narrows it), one block of rows each."""
+    names = os.environ.get("DVFS_BENCH_TWIN_PROFILES", "sim-orin,sim-orin-measured").split(",")
+    return [row for name in names for row in run_profile(name.strip())]
+
+
+def run_profile(profile: str) -> list[tuple[str, str, str]]:
     from dvfs_mlops.evaluate import evaluate_dataset
     from dvfs_mlops.governor.dataset import GovernorDataset
     from dvfs_mlops.governor.objectives import parse_objective
@@ -91,9 +98,9 @@ def run() -> list[tuple[str, str, str]]:
     outer = int(os.environ.get("DVFS_BENCH_OUTER_TRIALS", "15"))
     repeats = int(os.environ.get("DVFS_BENCH_REPEATS", "1"))
     t0 = time.process_time()
-    curves, freqs = paper_curves(repeats)
+    curves, freqs = paper_curves(repeats, profile=profile)
     t_data = time.process_time() - t0
-    ds = GovernorDataset(curves, freqs, "paper-twin", "sim-orin", True)
+    ds = GovernorDataset(curves, freqs, "paper-twin", profile, True)
     energy = parse_objective("energy")
     t0 = time.process_time()
     res = run_search(ds, energy, trials=trials, seed=0, storage="sqlite:///:memory:", outer_trials=outer)
@@ -124,7 +131,7 @@ def run() -> list[tuple[str, str, str]]:
     ffg_edp = evaluate_dataset(ds, {"ffg": FixedPolicy.fit(train, edp)}, edp, "eval").summaries[0]
     g, f, pm, oracle = held["governor"], held["ffg"], held["paper-mlg"], held["oracle"]
     rows = [
-        ("SIMULATED paper preset", (f"{len(curves)} workloads ({len(train)} train, {len(curves) - len(train)} eval), "
+        (f"SIMULATED paper preset, {profile}", (f"{len(curves)} workloads ({len(train)} train, {len(curves) - len(train)} eval), "
                                     f"{len(freqs)} clocks, {repeats} repeat(s); curves built in {t_data:.0f} s CPU"), "-"),
         ("production governor", (f"{res.family} tree, depth {res.metrics()['tree_depth']:.0f}, features "
                                  f"{', '.join(sorted(features_used(res.policy.policy['tree'])))}; "
@@ -150,7 +157,7 @@ def run() -> list[tuple[str, str, str]]:
     rows.append(("edp: regret (governor / FFG fit for it)",
                  f"{_pct(edp_regret.mean_regret_expected if edp_regret else None)} / {_pct(ffg_edp.mean_regret_expected)}", "-"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "governor_quality.json").write_text(json.dumps({"rows": rows, "policy": res.policy.policy}, indent=2, default=str))
+    (RESULTS / f"governor_quality_{profile}.json").write_text(json.dumps({"rows": rows, "policy": res.policy.policy}, indent=2, default=str))
     return rows
 
 

@@ -24,12 +24,21 @@ def _workloads(params):
                 yield f"{name}/{task}", energy_curve(cache.get(preset.config(), 16, spec.mean_tokens), params)
 
 
-def run(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
+def run() -> list[tuple[str, str, str]]:
+    """Every built-in twin profile (DVFS_BENCH_TWIN_PROFILES narrows it, or names a YAML), one block of rows each."""
+    import os
+
+    names = os.environ.get("DVFS_BENCH_TWIN_PROFILES", "sim-orin,sim-orin-measured").split(",")
+    return [row for name in names for row in run_profile(name.strip())]
+
+
+def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
     from dvfs_mlops.curve import Measurement, fit_curve, next_clock
     from dvfs_mlops.refine import WARMUP_STEPS, plan
     from dvfs_mlops.twin.params import OrinTwinParams
+    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
 
-    p = OrinTwinParams() if profile == "sim-orin" else OrinTwinParams.from_yaml(profile)
+    p = BUILTIN_PROFILES[profile] if profile in BUILTIN_PROFILES else OrinTwinParams.from_yaml(profile)
     rng = np.random.default_rng(0)
     table = sorted(p.frequencies_mhz)
 
