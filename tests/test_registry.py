@@ -180,6 +180,6 @@ def test_registry_bad_input(store, args, message):
 
 def test_too_few_workloads_named(tmp_path):
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    assert run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", env=env).returncode == 0
+    assert run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "510,1020", env=env).returncode == 0
     r = run_cli("train", "--trials", "2", env=env)
     assert r.returncode == 2 and "cross-validation needs at least 4" in r.stderr
