@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -105,3 +108,39 @@ def production_store(root: Path, **env: str) -> dict[str, str]:
         r = run_cli(*args, env=env)
         assert r.returncode == 0, f"{' '.join(args)}: {r.stderr}"
     return env
+
+
+SMOKE_SWEEP_CMD = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep",
+                   "-P", "preset=smoke", "-P", "twin_profile=sim-orin"]  # the default, named: the same sweep id as without it
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir: Path) -> Path:
+    """The smoke sweep made by `mlflow run . -e sweep`, once per test run and shared by every xdist worker (a file
+    lock; the first worker to ask makes it). Nobody writes to it: users take a copy (`smoke_sweep_copy`)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    master = shared / "smoke-sweep"
+    with open(shared / "smoke-sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = master / "result.json"
+        if not done.exists():
+            shutil.rmtree(master, ignore_errors=True)
+            master.mkdir()
+            venv_bin = str(Path(sys.executable).parent)
+            env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{master}/mlflow.db", "DVFS_CACHE_DIR": str(trace_cache_dir),
+                   "DVFS_STATE_DIR": str(master / "state"), "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
+            out = subprocess.run(SMOKE_SWEEP_CMD, env=env, capture_output=True, text=True, timeout=900, cwd=master)
+            done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}))
+    return master
+
+
+def smoke_sweep_copy(master: Path, dest: Path) -> subprocess.CompletedProcess[str]:
+    """Copy the shared smoke sweep's store into `dest` (its artifacts stay where the master's runs logged them);
+    returns the `mlflow run` that made it."""
+    made = json.loads((master / "result.json").read_text())
+    assert made["returncode"] == 0, made["stderr"][-3000:]
+    for name in ("mlflow.db", "mlflow.db-wal", "mlflow.db-shm"):
+        if (master / name).exists():
+            shutil.copy2(master / name, dest / name)
+    return subprocess.CompletedProcess(SMOKE_SWEEP_CMD, made["returncode"], made["stdout"], made["stderr"])

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, smoke_sweep_copy
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, smoke_sweep_master):
     tmp = tmp_path_factory.mktemp("registry")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-    r = run_cli("sweep", "--preset", "smoke", env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    smoke_sweep_copy(smoke_sweep_master, tmp)  # the session's smoke sweep
     r = run_cli("train", "--trials", "8", env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "registered dvfs-governor v1" in r.stdout and "held-out regret (nested CV" in r.stdout and "paper-mlg" in r.stdout

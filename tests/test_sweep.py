@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, smoke_sweep_copy
 
 PARAMS = {"model", "model_type", "num_layers", "hidden_size", "num_params", "task", "avg_seq_len", "freq_mhz", "device",
           "device_profile", "batch_size", "steps", "seed", "repeat", "split"}
@@ -37,13 +37,10 @@ def _runs(tmp_path: Path, status: str | None = None):
 
 
 @pytest.fixture(scope="module")
-def smoke_store(tmp_path_factory):
+def smoke_store(tmp_path_factory, smoke_sweep_master):
+    """A copy of the session's smoke sweep (`mlflow run . -e sweep -P preset=smoke`), this module's to write to."""
     tmp = tmp_path_factory.mktemp("smoke")
-    cmd = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep", "-P", "preset=smoke",
-           "-P", "twin_profile=sim-orin"]  # the default, named: the same sweep id as without it (test_rerun_adds_no_runs)
-    out = subprocess.run(cmd, env=_env(tmp), capture_output=True, text=True, timeout=600, cwd=tmp)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return tmp, out
+    return tmp, smoke_sweep_copy(smoke_sweep_master, tmp)
 
 
 def test_smoke_sweep_logs_one_run_per_point(smoke_store):
