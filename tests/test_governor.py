@@ -180,3 +180,18 @@ def test_search_beats_or_matches_baselines_on_structured_data(tmp_path):
     assert res.ffg.regret > 0.0 and math.isclose(res.ffg.accuracy, 0.5)
     assert res.policy.choose({"model_type": "encoder", "num_layers": 20, "hidden_size": 1, "num_params": 1,
                               "avg_seq_len": 1, "gpu_util_pct": 1}) == 816.0
+
+
+def test_classifier_learns_a_fractional_clock_label():
+    """1300.5 MHz as a best clock: sklearn must see clock classes, not a continuous target."""
+    from dvfs_mlops.governor.search import TreeParams, fit_policy
+
+    clocks = [306.0, 612.0, 1300.5]
+    fast = [WorkloadCurve(f"big{i}/sst2", "train", WorkloadFeatures("encoder", 24, 1024, 300_000_000, 60.0, 99.0),
+                          dict(zip(clocks, [30.0, 20.0, 10.0])), dict(zip(clocks, [4.0, 2.0, 1.0])), 10.5, 1.0) for i in range(3)]
+    slow = [WorkloadCurve(f"small{i}/sst2", "train", WorkloadFeatures("encoder", 2, 128, 4_000_000, 20.0, 20.0),
+                          dict(zip(clocks, [5.0, 8.0, 12.0])), dict(zip(clocks, [3.0, 1.6, 1.0])), 12.5, 1.0) for i in range(3)]
+    params = TreeParams(features=("num_layers",), max_depth=2)
+    policy, _ = fit_policy(fast + slow, parse_objective("energy"), params, clocks)
+    t = TreePolicy(policy, "governor")
+    assert t.choose(fast[0].features.as_row()) == 1300.5 and t.choose(slow[0].features.as_row()) == 306.0

@@ -86,7 +86,7 @@ def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: Any = None,
     if classifier is not None and hasattr(classifier, "classes_"):
         from sklearn.tree import plot_tree
 
-        plot_tree(classifier, feature_names=feature_names, class_names=[f"{c:g} MHz" for c in classifier.classes_],
+        plot_tree(classifier, feature_names=feature_names, class_names=[f"{float(c):g} MHz" for c in classifier.classes_],
                   filled=True, ax=ax, fontsize=8, impurity=False)
     else:
         ax.axis("off")

@@ -134,7 +134,8 @@ def family_of(params: GovernorParams) -> str:
 
 def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
     clf = params.classifier()
-    labels = [c.label(objective) for c in curves]
+    # clocks as class names: sklearn takes float labels such as 1300.5 for a regression target
+    labels = [f"{c.label(objective):g}" for c in curves]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit(np.asarray(feature_matrix(curves, params.features)), np.asarray(labels))
