@@ -334,6 +334,7 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
           cv_split: str, outer_trials: int | None) -> None:
     """Train the governor: Optuna picks a family (curve or classifier tree) and its hyper-parameters; nested CV reports held-out regret."""
     from dvfs_mlops import tracking
+    from dvfs_mlops.governor.policy_tree import features_used
     from dvfs_mlops.governor.train import train_governor
     from dvfs_mlops.registry import load_config
 
@@ -342,7 +343,7 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
     r = out.result
     truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
     click.echo(f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):")
-    click.echo(f"{'split':<10} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}")
+    click.echo(f"{'split':<16} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}")
 
     def cell(s: Any) -> str:
         lo, hi = s.ci
@@ -350,9 +351,11 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
 
     for split, ns in r.nested.items():
         mark = " *" if split == r.split else ""
-        click.echo(f"{'one ' + split + mark:<10} {cell(ns.governor):>22} {cell(ns.ffg):>22} {cell(ns.paper):>22}")
+        click.echo(f"{'one ' + split + mark:<16} {cell(ns.governor):>22} {cell(ns.ffg):>22} {cell(ns.paper):>22}")
     click.echo(f"(* the split gates read; selection study {r.study_name}: inner regret {100 * r.tree.regret:.2f}%, optimistic)")
-    click.echo(f"best governor: {r.family} tree, depth {_depth(r.policy.policy)}, features {', '.join(r.best_params.features)}")
+    used = sorted(features_used(r.policy.policy["tree"]))
+    click.echo(f"best governor: {r.family} tree, depth {_depth(r.policy.policy)}, splits on {', '.join(used) or 'nothing (one clock for all)'} "
+               f"(offered: {', '.join(r.best_params.features)})")
     if out.version is not None:
         click.echo(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
         version = out.version
