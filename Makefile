@@ -19,7 +19,7 @@ run: $(STAMP)
 	. $(VENV)/bin/activate && ./scripts/main-job
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -17,6 +17,21 @@ from tests.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The modules that take longest (wall seconds on 2 cores, `--durations=0`), heaviest first. `make test` runs
+# `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first,
+# no long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the
+# shared smoke sweep that test_registry copies later.
+SLOW_MODULES_FIRST = ("test_sweep.py", "test_server.py", "test_faults.py", "test_registry.py", "test_bad_input.py",
+                      "test_launcher.py", "test_ui_browser.py", "test_packaging.py", "test_decision_speed.py",
+                      "test_quiet_output.py", "test_tasks.py", "test_adaptive_sweep.py", "test_twin.py", "test_hardware_path.py",
+                      "test_refine.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's tests keep their order
+
+
 @pytest.fixture(autouse=True)
 def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own journal/lock dir and never sees the real sysfs."""
