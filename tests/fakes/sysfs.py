@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 ORIN_TABLE_HZ = [306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000,
@@ -34,7 +35,14 @@ class FakeJetson:
     hwmon: list[Path]
 
     def read(self, name: str) -> str:
-        return (self.node / name).read_text().strip()
+        """One attribute's value. A plain file is truncated before it is rewritten, so a reader racing a
+        writer in another process can see it empty for a moment; sysfs never shows that, so wait it out."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            text = (self.node / name).read_text().strip()
+            if text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.001)
 
     @property
     def range_hz(self) -> tuple[int, int]:
