@@ -57,10 +57,10 @@ CASES = [
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(tmp_path, monkeypatch, empty_store):
     fake = make_orin_tree(tmp_path / "root", jetpack=6)
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(fake.root))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpu_kk: 1\n")
     (tmp_path / "empty").mkdir()

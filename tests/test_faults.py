@@ -50,8 +50,8 @@ def _assert_restored(fake, state_dir):
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+def store(tmp_path, monkeypatch, empty_store):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
     return tmp_path
 
 
