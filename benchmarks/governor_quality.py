@@ -83,21 +83,22 @@ def adaptive_curves(curves: list[Any], freqs: list[float]) -> tuple[list[Any], f
     import dataclasses
 
     from dvfs_mlops.curve import Measurement, next_clock
-    from dvfs_mlops.governor.dataset import _fill_from_curve
+    from dvfs_mlops.governor.dataset import fill_from_curves
     from dvfs_mlops.sweep.adaptive import MAX_PINNED
 
     table = sorted(freqs)
     start = table[len(table) // 2]
-    out, counts = [], []
+    out, counts, gaps = [], [], []
     for c in curves:
         got: list[Measurement] = []
         while (f := next_clock(got, table, start, max_clocks=MAX_PINNED)) is not None:
             got.append(Measurement(f, c.time_s[f], c.energy_j[f]))
         energy = {m.freq_mhz: m.energy_j for m in got}
         time_s = {m.freq_mhz: m.time_s for m in got}
-        _fill_from_curve(energy, time_s, table)
+        gaps.append((energy, time_s))
         counts.append(len(got))
         out.append(dataclasses.replace(c, energy_j=energy, time_s=time_s))
+    fill_from_curves(gaps, gaps, table)  # in place: `out` holds these dicts
     return out, statistics.mean(counts)
 
 

@@ -141,3 +141,39 @@ def test_adaptive_next_clock_starts_at_the_governor_then_ends_then_the_optimum_a
     energies = {f: t * p for f, (t, p) in ((f, _truth(f)) for f in TABLE)}
     assert order[:3] == [816.0, 1300.5, 306.0] and len(order) <= 4
     assert fit_curve(measured, f_max_mhz=1300.5).optimum(TABLE).freq_mhz == min(energies, key=energies.__getitem__)
+
+
+def test_adaptive_fill_ins_use_the_voltage_shape_fitted_across_the_sweep():
+    """A board whose voltage curve is not the Orin default (r = 1/3, as sim-orin-measured): workloads measured at
+    four clocks are filled at the others with the shape fitted across the sweep, close to the truth, where the
+    Orin default would bias them."""
+    from dvfs_mlops.governor.dataset import fill_from_curves
+
+    r = 0.2 / 0.6
+    kinds = [{"a": 0.05, "b": 0.04, "c": 9.0, "d": 12.0}, {"a": 0.01, "b": 0.08, "c": 6.0, "d": 20.0}, {"a": 0.1, "b": 0.02, "c": 12.0, "d": 5.0}]
+    four = (306.0, 816.0, 1020.0, 1300.5)
+    gaps = []
+    for kw in kinds:
+        ms = _measure(four, r=r, **kw)
+        gaps.append(({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}))
+    shape = fill_from_curves(gaps, gaps, TABLE)
+    assert shape == pytest.approx(r, abs=0.02)
+    worst = 0.0
+    for (energy, time), kw in zip(gaps, kinds):
+        assert sorted(energy) == sorted(TABLE) and sorted(time) == sorted(TABLE)
+        for f in TABLE:
+            t, p = _truth(f, r=r, **kw)
+            worst = max(worst, abs(energy[f] / (t * p) - 1))
+    default = fit_curve(_measure(four, **kinds[1], r=r), f_max_mhz=1300.5)  # the Orin shape on this board
+    default_err = max(abs(pt.energy_j / (_truth(pt.freq_mhz, r=r, **kinds[1])[0] * _truth(pt.freq_mhz, r=r, **kinds[1])[1]) - 1)
+                      for pt in default.predict(TABLE))
+    assert worst < 0.002 < default_err
+
+
+def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
+    from dvfs_mlops.governor.dataset import fill_from_curves
+
+    ms = _measure((306.0, 1300.5))
+    gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms})
+    assert fill_from_curves([gap], [gap], TABLE) == ORIN_VOLTAGE_SHAPE
+    assert len(gap[0]) == len(TABLE)

@@ -151,13 +151,25 @@ def _adaptive(g: Any) -> bool:
     return "tags.dvfs.strategy" in g and bool((g["tags.dvfs.strategy"] == "adaptive").all())
 
 
-def _fill_from_curve(energy: dict[float, float], time: dict[float, float], freqs: Sequence[float]) -> None:
-    """Predict the clocks an adaptive sweep did not measure from the ones it did (curve.py), in place."""
-    from dvfs_mlops.curve import Measurement, fit_curve
+def fill_from_curves(gaps: Sequence[tuple[dict[float, float], dict[float, float]]],
+                     measured: Sequence[tuple[dict[float, float], dict[float, float]]], freqs: Sequence[float]) -> float:
+    """Predict the clocks adaptive-sweep workloads did not measure (`gaps`: their energy and time by clock, filled
+    in place) from their own curve fits (curve.py). The board's voltage-curve shape is fitted across every
+    workload of the sweep (`measured`, the gaps' included): a profile whose curve is not the Orin's default
+    would otherwise bias every fill-in, and with it the clock a workload's curve calls best. Returns the shape."""
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape
 
-    fit = fit_curve([Measurement(f, time[f], energy[f]) for f in energy], f_max_mhz=max(freqs))
-    for pt in fit.predict([f for f in freqs if f not in energy]):
-        energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
+    f_max = max(freqs)
+    points = [[Measurement(f, time[f], energy[f]) for f in energy] for energy, time in measured]
+    try:
+        shape = fit_voltage_shape(points, f_max)
+    except DvfsError:  # no workload has three clocks: the Orin's shape
+        shape = ORIN_VOLTAGE_SHAPE
+    for energy, time in gaps:
+        fit = fit_curve([Measurement(f, time[f], energy[f]) for f in energy], voltage_shape=shape, f_max_mhz=f_max)
+        for pt in fit.predict([f for f in freqs if f not in energy]):
+            energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
+    return shape
 
 
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
@@ -174,6 +186,8 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     freqs = sorted({_num(f) for f in pinned["params.freq_mhz"]})
     curves: list[WorkloadCurve] = []
     missing: list[str] = []
+    measured: list[tuple[dict[float, float], dict[float, float]]] = []
+    gaps: list[tuple[dict[float, float], dict[float, float]]] = []
     for workload, g in df.groupby("_workload", sort=True):
         gp = g[g["params.freq_mhz"] != "maxn"].assign(_f=lambda x: x["params.freq_mhz"].map(_num))
         m = g[g["params.freq_mhz"] == "maxn"]
@@ -184,8 +198,9 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         time = _mean_by_clock(gp, "metrics.time_s")
         e_exp = _mean_by_clock(gp, "metrics.energy_expected_j")
         t_exp = _mean_by_clock(gp, "metrics.time_expected_s")
+        measured.append((energy, time))
         if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
-            _fill_from_curve(energy, time, freqs)
+            gaps.append((energy, time))  # filled below, once the sweep's voltage shape is known
         r0 = g.iloc[0]
         feats = WorkloadFeatures(
             model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),
@@ -198,6 +213,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         curves.append(WorkloadCurve(workload, str(r0.get("params.split", "train")), feats, energy, time,
                                     float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc,
                                     e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s")))
+    if gaps:
+        shape = fill_from_curves(gaps, measured, freqs)
+        log.info("sweep %s: %d adaptive workload(s) filled from their curve fits (voltage shape %.2f, fitted across the sweep)",
+                 sweep_id or "?", len(gaps), shape)
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
         raise DvfsError(f"sweep {sweep_id or '?'} has {len(missing)} unusable workload(s), missing: {shown}; "
