@@ -75,23 +75,26 @@ def paper_curves(repeats: int = 1, seed: int = 0, profile: str = "sim-orin") -> 
     return curves, [float(f) for f in freqs]
 
 
-def adaptive_curves(curves: list[Any], freqs: list[float]) -> tuple[list[Any], float]:
+def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-orin") -> tuple[list[Any], float]:
     """The same workloads as an adaptive sweep would leave them (`sweep --strategy adaptive`, no production
     governor: it starts mid-table): each workload's draws only at the clocks `next_clock` asks for, the other
     clocks filled from its curve fit as `train` fills them (governor/dataset.py). Expected values untouched.
     Returns the curves and the mean number of pinned clocks measured per workload."""
     import dataclasses
 
-    from dvfs_mlops.curve import Measurement, next_clock
+    from dvfs_mlops.curve import Measurement, next_clock, voltage_shape_for
+    from dvfs_mlops.device.sim import SimDevice
     from dvfs_mlops.governor.dataset import fill_from_curves
     from dvfs_mlops.sweep.adaptive import MAX_PINNED
+    from dvfs_mlops.twin.profiles import builtin_profile
 
     table = sorted(freqs)
     start = table[len(table) // 2]
+    shape = voltage_shape_for(SimDevice(builtin_profile(profile)))  # what the sweep's next_clock uses on this profile
     out, counts, gaps = [], [], []
     for c in curves:
         got: list[Measurement] = []
-        while (f := next_clock(got, table, start, max_clocks=MAX_PINNED)) is not None:
+        while (f := next_clock(got, table, start, max_clocks=MAX_PINNED, voltage_shape=shape)) is not None:
             got.append(Measurement(f, c.time_s[f], c.energy_j[f]))
         energy = {m.freq_mhz: m.energy_j for m in got}
         time_s = {m.freq_mhz: m.time_s for m in got}
@@ -160,7 +163,7 @@ def run_profile(profile: str) -> list[tuple[str, str, str]]:
     adaptive_rows = []
     if os.environ.get("DVFS_BENCH_ADAPTIVE", "1") != "0":
         # The same search on the train workloads as an adaptive sweep measures them; judged on the same eval workloads.
-        ad_curves, ad_clocks = adaptive_curves(curves, freqs)
+        ad_curves, ad_clocks = adaptive_curves(curves, freqs, profile)
         ad_ds = GovernorDataset(ad_curves, freqs, "paper-twin-adaptive", profile, True)
         t0 = time.process_time()
         ad_res = run_search(ad_ds, energy, trials=trials, seed=0, storage="sqlite:///:memory:", outer_trials=outer)

@@ -33,7 +33,8 @@ def run() -> list[tuple[str, str, str]]:
 
 
 def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.curve import Measurement, fit_curve, next_clock
+    from dvfs_mlops.curve import Measurement, fit_curve, next_clock, voltage_shape_for
+    from dvfs_mlops.device.sim import SimDevice
     from dvfs_mlops.refine import WARMUP_STEPS, plan
     from dvfs_mlops.twin.params import OrinTwinParams
     from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
@@ -41,6 +42,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 60
     p = BUILTIN_PROFILES[profile] if profile in BUILTIN_PROFILES else OrinTwinParams.from_yaml(profile)
     rng = np.random.default_rng(0)
     table = sorted(p.frequencies_mhz)
+    shape = voltage_shape_for(SimDevice(p))  # the profile's own voltage curve, as the sweep and refine use it
 
     def draw(est) -> Measurement:
         tf, pf = 1 + p.noise_time * rng.standard_normal(), 1 + p.noise_power * rng.standard_normal()
@@ -52,7 +54,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 60
         emin = min(e.values())
         for _ in range(repeats):
             meas = {f: draw(curve[f]) for f in table}
-            fit = fit_curve([meas[f] for f in FOUR], f_max_mhz=table[-1])
+            fit = fit_curve([meas[f] for f in FOUR], voltage_shape=shape, f_max_mhz=table[-1])
             err += [abs(pt.energy_j / e[pt.freq_mhz] - 1) for pt in fit.predict(table) if pt.freq_mhz not in FOUR]
             reg4.append(e[fit.optimum(table).freq_mhz] / emin - 1)
             reg11.append(e[min(meas, key=lambda f: meas[f].energy_j)] / emin - 1)
@@ -60,7 +62,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 60
             start = table[len(table) // 2]
             clocks, per = plan(budget, start, table)
             probes = [draw(curve[f]) for f in clocks]
-            chosen = fit_curve(probes, f_max_mhz=table[-1]).optimum(table).freq_mhz
+            chosen = fit_curve(probes, voltage_shape=shape, f_max_mhz=table[-1]).optimum(table).freq_mhz
             probe_j = sum(per * e[f] for f in clocks)
             total = WARMUP_STEPS * e[start] + probe_j + (job_steps - WARMUP_STEPS - per * len(clocks)) * e[chosen]
             reg_ref.append(total / (job_steps * emin) - 1)
@@ -70,10 +72,10 @@ def run_profile(profile: str = "sim-orin", repeats: int = 5, job_steps: int = 60
             breakeven.append(WARMUP_STEPS + per * len(clocks) + extra / gain if gain > 0 else float("inf"))
             # (c) adaptive
             got: list[Measurement] = []
-            while (f := next_clock(got, table, start)) is not None:
+            while (f := next_clock(got, table, start, voltage_shape=shape)) is not None:
                 got.append(draw(curve[f]))
             ad_clocks.append(len(got))
-            ad_ok.append(e[fit_curve(got, f_max_mhz=table[-1]).optimum(table).freq_mhz] / emin - 1 <= 0.002)
+            ad_ok.append(e[fit_curve(got, voltage_shape=shape, f_max_mhz=table[-1]).optimum(table).freq_mhz] / emin - 1 <= 0.002)
     finite = [b for b in breakeven if np.isfinite(b)]
     pct = lambda xs: f"{100 * float(np.mean(xs)):.3f} %"
     return [

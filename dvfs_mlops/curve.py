@@ -73,8 +73,14 @@ class CurvePoint:
         return dataclasses.asdict(self)
 
 
-def voltage_shape_for(profile: str) -> float:
-    """The voltage-curve shape r of a board profile: the Orin's for the twin and the Orin boards, else the same default."""
+def voltage_shape_for(device: object) -> float:
+    """The voltage-curve shape r of a device's board. The twin knows its own (its profile's V(f) = v0 + v1 (f/f_max)^2,
+    so r = v1 / v0: sim-orin-measured's is flatter than the Orin's); a real board's is not readable, so the
+    JetPack 6 AGX Orin's, which `fit_voltage_shape` can replace once a sweep has measured the board."""
+    params = getattr(device, "params", None)
+    v0, v1 = getattr(params, "volt_v0", None), getattr(params, "volt_v1", None)
+    if isinstance(v0, (int, float)) and isinstance(v1, (int, float)) and v0 > 0 and v1 >= 0:
+        return float(v1) / float(v0)
     return ORIN_VOLTAGE_SHAPE
 
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, CurvePoint, Measurement, fit_curve
+from dvfs_mlops.curve import CurvePoint, Measurement, fit_curve, voltage_shape_for
 from dvfs_mlops.errors import DvfsError
 
 log = logging.getLogger(__name__)
@@ -105,12 +105,12 @@ def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[fl
 class Refiner:
     """Call `on_step(step, loss)` after every charged training step of a session opened at `start_mhz`."""
 
-    def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float = ORIN_VOLTAGE_SHAPE,
+    def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float | None = None,
                  warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
         self.session = session
         self.table = sorted(float(f) for f in session.device.frequencies_mhz)
         self.start_mhz = float(session.freq)
-        self.voltage_shape = voltage_shape
+        self.voltage_shape = voltage_shape_for(session.device) if voltage_shape is None else voltage_shape
         self.warmup = warmup
         self.say = say or log.info
         self.clocks, self.per_probe = plan(budget, self.start_mhz, self.table)

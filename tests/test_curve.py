@@ -177,3 +177,18 @@ def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
     gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms})
     assert fill_from_curves([gap], [gap], TABLE) == ORIN_VOLTAGE_SHAPE
     assert len(gap[0]) == len(TABLE)
+
+
+def test_voltage_shape_is_the_twin_profiles_own_and_the_orins_on_a_board():
+    from dvfs_mlops.curve import voltage_shape_for
+    from dvfs_mlops.device.jetson import JetsonDevice
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.refine import Refiner
+    from dvfs_mlops.twin.profiles import builtin_profile
+
+    measured = SimDevice(builtin_profile("sim-orin-measured"))
+    assert voltage_shape_for(measured) == pytest.approx(0.20 / 0.60)
+    assert voltage_shape_for(SimDevice(builtin_profile("sim-orin"))) == pytest.approx(ORIN_VOLTAGE_SHAPE)
+    assert voltage_shape_for(JetsonDevice.__new__(JetsonDevice)) == ORIN_VOLTAGE_SHAPE  # a board: nothing to read
+    with measured.session(816.0, noise_key="shape") as s:
+        assert Refiner(s, 20, 100, say=lambda m: None).voltage_shape == pytest.approx(0.20 / 0.60)

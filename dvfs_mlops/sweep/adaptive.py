@@ -64,7 +64,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     ran: list[str] = []
     found: list[str] = []
     predicted_rows: list[str] = []
-    shape = voltage_shape_for(device.profile)
+    shape = voltage_shape_for(device)
     completed = False
     try:
         for model, task in workloads:
