@@ -244,7 +244,7 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 
 @main.command()
 @click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper.")
-@click.option("--models", default="", help="Comma-separated model presets (default: the preset's).")
+@click.option("--models", default="", help="Comma-separated models (default: the preset's): presets, transformers config.json files or folders, hub names ORG/NAME (online, or a local folder with weights).")
 @click.option("--tasks", default="", help="Comma-separated GLUE tasks (default: the preset's).")
 @click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table.")
 @click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's); 0 = profile only (sim).")
@@ -372,7 +372,8 @@ def _depth(policy: dict) -> int:
 
 
 @main.command("finetune")
-@click.option("--model", default="", help=f"A model preset: {', '.join(MODEL_PRESETS)}.")
+@click.option("--model", default="", help=f"A model preset ({', '.join(MODEL_PRESETS)}), a transformers config.json or folder, "
+                                         "or a hub name ORG/NAME (as sweep --models takes them).")
 @click.option("--model-config", default="", help="A transformers config.json (or folder) instead of a preset.")
 @click.option("--task", required=True, help="A GLUE task: sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli.")
 @click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder.")
@@ -413,6 +414,11 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 
     if not (model or model_config or pretrained):
         raise DvfsError("name the model: --model PRESET, --model-config PATH or --pretrained NAME_OR_PATH")
+    if model and not (model_config or pretrained) and model not in MODEL_PRESETS:  # a config or hub name, named as a sweep names it
+        from dvfs_mlops.workloads.zoo import model_entry
+
+        entry = model_entry(model)
+        model, model_config, pretrained = entry.name, entry.config_path or "", entry.pretrained or ""
     twin = _twin(twin_profile, twin_params)
     if not dry_run:  # a dry run asks the store only if its governor is not remembered (launcher.resolve_governor)
         tracking.check_reachable()

@@ -82,7 +82,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             by_workload.setdefault(p.workload, []).append(p)
         for workload, wpoints in by_workload.items():
             model, task = workload.split("/")
-            prepared = prepare_workload(model, task, data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
+            prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
                                         train_size=spec.train_size, dev_size=spec.dev_size)
             split = TASKS[task].split
             trace_for = prepared.trace_provider(spec.batch_size) if device.simulated else None

@@ -68,7 +68,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     completed = False
     try:
         for model, task in workloads:
-            prepared = prepare_workload(model, task, data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
+            prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
                                         train_size=spec.train_size, dev_size=spec.dev_size)
             trace_for = prepared.trace_provider(spec.batch_size) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}

@@ -14,6 +14,7 @@ from dvfs_mlops.device.base import parse_freq
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.workloads.tasks import TASKS, get_task
 from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
+from dvfs_mlops.workloads.zoo import ModelEntry, model_entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,13 @@ class SweepSpec:
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
     twin_digest: str = ""  # a twin profile that is not built in: a digest of its constants (a refit is another sweep)
     strategy: str = "grid"  # grid: every clock; adaptive: the clocks the curve model asks for (sweep/adaptive.py)
+    # Where each non-preset model's config comes from (a path on this machine, a hub id): not the sweep's identity,
+    # which the model's name carries (zoo.ModelEntry), so boards holding the same config elsewhere share the sweep.
+    model_entries: tuple[ModelEntry, ...] = ()
+
+    def entry(self, model: str) -> ModelEntry:
+        """The model's `ModelEntry` (a preset's when the list has none for it)."""
+        return next((e for e in self.model_entries if e.name == model), ModelEntry(model))
 
     def points(self) -> list[Point]:
         out = []
@@ -95,6 +103,7 @@ class SweepSpec:
         d.pop("sweep_id")
         d.pop("experiment")
         d.pop("shuffle_clocks")  # the order of the points, not what is measured
+        d.pop("model_entries")  # where configs live on this machine; their content is in the models' names
         if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
             d.pop("twin_digest")
         if d.get("strategy") == "grid":
@@ -127,10 +136,8 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
     if strategy not in STRATEGIES:
         raise unknown("strategy", strategy, list(STRATEGIES))
     p = PRESETS[preset]
-    model_list = _split_list(models) or list(p.models)
-    for m in model_list:
-        if m not in MODEL_PRESETS:
-            raise unknown("model", m, list(MODEL_PRESETS))
+    entries = _model_entries(_split_list(models) or list(p.models))
+    model_list = [e.name for e in entries]
     task_list = _split_list(tasks) or list(p.tasks)
     for t in task_list:
         get_task(t)
@@ -160,8 +167,25 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
         shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device), strategy=strategy,
+        model_entries=tuple(e for e in entries if e.config_path or e.pretrained),
     )
     return spec.with_default_id()
+
+
+def _model_entries(texts: list[str]) -> list[ModelEntry]:
+    """Presets, config files or folders and hub names -> entries, each checked before anything runs: a config is
+    built (an unknown model_type fails here, not at its first point) and a hub model's config is fetched."""
+    entries: list[ModelEntry] = []
+    for text in texts:
+        e = model_entry(text)
+        if e.name not in {x.name for x in entries}:  # the same config twice (two paths, one content) is one model
+            entries.append(e)
+    from dvfs_mlops.workloads.zoo import resolve_model
+
+    for e in entries:
+        if e.config_path or e.pretrained:
+            _ = resolve_model(e.name, e.config_path, e.pretrained).config
+    return entries
 
 
 def _twin_digest(device: Any) -> str:

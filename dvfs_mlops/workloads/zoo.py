@@ -7,7 +7,10 @@ head). `--pretrained NAME_OR_PATH` loads real weights instead, for users who hav
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,10 +200,15 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
     if pretrained is not None:
         from transformers import AutoConfig
 
+        hub_log = logging.getLogger("huggingface_hub")
+        level = hub_log.level
+        hub_log.setLevel(logging.ERROR)  # offline, it warns about each failed request before the error we turn into one line
         try:
             config = AutoConfig.from_pretrained(pretrained)
         except OSError as e:
             raise DvfsError(f"cannot load pretrained model {pretrained!r} (offline? pass a local folder): {e}".splitlines()[0]) from None
+        finally:
+            hub_log.setLevel(level)
         return ModelSpec(name or Path(pretrained).name, config, pretrained=pretrained)
     if name is None:
         raise DvfsError("name a model preset or pass --model-config PATH")
@@ -208,3 +216,62 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         raise unknown("model", name, list(PRESETS))
     preset = PRESETS[name]
     return ModelSpec(name, source={"preset": preset.config_source()}, build=preset.config)
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    """One entry of a model list (`sweep --models`): the workload's model name and where its config comes from.
+
+    The name is what runs, resume keys and the governor see, so it is readable and the same on every machine:
+    a preset's name; for a config file or folder, its name plus a digest of the config's content (a path is
+    not an identity: two boards hold the same config at different paths, and an edited config is another
+    model); for a hub model, its id with '/' as '--' (a workload is "MODEL/TASK")."""
+
+    name: str
+    config_path: str | None = None
+    pretrained: str | None = None
+
+    def prepare_kwargs(self) -> dict[str, Any]:
+        """prepare_workload's model arguments."""
+        return {"model": self.name, "model_config_path": self.config_path, "pretrained": self.pretrained}
+
+
+def _config_digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:6]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
+
+
+def model_entry(text: str) -> ModelEntry:
+    """A preset name, a transformers config.json (or a folder holding one; with weights beside it, a local
+    pretrained model) or a hub name ORG/NAME -> a `ModelEntry`. Reads a config file, never the network."""
+    if text in PRESETS:
+        return ModelEntry(text)
+    path = Path(text).expanduser()
+    if path.exists():
+        config_file = path / "config.json" if path.is_dir() else path
+        if not config_file.is_file():
+            raise DvfsError(f"model folder {path} has no config.json; pass a transformers config.json or a folder holding one")
+        try:
+            data = json.loads(config_file.read_text())
+        except (ValueError, OSError) as e:
+            raise _config_error(config_file, e) from None
+        if not isinstance(data, dict) or data.get("model_type") is None:
+            raise DvfsError(f"{config_file} has no 'model_type'; it is not a transformers config")
+        label = path.name if path.is_dir() else (path.parent.name if path.stem == "config" else path.stem)
+        name = f"{_slug(label)}-{_config_digest(data)}"
+        if path.is_dir() and any((path / w).is_file() for w in WEIGHT_FILES):
+            return ModelEntry(name, pretrained=str(path.resolve()))
+        return ModelEntry(name, config_path=str(path.resolve()))
+    if text.endswith(".json") or text.startswith((".", "/", "~")):
+        raise DvfsError(f"model config {text} does not exist; pass a config.json or a folder holding one")
+    if _HUB_NAME.fullmatch(text):
+        return ModelEntry(text.replace("/", "--"), pretrained=text)
+    raise DvfsError(f"unknown model {text!r}; valid models: a preset ({', '.join(PRESETS)}), a transformers config.json "
+                    "or folder, or a hub name ORG/NAME")

@@ -1,0 +1,142 @@
+"""Your own models: transformers configs of architectures that are not presets (Llama-, Qwen2- and OPT-style, written
+here), local pretrained folders and hub names, in `sweep --models` and `finetune --model`, on the twin."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dvfs_mlops.cli import main
+from dvfs_mlops.workloads.zoo import ModelEntry, model_entry
+
+LLAMA = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+QWEN = {"model_type": "qwen2", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+OPT = {"model_type": "opt", "vocab_size": 1000, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "max_position_embeddings": 256, "word_embed_proj_dim": 32}
+SMALL = ["--tasks", "sst2", "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
+
+
+@pytest.fixture
+def configs(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "qwen-tiny").mkdir()
+    paths = {"llama": tmp_path / "llama-tiny.json", "qwen": tmp_path / "qwen-tiny", "opt": tmp_path / "opt-tiny.json"}
+    paths["llama"].write_text(json.dumps(LLAMA))
+    (paths["qwen"] / "config.json").write_text(json.dumps(QWEN))
+    paths["opt"].write_text(json.dumps(OPT))
+    return paths
+
+
+@pytest.fixture
+def store(empty_store: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
+    return empty_store
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _points(store: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=store)
+    exps = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(exps, filter_string="tags.`dvfs.point` != ''", max_results=1000)
+
+
+def test_entries_name_configs_by_content_not_path(configs: dict[str, Path], tmp_path: Path):
+    llama = model_entry(str(configs["llama"]))
+    assert re.fullmatch(r"llama-tiny-[0-9a-f]{6}", llama.name) and llama.config_path == str(configs["llama"].resolve())
+    moved = tmp_path / "elsewhere" / "llama-tiny.json"
+    moved.parent.mkdir()
+    shutil.copy(configs["llama"], moved)
+    assert model_entry(str(moved)).name == llama.name  # another board, another path: the same model
+    moved.write_text(json.dumps({**LLAMA, "num_hidden_layers": 4}))
+    assert model_entry(str(moved)).name != llama.name  # an edited config is another model
+    assert re.fullmatch(r"qwen-tiny-[0-9a-f]{6}", model_entry(str(configs["qwen"])).name)
+    assert model_entry("bert-tiny") == ModelEntry("bert-tiny")
+    assert model_entry("Qwen/Qwen2.5-0.5B") == ModelEntry("Qwen--Qwen2.5-0.5B", pretrained="Qwen/Qwen2.5-0.5B")
+
+
+def test_sweep_takes_presets_and_configs_mixed_and_resumes_them_from_another_path(configs, store, tmp_path):
+    models = ",".join(["bert-tiny", str(configs["llama"]), str(configs["qwen"]), str(configs["opt"])])
+    r = _invoke("sweep", "--preset", "smoke", "--models", models, *SMALL)
+    assert r.exit_code == 0, r.output
+    runs = _points(store)
+    by_model = {x.data.params["model"]: x for x in runs if x.data.params["freq_mhz"] == "816"}
+    names = sorted(by_model)
+    assert len(runs) == 8 and names[0] == "bert-tiny" and [n.rsplit("-", 1)[0] for n in names[1:]] == ["llama-tiny", "opt-tiny", "qwen-tiny"]
+    # features read from configs the code has never seen
+    qwen = next(x for n, x in by_model.items() if n.startswith("qwen-tiny"))
+    assert (qwen.data.params["model_type"], qwen.data.params["num_layers"], qwen.data.params["hidden_size"]) == ("decoder", "3", "64")
+    opt = next(x for n, x in by_model.items() if n.startswith("opt-tiny"))
+    assert (opt.data.params["num_layers"], opt.data.params["hidden_size"]) == ("2", "32") and int(opt.data.params["num_params"]) > 0
+    # the same configs at other paths: the same sweep, nothing runs again
+    other = tmp_path / "copy"
+    shutil.copytree(configs["qwen"], other / "qwen-tiny")
+    shutil.copy(configs["llama"], other / "llama-tiny.json")
+    shutil.copy(configs["opt"], other / "opt-tiny.json")
+    again = ",".join(["bert-tiny", str(other / "llama-tiny.json"), str(other / "qwen-tiny"), str(other / "opt-tiny.json")])
+    r2 = _invoke("sweep", "--preset", "smoke", "--models", again, *SMALL)
+    assert r2.exit_code == 0, r2.output
+    assert "8 already finished, 0 to run" in r2.output and len(_points(store)) == 8
+
+
+def test_finetune_takes_a_config_file_as_its_model(configs, store):
+    r = _invoke("registry", "bootstrap")
+    assert r.exit_code == 0, r.output
+    assert _invoke("registry", "promote", "1").exit_code == 0
+    r = _invoke("finetune", "--model", str(configs["opt"]), "--task", "sst2", "--device", "sim", "--steps", "2", "--train-size", "32",
+                "--probe-steps", "0", "--no-save-model", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert re.fullmatch(r"opt-tiny-[0-9a-f]{6}/sst2", out["workload"])
+    assert out["decision"]["features"]["num_layers"] == 2 and out["decision"]["features"]["model_type"] == "decoder"
+
+
+def _local_pretrained(folder: Path) -> None:
+    """A tiny BERT with its own tokenizer, saved as `save_pretrained` writes a hub checkpoint (offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    words = ["the", "movie", "was", "good", "bad", "great", "awful", "fine", "plot", "actors", "film", "story"]
+    tok.train_from_iterator([" ".join(words)] * 4, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]").save_pretrained(folder)
+    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    BertForSequenceClassification(config).save_pretrained(folder)
+
+
+def test_a_local_pretrained_folder_loads_its_weights_and_tokenizer(tmp_path, store):
+    folder = tmp_path / "tiny-bert-local"
+    _local_pretrained(folder)
+    entry = model_entry(str(folder))
+    assert entry.pretrained == str(folder.resolve()) and entry.config_path is None and entry.name.startswith("tiny-bert-local-")
+    r = _invoke("sweep", "--preset", "smoke", "--models", str(folder), *SMALL)
+    assert r.exit_code == 0, r.output
+    runs = _points(store)
+    assert {x.data.params["model"] for x in runs} == {entry.name} and len(runs) == 2
+    assert {x.data.params["model_type"] for x in runs} == {"encoder"}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "nothing.json", "model config {p} does not exist"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "model folder {p} has no config.json"),
+    (lambda d: (d / "x.json").write_text('{"hidden_size": 8}') and d / "x.json", "has no 'model_type'; it is not a transformers config"),
+    (lambda d: (d / "y.json").write_text('{"model_type": "no-such-arch"}') and d / "y.json", "cannot read model config"),
+    (lambda d: Path("gpt-17"), "unknown model 'gpt-17'; valid models: a preset (bert-tiny"),
+])
+def test_bad_models_are_one_line_before_anything_runs(tmp_path, store, make, message):
+    path = make(tmp_path)
+    r = _invoke("sweep", "--preset", "smoke", "--models", f"bert-tiny,{path}", *SMALL)
+    assert r.exit_code == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message.format(p=path) in lines[0], r.stderr
+    assert _points(store) == []  # checked before the first point, bert-tiny's included
