@@ -29,6 +29,9 @@ class Count(click.IntRange):
         return super().convert(value, param, ctx)
 
 
+PRECISION_OPTION = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]),
+                                help="Training precision: autocast to bf16 or fp16 (fp16 with a gradient scaler); the twin "
+                                     "charges tensor-core rates for 16-bit matmuls. Recorded on every run.")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (messages and links go to stderr).")
 SEED_OPTION = click.option("--seed", default=0, show_default=True, type=Count(), help="Random seed (data, model init, sampling): same seed, same run.")
 
@@ -270,6 +273,7 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's).")
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
+@PRECISION_OPTION
 @click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
               help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
                    "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points).")
@@ -277,7 +281,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
           repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, twin_profile: str | None,
           twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
-          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid") -> None:
+          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid", precision: str = "fp32") -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
@@ -292,7 +296,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
         repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy, precision=precision,
     )
     _announce(dev, device_name)
     start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
@@ -389,6 +393,7 @@ def _depth(policy: dict) -> int:
 @click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
 @click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
 @click.option("--learning-rate", default=None, type=float, help="Default 1e-3 from scratch, 5e-5 with --pretrained.")
+@PRECISION_OPTION
 @click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
@@ -405,7 +410,7 @@ def _depth(policy: dict) -> int:
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
-                 refine: int | None = None) -> None:
+                 refine: int | None = None, precision: str = "fp32") -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -427,7 +432,7 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
     where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
-    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed)
+    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
                            announce_device=not as_json, torch_device=where, observe=observe, refine=refine)

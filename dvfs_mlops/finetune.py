@@ -23,6 +23,10 @@ import numpy as np
 from dvfs_mlops.device.placement import synchronize
 from dvfs_mlops.workloads.tokenizer import Encoded, collate, padded_length
 
+# --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
+# (the twin charges tensor-core rates for 16-bit matmuls).
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
@@ -35,6 +39,11 @@ class FinetuneConfig:
     seed: int = 0
     eval_batch_size: int = 64
     attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+
+    @property
+    def trace_dtype(self) -> str:
+        return PRECISIONS[self.precision]
 
 
 @dataclasses.dataclass
@@ -111,6 +120,8 @@ def finetune(
 
     torch.manual_seed(config.seed)
     model = build_model(model_config, config.seed, config.attn_implementation, pretrained).to(torch_device)
+    amp = _autocast(torch_device, config.precision)
+    scaler = torch.amp.GradScaler(torch.device(torch_device).type, enabled=config.precision == "fp16")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     warmup = max(1, int(config.warmup_share * steps))
@@ -124,10 +135,12 @@ def finetune(
         for step, (idx, n) in enumerate(zip(batches, lengths)):
             ids, mask = collate([train.ids[i] for i in idx], pad_id)
             labels = torch.as_tensor(train.labels[idx], dtype=label_dtype).to(torch_device)
-            out = model(input_ids=torch.from_numpy(ids).to(torch_device), attention_mask=torch.from_numpy(mask).to(torch_device),
-                        labels=labels)
-            out.loss.backward()
-            optimizer.step()
+            with amp():
+                out = model(input_ids=torch.from_numpy(ids).to(torch_device), attention_mask=torch.from_numpy(mask).to(torch_device),
+                            labels=labels)
+            scaler.scale(out.loss).backward()  # a pass-through unless fp16
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(out.loss.detach())  # .item() waits for the step's GPU work: the step boundary
@@ -139,7 +152,8 @@ def finetune(
         wall = time.monotonic() - t_train
     tail = losses[-max(1, len(losses) // 10):]
     with metered(session, "eval", torch_device):
-        value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
+        with amp():
+            value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
     return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model)
 
 
@@ -154,6 +168,18 @@ def metered(session: Any, name: str, torch_device: str = "cpu") -> Iterator[None
     with window(name):
         yield
         synchronize(torch_device)
+
+
+def _autocast(torch_device: str, precision: str) -> Callable[[], Any]:
+    """A context factory: autocast to the precision's dtype on the device, or nothing for fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext
+    import torch
+
+    dtype = getattr(torch, PRECISIONS[precision])
+    return lambda: torch.autocast(device_type=torch.device(torch_device).type, dtype=dtype)
 
 
 def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -> None:
@@ -171,7 +197,7 @@ def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_s
     with torch.no_grad():
         for start in range(0, len(dev), batch_size):
             ids, mask = collate(dev.ids[start:start + batch_size], pad_id)
-            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits
+            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits.float()
             out = logits.squeeze(-1) if is_regression else logits.argmax(-1)
             preds.append(out.float().cpu().numpy() if is_regression else out.cpu().numpy())
     model.train()

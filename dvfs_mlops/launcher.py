@@ -39,14 +39,14 @@ class Decision:
                 "expected_saving_simulated": True, "gpu_util_source": self.util_source}
 
 
-def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int, device: Any = None) -> Any:
+def _twin_curve(prepared: Any, batch_size: int, steps: int, seed: int, device: Any = None, dtype: str = "float32") -> Any:
     """The twin's view of this job: per-step estimates for the median padded length of its batches (on the
     sim device's own profile when `device` is the twin, else on the default one)."""
     from dvfs_mlops.device.sim import SimDevice
 
     batches = plan_batches(prepared.n_train, max(1, steps), batch_size, seed)
     lengths = sorted(padded_length([prepared.train_lengths[i] for i in b]) for b in batches)
-    trace = prepared.trace_provider(batch_size)(lengths[len(lengths) // 2])
+    trace = prepared.trace_provider(batch_size, dtype)(lengths[len(lengths) // 2])
     return SimDevice(params=getattr(device, "params", None) if getattr(device, "simulated", False) else None).curve(trace)
 
 
@@ -58,11 +58,11 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
     `observe=True` takes no lock either.
     """
     if probe_steps <= 0:
-        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device)
+        _, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device, cfg.trace_dtype)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     prepared.materialize()  # the probe trains: data, tokenizer and model config, before the session starts
     probe = dataclasses.replace(cfg, steps=probe_steps, epochs=None)
-    trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
+    trace_for = prepared.trace_provider(cfg.batch_size, cfg.trace_dtype) if device.simulated else None
     session = device.session(MAXN, observe=observe, **({"noise_key": "probe"} if device.simulated else {}))
     with session:
         finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
@@ -207,7 +207,7 @@ def plan_decision(device: Any, prepared: Any, cfg: FinetuneConfig, governor_uri:
     freq, path = decide(model, meta, features, device.frequencies_mhz)
     saving = None
     try:
-        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device)
+        curve, maxn = _twin_curve(prepared, cfg.batch_size, num_steps(cfg, prepared.n_train), cfg.seed, device, cfg.trace_dtype)
         nearest = min(curve, key=lambda f: abs(f - freq))
         saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
     except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none
@@ -268,7 +268,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
     if env_run:
         tracking.log_run_batch(c, run_id, tags=tags)
     try:
-        trace_for = prepared.trace_provider(cfg.batch_size) if device.simulated else None
+        trace_for = prepared.trace_provider(cfg.batch_size, cfg.trace_dtype) if device.simulated else None
         session = device.session(decision.freq_mhz, observe=observe, **({"noise_key": "finetune"} if device.simulated else {}))
         sim = " (SIMULATED)" if device.simulated else ""
         say(f"observing on {device.name}{sim} (clocks left as found; would pin {decision.freq_mhz:g} MHz), fine-tuning on {where} ..."
@@ -295,7 +295,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
                   "num_params": f.num_params, "task": prepared.data.task.name, "avg_seq_len": round(f.avg_seq_len, 3),
                   "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(settled),
                   "device": device.name, "device_profile": device.profile, "batch_size": cfg.batch_size, "steps": result.steps,
-                  "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source,
+                  "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source, "precision": cfg.precision,
                   "torch_device": where, **records.session_params(session)}
         tracking.log_run_batch(c, run_id, params=params, metrics={**metrics, "expected_saving_vs_maxn": decision.expected_saving},
                                tags=records.session_tags(session, report), series={"power_w": report.power_series_w[:1000]})

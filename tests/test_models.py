@@ -140,3 +140,31 @@ def test_bad_models_are_one_line_before_anything_runs(tmp_path, store, make, mes
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and message.format(p=path) in lines[0], r.stderr
     assert _points(store) == []  # checked before the first point, bert-tiny's included
+
+
+def test_precision_trains_with_autocast_is_recorded_and_bf16_costs_less_on_the_twin(store):
+    """`--precision bf16|fp16` really trains (autocast; fp16 with a scaler), logs `precision` on every point, is part of
+    the sweep's identity (an fp32 sweep keeps its old id) and the twin charges it at tensor-core rates."""
+    expected: dict[str, float] = {}
+    ids: dict[str, str] = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        r = _invoke("sweep", "--preset", "smoke", "--models", "bert-mini", *SMALL, "--precision", precision)
+        assert r.exit_code == 0, r.output
+        ids[precision] = re.search(r"sweep (sweep-[0-9a-f]{10})", r.output).group(1)
+        runs = [x for x in _points(store) if x.data.tags["dvfs.sweep_id"] == ids[precision]]
+        assert len(runs) == 2 and {x.data.params["precision"] for x in runs} == {precision}
+        at_816 = next(x for x in runs if x.data.params["freq_mhz"] == "816")
+        assert 0.0 <= at_816.data.metrics["eval_accuracy"] <= 1.0  # trained and evaluated under autocast
+        expected[precision] = at_816.data.metrics["energy_expected_j"]
+    assert len(set(ids.values())) == 3  # a bf16 sweep never resumes an fp32 one
+    assert expected["bf16"] < 0.9 * expected["fp32"] and expected["fp16"] < 0.9 * expected["fp32"]
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.sweep import build_spec
+
+    old = build_spec(SimDevice(), "smoke", models="bert-mini", tasks="sst2", freqs="816", steps=2, train_size=32, dev_size=16)
+    assert old.sweep_id == ids["fp32"] and "precision" not in old.definition()
+
+
+def test_an_unknown_precision_is_one_line():
+    r = _invoke("sweep", "--preset", "smoke", "--precision", "int8", "--device", "sim")
+    assert r.exit_code == 2 and "'int8' is not one of 'fp32', 'bf16', 'fp16'" in r.stderr

@@ -82,6 +82,7 @@ class SweepSpec:
     # Where each non-preset model's config comes from (a path on this machine, a hub id): not the sweep's identity,
     # which the model's name carries (zoo.ModelEntry), so boards holding the same config elsewhere share the sweep.
     model_entries: tuple[ModelEntry, ...] = ()
+    precision: str = "fp32"  # fp32 | bf16 | fp16: how every point trains (and what the twin charges)
 
     def entry(self, model: str) -> ModelEntry:
         """The model's `ModelEntry` (a preset's when the list has none for it)."""
@@ -104,6 +105,8 @@ class SweepSpec:
         d.pop("experiment")
         d.pop("shuffle_clocks")  # the order of the points, not what is measured
         d.pop("model_entries")  # where configs live on this machine; their content is in the models' names
+        if self.precision == "fp32":
+            d.pop("precision")  # fp32 sweeps keep the ids they had before precisions existed
         if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
             d.pop("twin_digest")
         if d.get("strategy") == "grid":
@@ -129,12 +132,16 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
                steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
                seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
                replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
-               strategy: str = "grid") -> SweepSpec:
+               strategy: str = "grid", precision: str = "fp32") -> SweepSpec:
     """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, list(PRESETS))
     if strategy not in STRATEGIES:
         raise unknown("strategy", strategy, list(STRATEGIES))
+    from dvfs_mlops.finetune import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise unknown("precision", precision, list(PRECISIONS))
     p = PRESETS[preset]
     entries = _model_entries(_split_list(models) or list(p.models))
     model_list = [e.name for e in entries]
@@ -167,7 +174,7 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
         shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device), strategy=strategy,
-        model_entries=tuple(e for e in entries if e.config_path or e.pretrained),
+        model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=precision,
     )
     return spec.with_default_id()
 
