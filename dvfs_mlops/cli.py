@@ -176,15 +176,19 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @click.option("--model-config", type=click.Path(), help="A transformers config.json (or folder) instead of a preset.")
 @click.option("--seq-len", type=Count(min=1), required=True, help="Padded sequence length of a batch.")
 @click.option("--batch-size", type=Count(min=1), default=16, show_default=True, help="Examples per training step.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
-              help="Training precision the twin charges for.")
+@PRECISION_OPTION
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None, hidden=True,
+              help="The torch dtype's name instead of --precision (kept for older scripts).")
 @TWIN_PROFILE_OPTION
 @TWIN_PARAMS_OPTION
 @JSON_OPTION
-def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, dtype: str,
+def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, precision: str, dtype: str | None,
              twin_profile: str | None, twin_params: str | None, as_json: bool) -> None:
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
+    from dvfs_mlops.finetune import PRECISIONS
     from dvfs_mlops.simulate import simulate_curve
+
+    dtype = dtype or PRECISIONS[precision]
 
     if model and model_config:
         raise DvfsError("give either MODEL or --model-config, not both")

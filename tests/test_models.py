@@ -168,3 +168,14 @@ def test_precision_trains_with_autocast_is_recorded_and_bf16_costs_less_on_the_t
 def test_an_unknown_precision_is_one_line():
     r = _invoke("sweep", "--preset", "smoke", "--precision", "int8", "--device", "sim")
     assert r.exit_code == 2 and "'int8' is not one of 'fp32', 'bf16', 'fp16'" in r.stderr
+
+
+def test_simulate_takes_the_same_precision_option():
+    def energy(*extra: str) -> float:
+        r = _invoke("simulate", "bert-mini", "--seq-len", "32", "--json", *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["points"][2]["energy_j"]
+
+    bf16 = energy("--precision", "bf16")
+    assert bf16 == energy("--dtype", "bfloat16")  # the older option still works
+    assert bf16 < 0.9 * energy()  # fp32 by default
