@@ -182,16 +182,19 @@ def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
 
 def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[Any, ...]:
     """(trace, count) of every padded length the point's steps ran, as the sweep planned them."""
-    from dvfs_mlops.finetune import plan_batches
+    from dvfs_mlops.finetune import PRECISIONS, plan_batches
     from dvfs_mlops.workloads.prepare import prepare_workload
     from dvfs_mlops.workloads.tokenizer import padded_length
 
     seed, batch = int(run["params.seed"]), int(run["params.batch_size"])
     steps = int(run["params.steps"]) or int(_present(run.get("params.profile_steps")) or definition.get("profile_steps") or 0)
-    prepared = prepare_workload(model, task, data_source=str(run["params.data_source"]), data_dir=definition.get("data_dir"),
+    # a config-file or pretrained model: where the sweep read it (runs before these params: a preset)
+    config_path, pretrained = _present(run.get("params.model_config")) or None, _present(run.get("params.pretrained")) or None
+    prepared = prepare_workload(model, task, model_config_path=config_path, pretrained=pretrained,
+                                data_source=str(run["params.data_source"]), data_dir=definition.get("data_dir"),
                                 seed=seed, train_size=int(definition["train_size"]), dev_size=int(definition.get("dev_size", 256)))
     lengths = Counter(padded_length([prepared.train_lengths[i] for i in b]) for b in plan_batches(prepared.n_train, steps, batch, seed))
-    trace_for = prepared.trace_provider(batch)
+    trace_for = prepared.trace_provider(batch, PRECISIONS[str(_present(run.get("params.precision")) or "fp32")])
     return tuple((trace_for(n), k) for n, k in sorted(lengths.items()))
 
 

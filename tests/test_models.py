@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from dvfs_mlops.cli import main
 from dvfs_mlops.workloads.zoo import ModelEntry, model_entry
 
-LLAMA = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+LLAMA = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
-QWEN = {"model_type": "qwen2", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+QWEN = {"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
-OPT = {"model_type": "opt", "vocab_size": 1000, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+OPT = {"model_type": "opt", "vocab_size": 8000, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
        "max_position_embeddings": 256, "word_embed_proj_dim": 32}
 SMALL = ["--tasks", "sst2", "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
 
@@ -132,6 +132,8 @@ def test_a_local_pretrained_folder_loads_its_weights_and_tokenizer(tmp_path, sto
     (lambda d: (d / "x.json").write_text('{"hidden_size": 8}') and d / "x.json", "has no 'model_type'; it is not a transformers config"),
     (lambda d: (d / "y.json").write_text('{"model_type": "no-such-arch"}') and d / "y.json", "cannot read model config"),
     (lambda d: Path("gpt-17"), "unknown model 'gpt-17'; valid models: a preset (bert-tiny"),
+    (lambda d: (d / "toy.json").write_text(json.dumps({**LLAMA, "vocab_size": 1000})) and d / "toy.json",
+     "has vocab_size 1000; trained from scratch it reads a WordPiece vocabulary of 8000 tokens"),
 ])
 def test_bad_models_are_one_line_before_anything_runs(tmp_path, store, make, message):
     path = make(tmp_path)
@@ -179,3 +181,19 @@ def test_simulate_takes_the_same_precision_option():
     bf16 = energy("--precision", "bf16")
     assert bf16 == energy("--dtype", "bfloat16")  # the older option still works
     assert bf16 < 0.9 * energy()  # fp32 by default
+
+
+def test_twin_fit_rebuilds_a_config_models_bf16_points(configs, store, tmp_path):
+    """`twin fit --sweep-id` on a sweep of a config-file model in bf16: its points are rebuilt from the logged
+    config path and precision, and the fitted profile reproduces them within the twin's noise."""
+    r = _invoke("sweep", "--preset", "smoke", "--models", str(configs["llama"]), "--tasks", "sst2,rte", "--freqs", "510,1020",
+                "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim", "--precision", "bf16")
+    assert r.exit_code == 0, r.output
+    runs = _points(store)
+    assert {x.data.params["model_config"] for x in runs} == {str(configs["llama"].resolve())}
+    sweep_id = runs[0].data.tags["dvfs.sweep_id"]
+    r = _invoke("twin", "fit", "--sweep-id", sweep_id, "--out", str(tmp_path / "fit.yaml"), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["n_workloads"] == 2 and report["n_points"] == 4
+    assert report["errors_expected"]["energy"]["mean_rel"] < 0.05, report["errors_expected"]

@@ -18,7 +18,10 @@ POWER_SERIES_MAX_POINTS = 1000
 
 
 def _point_params(spec: SweepSpec, point: Point, features: Any, device: Any, split: str) -> dict[str, Any]:
+    entry = spec.entry(point.model)  # where a non-preset's config came from: what `twin fit` rebuilds the point from
+    source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
     return {
+        **source,
         "model": point.model, "model_type": features.model_type, "num_layers": features.num_layers,
         "hidden_size": features.hidden_size, "num_params": features.num_params, "task": point.task,
         "avg_seq_len": round(features.avg_seq_len, 3), "freq_mhz": freq_label(point.freq), "device": device.name,

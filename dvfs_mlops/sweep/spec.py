@@ -187,11 +187,13 @@ def _model_entries(texts: list[str]) -> list[ModelEntry]:
         e = model_entry(text)
         if e.name not in {x.name for x in entries}:  # the same config twice (two paths, one content) is one model
             entries.append(e)
-    from dvfs_mlops.workloads.zoo import resolve_model
+    from dvfs_mlops.workloads.zoo import check_scratch_vocab, resolve_model
 
     for e in entries:
         if e.config_path or e.pretrained:
-            _ = resolve_model(e.name, e.config_path, e.pretrained).config
+            spec = resolve_model(e.name, e.config_path, e.pretrained)
+            check_scratch_vocab(spec)
+            _ = spec.config
     return entries
 
 

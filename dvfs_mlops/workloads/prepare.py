@@ -37,11 +37,9 @@ from dvfs_mlops.workloads.tokenizer import (
     train_wordpiece,
     training_texts,
 )
-from dvfs_mlops.workloads.zoo import ModelSpec, resolve_model
+from dvfs_mlops.workloads.zoo import WORDPIECE_VOCAB, ModelSpec, check_scratch_vocab, resolve_model
 
 log = logging.getLogger(__name__)
-
-WORDPIECE_VOCAB = 8000  # train_wordpiece's vocabulary size
 
 
 def mean_length(lengths: list[int]) -> float:
@@ -197,6 +195,7 @@ def prepare_workload(model: str | None, task: str, *, model_config_path: str | N
                      train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True) -> PreparedWorkload:
     """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing)."""
     spec = resolve_model(model, model_config_path, pretrained)
+    check_scratch_vocab(spec)
     task_spec = get_task(task)
     source = "tsv" if data_dir is not None else data_source
     if source not in SOURCES:

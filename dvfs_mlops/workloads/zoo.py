@@ -17,6 +17,9 @@ from typing import Any
 
 from dvfs_mlops.errors import DvfsError, unknown
 
+# The WordPiece vocabulary a model trained from scratch reads (workloads/prepare.py trains it on the task's text).
+WORDPIECE_VOCAB = 8000
+
 ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mobilebert"}
 
 
@@ -168,6 +171,19 @@ def _from_folder(path: Path) -> Callable[[], Any]:
             raise _config_error(path, e) from None
 
     return build
+
+
+def check_scratch_vocab(spec: ModelSpec) -> None:
+    """A config trained from scratch reads our WordPiece's token ids: its embedding must hold all of them.
+    Read from the config's JSON (no transformers import); presets and pretrained models (their own tokenizer) pass."""
+    if spec.pretrained is not None or spec.source is None:
+        return
+    data = spec.source.get("file") or spec.source.get("folder") or {}
+    vocab = data.get("vocab_size")
+    if isinstance(vocab, int) and vocab < WORDPIECE_VOCAB:
+        raise DvfsError(f"model {spec.name} has vocab_size {vocab}; trained from scratch it reads a WordPiece vocabulary of "
+                        f"{WORDPIECE_VOCAB} tokens: set vocab_size >= {WORDPIECE_VOCAB} in its config, or give a pretrained model "
+                        "with its own tokenizer")
 
 
 def resolve_model(name: str | None = None, config_path: str | Path | None = None, pretrained: str | None = None) -> ModelSpec:
