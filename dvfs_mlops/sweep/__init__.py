@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops import tracking
-from dvfs_mlops.finetune import PRECISIONS, FinetuneResult
+from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.runs import sweep_frame
 from dvfs_mlops.sweep.artifacts import log_sweep_artifacts
@@ -85,7 +85,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
                                         train_size=spec.train_size, dev_size=spec.dev_size)
             split = TASKS[task].split
-            trace_for = prepared.trace_provider(spec.batch_size, PRECISIONS[spec.precision]) if device.simulated else None
+            trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}  # repeat -> the run whose numerics are replayed
             for point in wpoints:
                 progress.start(point.key)

@@ -20,7 +20,7 @@ from typing import Any
 from dvfs_mlops import tracking
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.curve import Measurement, fit_curve, next_clock, voltage_shape_for
-from dvfs_mlops.finetune import PRECISIONS, FinetuneResult
+from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.spec import Point, SweepSpec
@@ -70,7 +70,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
         for model, task in workloads:
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
                                         train_size=spec.train_size, dev_size=spec.dev_size)
-            trace_for = prepared.trace_provider(spec.batch_size, PRECISIONS[spec.precision]) if device.simulated else None
+            trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}
 
             def measure(freq: Any, model: str = model, task: str = task, prepared: Any = prepared, trace_for: Any = trace_for,

@@ -84,6 +84,13 @@ class SweepSpec:
     model_entries: tuple[ModelEntry, ...] = ()
     precision: str = "fp32"  # fp32 | bf16 | fp16: how every point trains (and what the twin charges)
 
+    @property
+    def trace_dtype(self) -> str:
+        """The torch dtype's name the twin traces the points' steps in (as FinetuneConfig.trace_dtype)."""
+        from dvfs_mlops.finetune import PRECISIONS
+
+        return PRECISIONS[self.precision]
+
     def entry(self, model: str) -> ModelEntry:
         """The model's `ModelEntry` (a preset's when the list has none for it)."""
         return next((e for e in self.model_entries if e.name == model), ModelEntry(model))

@@ -147,6 +147,17 @@ def _config_error(path: Path, e: Exception) -> DvfsError:
     return DvfsError(f"cannot read model config {path}: {e}")
 
 
+def _read_config_json(path: Path) -> dict[str, Any]:
+    """A transformers config.json's data: JSON holding a `model_type` (one line naming the file otherwise)."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise _config_error(path, e) from None
+    if not isinstance(data, dict) or data.get("model_type") is None:
+        raise DvfsError(f"{path} has no 'model_type'; it is not a transformers config")
+    return data
+
+
 def _from_file(path: Path, data: dict[str, Any]) -> Callable[[], Any]:
     def build() -> Any:
         from transformers import AutoConfig
@@ -197,12 +208,7 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         if not path.exists():
             raise DvfsError(f"model config {path} does not exist; pass a config.json or a folder holding one")
         if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (ValueError, OSError) as e:
-                raise _config_error(path, e) from None
-            if not isinstance(data, dict) or data.get("model_type") is None:
-                raise DvfsError(f"{path} has no 'model_type'; it is not a transformers config")
+            data = _read_config_json(path)
             label = name or (path.parent.name if path.stem == "config" else path.stem)
             return ModelSpec(label or "custom", source={"file": data}, build=_from_file(path, data))
         source = None
@@ -274,12 +280,7 @@ def model_entry(text: str) -> ModelEntry:
         config_file = path / "config.json" if path.is_dir() else path
         if not config_file.is_file():
             raise DvfsError(f"model folder {path} has no config.json; pass a transformers config.json or a folder holding one")
-        try:
-            data = json.loads(config_file.read_text())
-        except (ValueError, OSError) as e:
-            raise _config_error(config_file, e) from None
-        if not isinstance(data, dict) or data.get("model_type") is None:
-            raise DvfsError(f"{config_file} has no 'model_type'; it is not a transformers config")
+        data = _read_config_json(config_file)
         label = path.name if path.is_dir() else (path.parent.name if path.stem == "config" else path.stem)
         name = f"{_slug(label)}-{_config_digest(data)}"
         if path.is_dir() and any((path / w).is_file() for w in WEIGHT_FILES):
