@@ -32,6 +32,30 @@ class Count(click.IntRange):
 PRECISION_OPTION = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]),
                                 help="Training precision: autocast to bf16 or fp16 (fp16 with a gradient scaler); the twin "
                                      "charges tensor-core rates for 16-bit matmuls. Recorded on every run.")
+
+
+def peft_options(command: Any) -> Any:
+    """--peft and the LoRA options, on every command that trains (sweep, finetune)."""
+    options = [
+        click.option("--peft", "peft_method", default="full", show_default=True, type=click.Choice(["full", "lora"]),
+                     help="full: every weight trains; lora: the base is frozen and low-rank adapters (peft) plus the task head "
+                          "train. Part of the workload's name (+lora-r8a16), so a LoRA run never resumes a full one."),
+        click.option("--lora-r", default=None, type=Count(min=1), help="LoRA rank (default 8)."),
+        click.option("--lora-alpha", default=None, type=Count(min=1), help="LoRA scale alpha (default 16)."),
+        click.option("--lora-targets", default="", help="Comma-separated module names LoRA adapts (default: peft's table for the "
+                                                        "architecture, e.g. q_proj,v_proj for Llama/Qwen, query,value for BERT)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _peft(method: str, r: int | None, alpha: int | None, targets: str) -> Any:
+    from dvfs_mlops.workloads.adapters import peft_spec
+
+    return peft_spec(method, r, alpha, targets or None)
+
+
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (messages and links go to stderr).")
 SEED_OPTION = click.option("--seed", default=0, show_default=True, type=Count(), help="Random seed (data, model init, sampling): same seed, same run.")
 
@@ -278,6 +302,7 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
 @PRECISION_OPTION
+@peft_options
 @click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
               help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
                    "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points).")
@@ -285,7 +310,8 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
           repeats: int | None, device_name: str, sample_hz: float, gpu_index: int, torch_device: str, twin_profile: str | None,
           twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
-          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid", precision: str = "fp32") -> None:
+          train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid", precision: str = "fp32",
+          peft_method: str = "full", lora_r: int | None = None, lora_alpha: int | None = None, lora_targets: str = "") -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
@@ -293,6 +319,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     if observe:
         raise DvfsError("a sweep exists to pin each clock, so it has no --observe; meter a job as found with "
                         "`dvfs-mlops finetune --observe` or `dvfs-mlops run --observe -- CMD`")
+    peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
     tracking.check_reachable()  # before the device is even opened
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
@@ -300,7 +327,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
         repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy, precision=precision,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy, precision=precision, peft=peft,
     )
     _announce(dev, device_name)
     start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
@@ -398,6 +425,7 @@ def _depth(policy: dict) -> int:
 @click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
 @click.option("--learning-rate", default=None, type=float, help="Default 1e-3 from scratch, 5e-5 with --pretrained.")
 @PRECISION_OPTION
+@peft_options
 @click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
@@ -414,7 +442,8 @@ def _depth(policy: dict) -> int:
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
-                 refine: int | None = None, precision: str = "fp32") -> None:
+                 refine: int | None = None, precision: str = "fp32", peft_method: str = "full", lora_r: int | None = None,
+                 lora_alpha: int | None = None, lora_targets: str = "") -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -428,15 +457,17 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 
         entry = model_entry(model)
         model, model_config, pretrained = entry.name, entry.config_path or "", entry.pretrained or ""
+    peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
     if not dry_run:  # a dry run asks the store only if its governor is not remembered (launcher.resolve_governor)
         tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
-                                data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
+                                data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size, peft=peft,
+                                precision=precision)
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
     where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
-    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision)
+    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision, peft=peft)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
                            announce_device=not as_json, torch_device=where, observe=observe, refine=refine)

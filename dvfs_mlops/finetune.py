@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops.device.placement import synchronize
+from dvfs_mlops.workloads.adapters import FULL, PeftSpec
 from dvfs_mlops.workloads.tokenizer import Encoded, collate, padded_length
 
 # --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
@@ -40,6 +41,7 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    peft: PeftSpec = FULL  # full fine-tuning, or LoRA (base frozen; adapters and the task head train)
 
     @property
     def trace_dtype(self) -> str:
@@ -77,14 +79,17 @@ def plan_batches(n_train: int, steps: int, batch_size: int, seed: int) -> list[n
     return batches
 
 
-def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None) -> Any:
+def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None, peft: PeftSpec = FULL) -> Any:
+    """The sequence classifier (from the config, or from `pretrained` weights), adapted as `peft` says."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
     if pretrained:
-        return AutoModelForSequenceClassification.from_pretrained(pretrained, config=config, attn_implementation=attn)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+        model = AutoModelForSequenceClassification.from_pretrained(pretrained, config=config, attn_implementation=attn)
+    else:
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+    return peft.apply(model, str(getattr(config, "model_type", "")))
 
 
 def finetune(
@@ -119,11 +124,12 @@ def finetune(
     import torch
 
     torch.manual_seed(config.seed)
-    model = build_model(model_config, config.seed, config.attn_implementation, pretrained).to(torch_device)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained, config.peft).to(torch_device)
     amp = _autocast(torch_device, config.precision)
     scaler = torch.amp.GradScaler(torch.device(torch_device).type, enabled=config.precision == "fp16")
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: frozen weights get no optimizer state
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     warmup = max(1, int(config.warmup_share * steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup)) if s >= warmup else (s + 1) / warmup

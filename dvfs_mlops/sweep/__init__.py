@@ -80,10 +80,10 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         by_workload: dict[str, list[Point]] = {}
         for p in todo:
             by_workload.setdefault(p.workload, []).append(p)
-        for workload, wpoints in by_workload.items():
-            model, task = workload.split("/")
+        for wpoints in by_workload.values():
+            model, task = wpoints[0].model, wpoints[0].task
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
-                                        train_size=spec.train_size, dev_size=spec.dev_size)
+                                        train_size=spec.train_size, dev_size=spec.dev_size, peft=spec.peft, precision=spec.precision)
             split = TASKS[task].split
             trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}  # repeat -> the run whose numerics are replayed

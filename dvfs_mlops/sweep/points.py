@@ -27,6 +27,7 @@ def _point_params(spec: SweepSpec, point: Point, features: Any, device: Any, spl
         "avg_seq_len": round(features.avg_seq_len, 3), "freq_mhz": freq_label(point.freq), "device": device.name,
         "device_profile": device.profile, "batch_size": spec.batch_size, "steps": spec.steps, "seed": spec.seed,
         "repeat": point.repeat, "split": split, "data_source": spec.data_source, "precision": spec.precision,
+        "trainable_params": features.trainable_params, **spec.peft.params(),
         **({"profile_steps": spec.profile_steps} if spec.steps == 0 else {}),
     }
 
@@ -41,7 +42,7 @@ def _downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> li
 def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
                split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu") -> str:
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed,
-                         precision=spec.precision)
+                         precision=spec.precision, peft=spec.peft)
     profile_only = spec.steps == 0
     replay = spec.replay and not profile_only and point.repeat in trained
     tags = {

@@ -146,34 +146,42 @@ def _make_mode(recorder: _Recorder) -> Any:
     return _TraceMode()
 
 
-def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int) -> str:
-    """A stable id for a (model config, batch, padded length, dtype) capture."""
+def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int, peft: Any = None) -> str:
+    """A stable id for a (model config, batch, padded length, dtype, adaptation) capture."""
     import torch
 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for volatile in ("transformers_version", "_name_or_path", "_attn_implementation_autoset", "torch_dtype", "dtype"):
         cfg.pop(volatile, None)
-    blob = json.dumps(
-        {"cfg": cfg, "b": batch_size, "s": seq_len, "dt": dtype, "nl": num_labels, "torch": torch.__version__, "fmt": TRACE_FORMAT},
-        sort_keys=True,
-        default=str,
-    )
+    what: dict[str, Any] = {"cfg": cfg, "b": batch_size, "s": seq_len, "dt": dtype, "nl": num_labels, "torch": torch.__version__,
+                            "fmt": TRACE_FORMAT}
+    if peft is not None and peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+        what["peft"] = peft.definition()
+    blob = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def capture_step_trace(config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2) -> StepTrace:
-    """Trace one AdamW training step of a sequence-classification model on the meta device."""
+def capture_step_trace(config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2,
+                       peft: Any = None) -> StepTrace:
+    """Trace one AdamW training step of a sequence-classification model on the meta device.
+
+    With LoRA (`peft`: anything with `is_lora`, `definition()` and `apply(model, model_type)`, as the workloads'
+    PeftSpec; the twin knows no adapter library) the model is wrapped as training wraps it: autograd then computes
+    no weight gradient for the frozen base, and the optimizer moves only the adapters' and the head's state.
+    """
     import torch
     from transformers import AutoModelForSequenceClassification
 
     torch_dtype = getattr(torch, dtype)
-    key = trace_key(config, batch_size, seq_len, dtype, num_labels)
+    key = trace_key(config, batch_size, seq_len, dtype, num_labels, peft)
     cfg = type(config).from_dict(config.to_dict())
     cfg.num_labels = num_labels
     if getattr(cfg, "pad_token_id", None) is None:
         cfg.pad_token_id = 0
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
+        if peft is not None and peft.is_lora:
+            model = peft.apply(model, str(getattr(cfg, "model_type", "")))
     model.train()
     vocab = int(getattr(cfg, "vocab_size", 30522))
     input_ids = torch.randint(1, max(2, vocab), (batch_size, seq_len), device="meta")
@@ -216,8 +224,8 @@ class TraceCache:
         self.directory = Path(directory) if directory else default_cache_dir()
         self._memo: dict[str, StepTrace] = {}
 
-    def get(self, config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2) -> StepTrace:
-        key = trace_key(config, batch_size, seq_len, dtype, num_labels)
+    def get(self, config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2, peft: Any = None) -> StepTrace:
+        key = trace_key(config, batch_size, seq_len, dtype, num_labels, peft)
         if key in self._memo:
             return self._memo[key]
         path = self.directory / f"{key}.json"
@@ -230,7 +238,7 @@ class TraceCache:
             except (OSError, ValueError, KeyError):
                 trace = None  # a corrupt cache entry is re-captured
         if trace is None:
-            trace = capture_step_trace(config, batch_size, seq_len, dtype, num_labels)
+            trace = capture_step_trace(config, batch_size, seq_len, dtype, num_labels, peft)
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(trace.to_json()))

@@ -7,9 +7,13 @@ from typing import Any
 # The study's size split: results are reported for models <= 70M and > 70M parameters.
 SMALL_MODEL_PARAMS = 70_000_000
 # The one list of governor input columns (the pyfunc signature, policy.json features, the docs).
-FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")
-# The same columns as numbers for a decision tree: model_type becomes is_decoder (1.0 for a decoder).
-NUMERIC_FEATURES = tuple("is_decoder" if c == "model_type" else c for c in FEATURE_COLUMNS)
+# trainable_params and precision came later: a row without them is a full fine-tune in fp32 (policy_tree.feature_value).
+FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct", "trainable_params",
+                   "precision")
+# The same columns as numbers for a decision tree: model_type becomes is_decoder (1.0 for a decoder), precision becomes
+# half_precision (1.0 for bf16/fp16: tensor-core rates, half the bytes).
+_NUMERIC_NAME = {"model_type": "is_decoder", "precision": "half_precision"}
+NUMERIC_FEATURES = tuple(_NUMERIC_NAME.get(c, c) for c in FEATURE_COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +24,12 @@ class WorkloadFeatures:
     num_params: int
     avg_seq_len: float  # mean unpadded token length of the training set
     gpu_util_pct: float | None  # measured at maxn (None until measured)
+    trainable_params: int | None = None  # parameters that get gradients and optimizer state (None: all, a full fine-tune)
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+
+    def __post_init__(self) -> None:
+        if self.trainable_params is None:
+            object.__setattr__(self, "trainable_params", self.num_params)
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -27,8 +37,9 @@ class WorkloadFeatures:
     def numeric_row(self) -> dict[str, float]:
         """NUMERIC_FEATURES -> value; an unmeasured gpu_util_pct counts as 0."""
         row = self.as_row()
-        out = {c: float(row[c] or 0.0) for c in FEATURE_COLUMNS if c != "model_type"}
-        return {"is_decoder": 1.0 if self.model_type == "decoder" else 0.0, **out}
+        out = {c: float(row[c] or 0.0) for c in FEATURE_COLUMNS if c not in _NUMERIC_NAME}
+        return {"is_decoder": 1.0 if self.model_type == "decoder" else 0.0, **out,
+                "half_precision": 0.0 if self.precision == "fp32" else 1.0}
 
     def with_gpu_util(self, pct: float | None) -> WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)
@@ -47,14 +58,19 @@ def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None) -> 
     return cfg
 
 
-def count_params(config: Any) -> int:
-    """Trainable parameters of the sequence classifier, counted on `meta` (no memory)."""
+def count_params(config: Any, peft: Any = None) -> tuple[int, int]:
+    """(all parameters, the trainable ones) of the sequence classifier, counted on `meta` (no memory); with a LoRA
+    `peft` (workloads/adapters.PeftSpec) the base weights are frozen and the adapters and the head train."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
+    from dvfs_mlops.workloads.adapters import FULL, apply_peft, count_trainable
+
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(config)
-    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+        base = count_trainable(model)
+        model = apply_peft(model, peft or FULL, str(getattr(config, "model_type", "")))
+    return base, count_trainable(model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,48 +81,59 @@ class ModelFacts:
     num_layers: int
     hidden_size: int
     num_params: int
+    trainable_params: int | None = None  # None: all of them (full fine-tuning)
 
 
-def facts_key(spec: Any, num_labels: int) -> str | None:
+def facts_key(spec: Any, num_labels: int, peft: Any = None) -> str | None:
     """The cache key of a model's facts: the config's fingerprint, the head's size, the code and libraries that count."""
     fp = spec.fingerprint
     if fp is None:
         return None
     from dvfs_mlops.workloads.cache import code_digest, digest, dist_version
 
-    return digest({"model": fp, "num_labels": int(num_labels), "torch": dist_version("torch"),
-                   "code": code_digest("workloads.features", "workloads.zoo")})
+    what: dict[str, Any] = {"model": fp, "num_labels": int(num_labels), "torch": dist_version("torch"),
+                            "code": code_digest("workloads.features", "workloads.zoo")}
+    if peft is not None and peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+        what.update(peft=peft.definition(), peft_version=dist_version("peft"), peft_code=code_digest("workloads.adapters"))
+    return digest(what)
 
 
-def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None) -> ModelFacts:
+def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None, peft: Any = None) -> ModelFacts:
     """The slow way: build the config with transformers and count the classifier's parameters on meta."""
-    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, count_params(classifier_config(spec, num_labels, pad_id)))
+    total, trainable = count_params(classifier_config(spec, num_labels, pad_id), peft)
+    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, total, trainable)
 
 
-def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True) -> ModelFacts:
+def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True, peft: Any = None) -> ModelFacts:
     """A model's facts, from the on-disk cache when this config was counted before (no torch, no transformers).
 
     The pad id changes no parameter count, so it is not part of the key.
     """
     from dvfs_mlops.workloads import cache
 
-    key = facts_key(spec, num_labels) if use_cache else None
+    key = facts_key(spec, num_labels, peft) if use_cache else None
     if key is not None:
         hit = cache.read("models", key)
         if hit is not None:
             try:
-                return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]))
-            except (KeyError, TypeError, ValueError):
+                trainable = hit.get("trainable_params")
+                return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]),
+                                  None if trainable is None else int(trainable))
+            except (KeyError, TypeError, ValueError, AttributeError):
                 pass  # a malformed entry is counted again
-    facts = compute_model_facts(spec, num_labels, pad_id)
+    facts = compute_model_facts(spec, num_labels, pad_id, peft)
     if key is not None:
         cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels})
     return facts
 
 
-def workload_features(spec: Any, config: Any, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
-    return WorkloadFeatures(spec.model_type, spec.num_layers, spec.hidden_size, count_params(config), float(avg_seq_len), gpu_util_pct)
+def workload_features(spec: Any, config: Any, avg_seq_len: float, gpu_util_pct: float | None = None, peft: Any = None,
+                      precision: str = "fp32") -> WorkloadFeatures:
+    total, trainable = count_params(config, peft)
+    return WorkloadFeatures(spec.model_type, spec.num_layers, spec.hidden_size, total, float(avg_seq_len), gpu_util_pct, trainable, precision)
 
 
-def features_from_facts(facts: ModelFacts, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
-    return WorkloadFeatures(facts.model_type, facts.num_layers, facts.hidden_size, facts.num_params, float(avg_seq_len), gpu_util_pct)
+def features_from_facts(facts: ModelFacts, avg_seq_len: float, gpu_util_pct: float | None = None,
+                        precision: str = "fp32") -> WorkloadFeatures:
+    return WorkloadFeatures(facts.model_type, facts.num_layers, facts.hidden_size, facts.num_params, float(avg_seq_len), gpu_util_pct,
+                            facts.trainable_params, precision)

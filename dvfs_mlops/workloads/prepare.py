@@ -23,6 +23,7 @@ import numpy as np
 
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.workloads import cache
+from dvfs_mlops.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.workloads.features import (
     WorkloadFeatures,
     classifier_config,
@@ -60,8 +61,9 @@ class PreparedWorkload:
 
     def __init__(self, name: str, spec: ModelSpec, task: TaskSpec, source: str, train_lengths: list[int], pad_id: int,
                  features: WorkloadFeatures, load: Callable[[], _Loaded], loaded: _Loaded | None = None,
-                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True):
-        self.name = name  # "bert-base/rte"
+                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True, peft: PeftSpec = FULL,
+                 precision: str = "fp32"):
+        self.name = name  # "bert-base/rte", "qwen2-0.5b/rte+lora-r8a16+bf16"
         self.spec = spec
         self.task = task
         self.source = source
@@ -72,6 +74,8 @@ class PreparedWorkload:
         self._loaded = loaded
         self._on_loaded = on_loaded
         self.use_cache = use_cache
+        self.peft = peft  # full fine-tuning or LoRA: what trains, what the twin traces
+        self.precision = precision
 
     @property
     def n_train(self) -> int:
@@ -135,9 +139,12 @@ class PreparedWorkload:
             return None
         from dvfs_mlops.twin.trace import TRACE_FORMAT
 
-        return cache.digest({"model": fp, "num_labels": self.task.num_labels, "pad_id": self.pad_id, "b": batch_size, "s": seq_len,
-                             "dt": dtype, "torch": cache.dist_version("torch"), "transformers": cache.dist_version("transformers"),
-                             "fmt": TRACE_FORMAT, "code": cache.code_digest("workloads.features", "twin.trace")})
+        what: dict[str, Any] = {"model": fp, "num_labels": self.task.num_labels, "pad_id": self.pad_id, "b": batch_size, "s": seq_len,
+                                "dt": dtype, "torch": cache.dist_version("torch"), "transformers": cache.dist_version("transformers"),
+                                "fmt": TRACE_FORMAT, "code": cache.code_digest("workloads.features", "twin.trace")}
+        if self.peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+            what.update(peft=self.peft.definition(), peft_version=cache.dist_version("peft"), peft_code=cache.code_digest("workloads.adapters"))
+        return cache.digest(what)
 
     def _trace(self, traces: Any, batch_size: int, seq_len: int, dtype: str) -> Any:
         key = self._trace_index_key(batch_size, seq_len, dtype)
@@ -146,7 +153,7 @@ class PreparedWorkload:
             trace = _stored_trace(traces.directory, str(hit.get("trace_key"))) if hit else None
             if trace is not None:
                 return trace
-        trace = traces.get(self.model_config, batch_size, seq_len, dtype, self.task.num_labels)
+        trace = traces.get(self.model_config, batch_size, seq_len, dtype, self.task.num_labels, self.peft)
         if key is not None:
             cache.write("traces", key, {"trace_key": trace.key},
                         described={"workload": self.name, "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype})
@@ -192,8 +199,12 @@ def lengths_key(task: TaskSpec, source: str, data_dir: str | None, seed: int, tr
 
 def prepare_workload(model: str | None, task: str, *, model_config_path: str | None = None, pretrained: str | None = None,
                      data_source: str = "synthetic", data_dir: str | None = None, seed: int = 0,
-                     train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True) -> PreparedWorkload:
-    """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing)."""
+                     train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True,
+                     peft: PeftSpec = FULL, precision: str = "fp32") -> PreparedWorkload:
+    """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing).
+
+    `peft` and `precision` are part of the workload: its name carries them (`+lora-r8a16+bf16`), its features count
+    the trainable parameters and record the precision, and the twin traces the step as it runs."""
     spec = resolve_model(model, model_config_path, pretrained)
     check_scratch_vocab(spec)
     task_spec = get_task(task)
@@ -232,7 +243,7 @@ def prepare_workload(model: str | None, task: str, *, model_config_path: str | N
             if key is not None:
                 cache.write("lengths", key, {"lengths": got, "pad_id": int(fresh.encoder.pad_id)})
 
-    facts = model_facts(spec, task_spec.num_labels, pad_id, use_cache=use_cache)
-    features = features_from_facts(facts, mean_length(lengths))
-    return PreparedWorkload(f"{spec.name}/{task}", spec, task_spec, source, lengths, pad_id, features, load, loaded,
-                            on_loaded=check if loaded is None else None, use_cache=use_cache)
+    facts = model_facts(spec, task_spec.num_labels, pad_id, use_cache=use_cache, peft=peft)
+    features = features_from_facts(facts, mean_length(lengths), precision=precision)
+    return PreparedWorkload(f"{spec.name}/{task}{variant_suffix(peft, precision)}", spec, task_spec, source, lengths, pad_id, features,
+                            load, loaded, on_loaded=check if loaded is None else None, use_cache=use_cache, peft=peft, precision=precision)
