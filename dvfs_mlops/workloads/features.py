@@ -34,12 +34,15 @@ class WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)
 
 
-def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None) -> Any:
-    """The model config actually trained: the preset's, with the task's head and our pad id."""
+def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification") -> Any:
+    """The model config actually trained: the preset's, with the task's head and our pad id.
+
+    A causal-LM task (`task_kind="causal_lm"`) trains the model's own LM head: no classification fields are set."""
     cfg = type(spec.config).from_dict(spec.config.to_dict())
-    cfg.num_labels = num_labels
-    if num_labels == 1:
-        cfg.problem_type = "regression"
+    if task_kind != "causal_lm":
+        cfg.num_labels = num_labels
+        if num_labels == 1:
+            cfg.problem_type = "regression"
     if pad_id is not None:
         cfg.pad_token_id = pad_id
     elif getattr(cfg, "pad_token_id", None) is None:
@@ -47,14 +50,33 @@ def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None) -> 
     return cfg
 
 
-def count_params(config: Any) -> int:
-    """Trainable parameters of the sequence classifier, counted on `meta` (no memory)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
+def auto_model_class(task_kind: str = "classification") -> Any:
+    """The transformers auto class a task trains: the causal LM for causal_lm tasks, else the sequence classifier."""
+    import transformers
 
-    with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(config)
+    return transformers.AutoModelForCausalLM if task_kind == "causal_lm" else transformers.AutoModelForSequenceClassification
+
+
+def count_params(config: Any, task_kind: str = "classification") -> int:
+    """Trainable parameters of the model trained (sequence classifier, or causal LM), counted on `meta` (no memory)."""
+    import torch
+
+    auto = auto_model_class(task_kind)
+    try:
+        with torch.device("meta"):
+            model = auto.from_config(config)
+    except ValueError as e:  # transformers: "Unrecognized configuration class ... for this kind of AutoModel"
+        if task_kind != "causal_lm":
+            raise
+        raise no_causal_lm_error(config, e) from None
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def no_causal_lm_error(config: Any, e: Exception) -> Any:
+    from dvfs_mlops.errors import DvfsError
+
+    return DvfsError(f"model type {getattr(config, 'model_type', '?')!r} has no causal-LM class in transformers "
+                     f"({str(e).splitlines()[0][:120]}); a causal-LM task needs a decoder such as a pythia preset or a Llama/Qwen config")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,30 +89,33 @@ class ModelFacts:
     num_params: int
 
 
-def facts_key(spec: Any, num_labels: int) -> str | None:
-    """The cache key of a model's facts: the config's fingerprint, the head's size, the code and libraries that count."""
+def facts_key(spec: Any, num_labels: int, task_kind: str = "classification") -> str | None:
+    """The cache key of a model's facts: the config's fingerprint, the head (its size and the task kind), the code and
+    libraries that count."""
     fp = spec.fingerprint
     if fp is None:
         return None
     from dvfs_mlops.workloads.cache import code_digest, digest, dist_version
 
-    return digest({"model": fp, "num_labels": int(num_labels), "torch": dist_version("torch"),
+    return digest({"model": fp, "num_labels": int(num_labels), "kind": task_kind, "torch": dist_version("torch"),
                    "code": code_digest("workloads.features", "workloads.zoo")})
 
 
-def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None) -> ModelFacts:
-    """The slow way: build the config with transformers and count the classifier's parameters on meta."""
-    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, count_params(classifier_config(spec, num_labels, pad_id)))
+def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification") -> ModelFacts:
+    """The slow way: build the config with transformers and count the trained model's parameters on meta."""
+    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size,
+                      count_params(classifier_config(spec, num_labels, pad_id, task_kind), task_kind))
 
 
-def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True) -> ModelFacts:
+def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True,
+                task_kind: str = "classification") -> ModelFacts:
     """A model's facts, from the on-disk cache when this config was counted before (no torch, no transformers).
 
     The pad id changes no parameter count, so it is not part of the key.
     """
     from dvfs_mlops.workloads import cache
 
-    key = facts_key(spec, num_labels) if use_cache else None
+    key = facts_key(spec, num_labels, task_kind) if use_cache else None
     if key is not None:
         hit = cache.read("models", key)
         if hit is not None:
@@ -98,9 +123,9 @@ def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_ca
                 return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]))
             except (KeyError, TypeError, ValueError):
                 pass  # a malformed entry is counted again
-    facts = compute_model_facts(spec, num_labels, pad_id)
+    facts = compute_model_facts(spec, num_labels, pad_id, task_kind)
     if key is not None:
-        cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels})
+        cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels, "kind": task_kind})
     return facts
 
 
