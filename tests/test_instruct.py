@@ -274,6 +274,44 @@ def test_finetune_on_instruct_from_jsonl_files(llama: Path, store: str, tmp_path
     assert {a.path for a in MlflowClient(tracking_uri=store).list_artifacts(out["run_id"], "model")} >= {"model/config.json"}
 
 
+def test_a_warm_dry_run_on_instruct_imports_neither_torch_nor_transformers(tmp_path: Path):
+    """The token-length, parameter-count and trace caches serve instruct as they serve GLUE: the second decision
+    for a workload imports neither torch nor transformers, and decides as the first."""
+    import os
+
+    from tests.conftest import REPO, production_store
+    from tests.test_decision_speed import _probe
+
+    env = production_store(tmp_path, DVFS_CACHE_DIR=str(tmp_path / "cache"))
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    args = ["finetune", "--model", "pythia-14m", "--task", "instruct", "--device", "sim", "--dry-run", "--probe-steps", "0",
+            "--train-size", "256", "--json"]
+    cold, cold_report, _ = _probe(env, tmp_path, *args)
+    assert set(cold_report["heavy"]) >= {"torch", "transformers"}
+    warm, warm_report, _ = _probe(env, tmp_path, *args)
+    assert warm_report["heavy"] == [] and warm["decision"] == cold["decision"]
+    assert warm["decision"]["features"]["num_params"] == 14067712  # pythia-14m with its LM head
+
+
+def test_encode_lm_with_a_pretrained_tokenizer():
+    """A pretrained tokenizer: its sep token (else a newline) between prompt and response, its eos at the end."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from dvfs_mlops.workloads.tokenizer import TextEncoder
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["say hi back to me"] * 3, trainers.WordLevelTrainer(special_tokens=["<unk>", "<eos>"]))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    hf.pad_token = hf.eos_token
+    enc = TextEncoder(hf, int(hf.pad_token_id), 128, hf=True)
+    encoded = enc.encode_lm([Example("say hi", "hi back", 0.0)])
+    ids, start = encoded.ids[0], encoded.response_start[0]
+    assert ids[-1] == hf.eos_token_id and hf.decode(ids[:start - 1]) == "say hi" and hf.decode(ids[start:-1]) == "hi back"
+    assert ids[start - 1] == hf.eos_token_id  # no sep token and "\n" is not a word of it here: eos separates
+
+
 def test_an_encoder_on_instruct_is_refused_in_one_line_before_anything_runs(store: str, tmp_path: Path):
     r = _invoke("sweep", "--preset", "smoke", "--models", "pythia-14m,bert-mini", "--tasks", "sst2,instruct", *TINY)
     line = _one_error_line(r)
