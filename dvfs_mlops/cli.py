@@ -194,6 +194,9 @@ def simulate(model: str | None, model_config: str | None, seq_len: int | None, b
 
     if model and model_config:
         raise DvfsError("give either MODEL or --model-config, not both")
+    if seq_len is None and not task:  # --seq-len is required unless the task's mean length stands in for it
+        ctx = click.get_current_context()
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "seq_len"))
     twin = _twin(twin_profile, twin_params)
     result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin, task=task or None)
     if as_json:
