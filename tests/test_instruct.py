@@ -321,3 +321,11 @@ def test_an_encoder_on_instruct_is_refused_in_one_line_before_anything_runs(stor
     assert "bert-mini is an encoder (bert)" in _one_error_line(r)
     r = _invoke("sweep", "--preset", "smoke", "--models", "pythia-14m", "--tasks", "instruct", "--data-dir", str(tmp_path), *TINY)
     assert "has no instruct/train.jsonl or train.jsonl for task instruct" in _one_error_line(r)
+
+
+def test_a_config_without_a_causal_lm_class_is_refused_in_one_line(store: str, tmp_path: Path):
+    t5 = tmp_path / "t5-tiny.json"  # neither an encoder of ours nor a causal LM of transformers'
+    t5.write_text(json.dumps({"model_type": "t5", "vocab_size": 8000, "d_model": 32, "d_ff": 64, "num_layers": 2, "num_heads": 2,
+                              "d_kv": 16}))
+    r = _invoke("sweep", "--preset", "smoke", "--models", str(t5), "--tasks", "instruct", *TINY)
+    assert "model type 't5' has no causal-LM class in transformers" in _one_error_line(r) and _points(store) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dvfs_mlops.errors import DvfsError
+
 # The study's size split: results are reported for models <= 70M and > 70M parameters.
 SMALL_MODEL_PARAMS = 70_000_000
 # The one list of governor input columns (the pyfunc signature, policy.json features, the docs).
@@ -72,9 +74,8 @@ def count_params(config: Any, task_kind: str = "classification") -> int:
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
-def no_causal_lm_error(config: Any, e: Exception) -> Any:
-    from dvfs_mlops.errors import DvfsError
-
+def no_causal_lm_error(config: Any, e: Exception) -> DvfsError:
+    """The one line for a config transformers has no causal LM for (a causal-LM task cannot train it)."""
     return DvfsError(f"model type {getattr(config, 'model_type', '?')!r} has no causal-LM class in transformers "
                      f"({str(e).splitlines()[0][:120]}); a causal-LM task needs a decoder such as a pythia preset or a Llama/Qwen config")
 
