@@ -198,7 +198,9 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @main.command()
 @click.argument("model", required=False)
 @click.option("--model-config", type=click.Path(), help="A transformers config.json (or folder) instead of a preset.")
-@click.option("--seq-len", type=Count(min=1), required=True, help="Padded sequence length of a batch.")
+@click.option("--seq-len", type=Count(min=1), default=None, help="Padded sequence length of a batch (required unless --task).")
+@click.option("--task", default="", help="Trace this task's head: a GLUE task's classifier, or instruct's LM head and loss "
+                                          "(a decoder only); without --seq-len, the task's mean length padded to 8.")
 @click.option("--batch-size", type=Count(min=1), default=16, show_default=True, help="Examples per training step.")
 @PRECISION_OPTION
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None, hidden=True,
@@ -206,8 +208,8 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @TWIN_PROFILE_OPTION
 @TWIN_PARAMS_OPTION
 @JSON_OPTION
-def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, precision: str, dtype: str | None,
-             twin_profile: str | None, twin_params: str | None, as_json: bool) -> None:
+def simulate(model: str | None, model_config: str | None, seq_len: int | None, batch_size: int, precision: str, dtype: str | None,
+             twin_profile: str | None, twin_params: str | None, as_json: bool, task: str = "") -> None:
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
     from dvfs_mlops.finetune import PRECISIONS
     from dvfs_mlops.simulate import simulate_curve
@@ -216,12 +218,16 @@ def simulate(model: str | None, model_config: str | None, seq_len: int, batch_si
 
     if model and model_config:
         raise DvfsError("give either MODEL or --model-config, not both")
+    if seq_len is None and not task:  # --seq-len is required unless the task's mean length stands in for it
+        ctx = click.get_current_context()
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "seq_len"))
     twin = _twin(twin_profile, twin_params)
-    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin)
+    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin, task=task or None)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"{result['model']}: batch {batch_size}, seq {seq_len}, {result['num_params'] / 1e6:.1f}M params "
+    on_task = f" on {result['task']}" if result["task"] else ""
+    click.echo(f"{result['model']}{on_task}: batch {batch_size}, seq {result['seq_len']}, {result['num_params'] / 1e6:.1f}M params "
                f"on {result['device_profile']} (SIMULATED)")
     click.echo(f"{'freq_mhz':>9} {'time_s':>9} {'power_w':>8} {'energy_j':>9} {'gpu_util':>8}")
     for pt in [*result["points"], result["maxn"]]:
@@ -276,7 +282,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @main.command()
 @click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper.")
 @click.option("--models", default="", help="Comma-separated models (default: the preset's): presets, transformers config.json files or folders, hub names ORG/NAME (online, or a local folder with weights).")
-@click.option("--tasks", default="", help="Comma-separated GLUE tasks (default: the preset's).")
+@click.option("--tasks", default="", help="Comma-separated tasks (default: the preset's): GLUE tasks, or instruct (causal LM, "
+                                          "decoder models only).")
 @click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table.")
 @click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's); 0 = profile only (sim).")
 @click.option("--profile-steps", default=None, type=Count(min=1), help="Steps charged per point when --steps 0 (default: the preset's).")
@@ -294,7 +301,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe).")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
-@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it "
+                                             "(implies --data-source tsv).")
 @SEED_OPTION
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="MLflow experiment the sweep's runs go to.")
 @click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition).")
@@ -410,7 +418,8 @@ def _depth(policy: dict) -> int:
 @click.option("--model", default="", help=f"A model preset ({', '.join(MODEL_PRESETS)}), a transformers config.json or folder, "
                                          "or a hub name ORG/NAME (as sweep --models takes them).")
 @click.option("--model-config", default="", help="A transformers config.json (or folder) instead of a preset.")
-@click.option("--task", required=True, help="A GLUE task: sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli.")
+@click.option("--task", required=True, help="A GLUE task (sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli) or instruct "
+                                             "(causal LM on prompt/response pairs; a decoder model).")
 @click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder.")
 @click.option("--governor", "governor_uri", default="", help="A models:/ URI (default models:/dvfs-governor@production).")
 @DEVICE_OPTION
@@ -429,7 +438,8 @@ def _depth(policy: dict) -> int:
 @click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
-@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it, or "
+                                             "the folder holding them (implies --data-source tsv).")
 @click.option("--train-size", default=2048, show_default=True, type=Count(min=1), help="Synthetic training examples.")
 @SEED_OPTION
 @click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")

@@ -67,7 +67,7 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
     with session:
         finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
                  is_regression=prepared.task.is_regression, session=session, trace_for=trace_for,
-                 run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device))
+                 run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device), task_kind=prepared.task.kind)
     util = session.report().gpu_util_pct
     if util is None:
         raise DvfsError(f"the {device.name} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
@@ -285,7 +285,8 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
                 refiner = Refiner(session, budget, num_steps(cfg, prepared.n_train), say=say)
             result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                              pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None)
+                              pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None,
+                              task_kind=prepared.task.kind)
         refined = refiner.result if refiner is not None else None
         settled = refined.chosen_mhz if refined is not None else decision.freq_mhz
         report = session.report()

@@ -82,6 +82,7 @@ def write_profile(result: FitResult, path: Path, source: str, simulated_input: b
 
 def points_from_csv(csv_path: str) -> list[FitPoint]:
     from dvfs_mlops.twin.trace import TraceCache
+    from dvfs_mlops.workloads.features import classifier_config
     from dvfs_mlops.workloads.tasks import get_task
     from dvfs_mlops.workloads.zoo import resolve_model
 
@@ -111,7 +112,8 @@ def points_from_csv(csv_path: str) -> list[FitPoint]:
         batch = int(_number(row, "batch_size", where, 16))
         seq = int(_number(row, "seq_len", where, task.mean_tokens))
         dtype = (row.get("dtype") or "float32").strip()
-        trace = traces.get(spec.config, batch, seq, dtype, task.num_labels)
+        config = classifier_config(spec, task.num_labels, None, task.kind) if task.causal_lm else spec.config
+        trace = traces.get(config, batch, seq, dtype, task.num_labels, kind=task.kind)
         points.append(FitPoint(f"{spec.name}/{task.name}", freq, ((trace, steps),), time_s, power))
     return points
 

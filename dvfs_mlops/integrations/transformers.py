@@ -129,8 +129,9 @@ class DvfsCallback(TrainerCallback):
         from dvfs_mlops.twin.trace import TraceCache
 
         padded = max(8, -(-int(round(avg_len)) // 8) * 8)
+        kind = "causal_lm" if type(model).__name__.endswith("ForCausalLM") else "classification"  # an LM head is traced as one
         return TraceCache().get(model.config, batch_size, padded, PRECISIONS[self.precision], int(getattr(model.config, "num_labels", 2)),
-                                peft_of(model))
+                                peft_of(model), kind=kind)
 
     def _check_placement(self, model: Any) -> None:
         from dvfs_mlops.device.placement import TorchDeviceError, resolve_torch_device

@@ -27,7 +27,7 @@ from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.resume import check_same_profile, finished_points, resolve_parent
 from dvfs_mlops.sweep.spec import MODEL_PRESETS, PRESETS, Point, SweepPreset, SweepSpec, build_spec
-from dvfs_mlops.workloads.tasks import TASKS
+from dvfs_mlops.workloads.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             model, task = wpoints[0].model, wpoints[0].task
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
                                         train_size=spec.train_size, dev_size=spec.dev_size, peft=spec.peft, precision=spec.precision)
-            split = TASKS[task].split
+            split = get_task(task).split
             trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}  # repeat -> the run whose numerics are replayed
             for point in wpoints:

@@ -24,7 +24,7 @@ from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.spec import Point, SweepSpec
-from dvfs_mlops.workloads.tasks import TASKS
+from dvfs_mlops.workloads.tasks import get_task
 
 MAX_PINNED = 4
 TAG_STRATEGY = "dvfs.strategy"
@@ -84,7 +84,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
                         for run_id in stale.pop(point.key, []):
                             c.set_terminated(run_id, "KILLED")
                         progress.start(point.key)
-                        summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, TASKS[task].split, trace_for, trained,
+                        summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, get_task(task).split, trace_for, trained,
                                             where)
                         ran.append(point.key)
                         progress.finish(point.key, summary)

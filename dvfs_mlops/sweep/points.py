@@ -65,7 +65,7 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
             else:
                 result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                                   is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                                  run_training=not profile_only, torch_device=torch_device)
+                                  run_training=not profile_only, torch_device=torch_device, task_kind=prepared.task.kind)
                 result.model = None
                 if spec.replay:
                     trained[point.repeat] = result

@@ -161,12 +161,12 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         raise unknown("precision", precision, list(PRECISIONS))
     p = PRESETS[preset]
     entries = _model_entries(_split_list(models) or list(p.models))
-    if peft.is_lora:
-        _check_lora_targets(entries, peft)
     model_list = [e.name for e in entries]
     task_list = _split_list(tasks) or list(p.tasks)
-    for t in task_list:
-        get_task(t)
+    task_specs = [get_task(t) for t in task_list]
+    _check_models_fit_tasks(entries, task_specs)
+    if peft.is_lora:
+        _check_lora_targets(entries, task_specs, peft)
     freq_names = _split_list(freqs) or (list(p.freqs) if p.freqs else None)
     table = device.frequencies_mhz
     if freq_names is None:
@@ -183,9 +183,13 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
     if data_dir is not None:
         data_source = "tsv"
         from dvfs_mlops.workloads.glue_tsv import check_task_dir
+        from dvfs_mlops.workloads.instruct import find_files
 
-        for t in task_list:
-            check_task_dir(Path(data_dir), get_task(t))
+        for t in task_specs:
+            if t.causal_lm:
+                find_files(Path(data_dir), t.name)
+            else:
+                check_task_dir(Path(data_dir), t)
     spec = SweepSpec(
         models=tuple(model_list), tasks=tuple(task_list), freqs=tuple(freq_list), steps=n_steps,
         profile_steps=p.profile_steps if profile_steps is None else profile_steps, batch_size=batch_size,
@@ -216,14 +220,37 @@ def _model_entries(texts: list[str]) -> list[ModelEntry]:
     return entries
 
 
-def _check_lora_targets(entries: list[ModelEntry], peft: PeftSpec) -> None:
+def _check_models_fit_tasks(entries: list[ModelEntry], tasks: list[Any]) -> None:
+    """A causal-LM task needs a decoder with a causal-LM class: every (model, task) pair is checked before the first
+    point (an encoder is refused from its config's data; a config's class is asked of transformers, as it is built)."""
+    lm_tasks = [t for t in tasks if t.causal_lm]
+    if not lm_tasks:
+        return
+    from dvfs_mlops.workloads.zoo import check_task_model, resolve_model
+
+    for e in entries:
+        spec = resolve_model(e.name, e.config_path, e.pretrained)
+        for t in lm_tasks:
+            check_task_model(spec, t.name, t.kind)
+        if e.config_path or e.pretrained:  # presets are known to have one (pythia: GPTNeoXForCausalLM)
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            from dvfs_mlops.workloads.features import no_causal_lm_error
+
+            if type(spec.config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+                raise no_causal_lm_error(spec.config, ValueError(f"no causal LM for {type(spec.config).__name__}"))
+
+
+def _check_lora_targets(entries: list[ModelEntry], tasks: list[Any], peft: PeftSpec) -> None:
     """Every model takes the LoRA targets (an architecture without defaults, or a name that matches nothing, fails
     here, not at its first point). The count is cached per config, so the sweep's own features reuse it."""
     from dvfs_mlops.workloads.features import model_facts
     from dvfs_mlops.workloads.zoo import resolve_model
 
+    kinds = sorted({t.kind for t in tasks})  # a classifier's and a causal LM's heads are adapted differently
     for e in entries:
-        model_facts(resolve_model(e.name, e.config_path, e.pretrained), 2, peft=peft)
+        for kind in kinds:
+            model_facts(resolve_model(e.name, e.config_path, e.pretrained), 2, task_kind=kind, peft=peft)
 
 
 def _twin_digest(device: Any) -> str:
