@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,32 @@ def smoke_sweep_copy(master: Path, dest: Path) -> subprocess.CompletedProcess[st
         if (master / name).exists():
             shutil.copy2(master / name, dest / name)
     return subprocess.CompletedProcess(SMOKE_SWEEP_CMD, made["returncode"], made["stdout"], made["stderr"])
+
+
+@pytest.fixture(scope="session")
+def fleet_pg() -> Iterator[Any]:
+    """A real PostgreSQL on 127.0.0.1 (Debian's package, a throwaway cluster), shared by the session's fleet tests;
+    skipped, saying why, where its binaries or the psycopg driver are missing."""
+    from tests.fakes.pgserver import Postgres, postgres_missing
+
+    why = postgres_missing()
+    if why:
+        pytest.skip(why)
+    pg = Postgres()
+    try:
+        yield pg
+    finally:
+        pg.close()
+
+
+@pytest.fixture(scope="session")
+def fleet_server(fleet_pg: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`mlflow server` on `fleet_pg` with a local artifact destination served through it (its first start migrates the
+    schema: once per session). Tests give their runs their own experiment names."""
+    from tests.fakes.pgserver import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("fleet-server"), fleet_pg.uri)
+    try:
+        yield server
+    finally:
+        server.stop()

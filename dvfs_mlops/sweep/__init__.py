@@ -55,7 +55,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     `start_clock`: with `spec.strategy == "adaptive"`, the governor's clock for a workload's features
     (where the adaptive search starts; None: the middle of the table).
     `claims`: where workers given the same sweep claim points (claims.py; default: beside the tracking store). A point
-    a live worker holds is skipped, then waited for at the end (polling every `wait_poll_s`, default ttl/4) and taken
+    a live worker holds is skipped, then waited for at the end (polling every `wait_poll_s`, default from 0.5 s up to ttl/4) and taken
     over when its claim expires, so each worker's command ends with the whole sweep done.
     """
     from dvfs_mlops.device.placement import resolve_torch_device
@@ -148,9 +148,11 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 others.append(point.key)
         if held:
             say(f"sweep {spec.sweep_id}: waiting for {len(held)} point(s) other workers hold (taken over if a claim expires)")
-        poll = wait_poll_s if wait_poll_s is not None else max(0.5, min(10.0, claim_ttl_s / 4))
+        # most held points finish within seconds (another worker runs them now): ask soon, then less and less often
+        poll, poll_max = (wait_poll_s, wait_poll_s) if wait_poll_s is not None else (0.5, max(0.5, min(10.0, claim_ttl_s / 4)))
         while held:
             time.sleep(poll)
+            poll = min(poll * 1.5, poll_max)
             still: list[Point] = []
             for point in held:
                 got = claims.claim(spec.sweep_id, point.key, worker, claim_ttl_s)

@@ -1,0 +1,160 @@
+"""A fleet on a real database: point claims, boards sharing one sweep, device ids (PostgreSQL + `mlflow server`).
+
+The PostgreSQL tests skip, saying why, where Debian's `postgresql` package or psycopg is missing (`.ci/run` installs both).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dvfs_mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, open_claims
+from tests.conftest import REPO
+
+
+def _race(make, n: int = 12) -> list[Claim]:
+    """n claimers, each with its own store handle, claim one point at the same moment."""
+    barrier = threading.Barrier(n)
+    results: list[Claim] = [Claim.HELD] * n
+
+    def go(i: int) -> None:
+        store = make()
+        barrier.wait()
+        results[i] = store.claim("s1", "bert-tiny/sst2@816#0", f"w{i}", 30)
+        store.close()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _lifecycle(store, key: str) -> None:
+    """Claimed once; a second worker is refused while the lease lives, takes it over once it expires; the old holder
+    can no longer renew; a done point is never claimed again; a failed point is free at once."""
+    assert store.claim("s1", key, "a", 0.6) is Claim.TAKEN
+    assert store.claim("s1", key, "a", 0.6) is Claim.TAKEN  # its own claim again: renewed
+    assert store.claim("s1", key, "b", 30) is Claim.HELD
+    time.sleep(0.9)
+    assert store.claim("s1", key, "b", 30) is Claim.TAKEN  # a's lease expired: taken over
+    assert store.renew("s1", key, "a", 30) is False
+    assert store.renew("s1", key, "b", 30) is True
+    store.release("s1", key, "b", done=True)
+    assert store.claim("s1", key, "c", 30) is Claim.DONE
+    assert store.claim("s2", key, "c", 30) is Claim.TAKEN  # another sweep, another point
+    store.release("s2", key, "c", done=False)
+    assert store.claim("s2", key, "d", 30) is Claim.TAKEN
+
+
+def test_file_claims_one_winner_expiry_and_done(tmp_path):
+    results = _race(lambda: FileClaims(tmp_path / "claims.json"))
+    assert Counter(results) == {Claim.TAKEN: 1, Claim.HELD: 11}
+    _lifecycle(FileClaims(tmp_path / "other.json"), "m/t@510#0")
+
+
+def test_claims_follow_the_tracking_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("DVFS_CLAIMS_URI", raising=False)
+    store = open_claims(None, f"sqlite:///{tmp_path}/mlflow.db")
+    assert isinstance(store, FileClaims) and store.path == tmp_path / "mlflow.db.claims.json"
+    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), NoClaims)  # today's behaviour, said in the log
+    assert isinstance(open_claims("none", f"sqlite:///{tmp_path}/mlflow.db"), NoClaims)
+    monkeypatch.setenv("DVFS_CLAIMS_URI", f"file://{tmp_path}/c.json")
+    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), FileClaims)
+
+
+def test_postgres_claims_one_winner_expiry_done_and_restart(fleet_pg):
+    results = _race(lambda: PostgresClaims(fleet_pg.uri), n=16)
+    assert Counter(results) == {Claim.TAKEN: 1, Claim.HELD: 15}
+    store = PostgresClaims(fleet_pg.uri.replace("postgresql://", "postgresql+psycopg2://"))  # SQLAlchemy's spelling too
+    _lifecycle(store, f"m/t@510#{uuid.uuid4().hex[:6]}")
+    key = f"m/t@816#{uuid.uuid4().hex[:6]}"
+    assert store.claim("s3", key, "a", 60) is Claim.TAKEN
+    fleet_pg.restart()  # the connection drops: reopened, the statement retried
+    assert store.renew("s3", key, "a", 60) is True
+    assert store.claim("s3", key, "b", 60) is Claim.HELD
+    store.close()
+
+
+def _sweep(exp: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
+            "--freqs", "510,816,1300.5", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exp, *extra]
+
+
+def _point_runs(uri: str, exp: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    e = c.get_experiment_by_name(exp)
+    return c.search_runs([e.experiment_id], filter_string="tags.`dvfs.point` != ''", max_results=5000)
+
+
+EXPECTED = sorted(f"{m}/sst2@{f}#0" for m in ("bert-tiny", "pythia-14m") for f in ("maxn", "510", "816", "1300.5"))
+
+
+@pytest.mark.slow
+def test_two_boards_split_one_sweep_on_postgres(fleet_server, fleet_pg):
+    """Two boards given the same sweep definition share its id, claim its points in PostgreSQL and run each once."""
+    exp = f"fleet-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
+    procs = [subprocess.Popen(_sweep(exp, "--device-id", board), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for board in ("orin-a", "orin-b")]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "points claimed in postgresql" in err
+    runs = _point_runs(fleet_server.uri, exp)
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert sorted(r.data.tags["dvfs.point"] for r in finished) == EXPECTED  # each point exactly once
+    assert len(runs) == len(EXPECTED)
+    assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1  # the device id is not the sweep's identity
+    assert {r.data.tags["dvfs.device_id"] for r in runs} <= {"orin-a", "orin-b"}
+
+
+@pytest.mark.slow
+def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
+    """A worker died holding a point (its claim, its RUNNING run): the next worker waits out the claim, kills the run,
+    and runs the point itself."""
+    from mlflow.tracking import MlflowClient
+
+    exp, sid = f"fleet-{uuid.uuid4().hex[:6]}", f"sweep-dead-{uuid.uuid4().hex[:6]}"
+    c = MlflowClient(tracking_uri=fleet_server.uri)
+    exp_id = c.create_experiment(exp)
+    key = "bert-tiny/sst2@816#0"
+    dead = c.create_run(exp_id, run_name=key, tags={"dvfs.sweep_id": sid, "dvfs.point": key})
+    store = PostgresClaims(fleet_pg.uri)
+    assert store.claim(sid, key, "dead-board@gone:1", 20) is Claim.TAKEN  # outlives the worker's start-up
+    store.close()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
+    r = subprocess.run(_sweep(exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "waiting for 1 point(s) other workers hold" in r.stderr
+    runs = _point_runs(fleet_server.uri, exp)
+    assert sorted(x.data.tags["dvfs.point"] for x in runs if x.info.status == "FINISHED") == EXPECTED
+    assert c.get_run(dead.info.run_id).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store):
+    """A local SQLite store: the claims are a locked file beside it, no configuration."""
+    exp = "local-fleet"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": empty_store}
+    env.pop("DVFS_CLAIMS_URI", None)
+    procs = [subprocess.Popen(_sweep(exp), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    runs = _point_runs(empty_store, exp)
+    assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == EXPECTED
+    assert len(runs) == len(EXPECTED)
+    assert Path(empty_store[len("sqlite:///"):] + ".claims.json").exists()
