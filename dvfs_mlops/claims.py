@@ -63,7 +63,16 @@ class PointClaims(Protocol):
         """done: the point is finished for good; else it is free again at once (the point failed here)."""
         ...
 
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        """Drop a point's claim whatever its state: its done mark outlived its run (a run deleted from the store)."""
+        ...
+
     def close(self) -> None: ...
+
+
+def claim_scope(sweep_id: str, experiment_id: str, tracking_uri: str) -> str:
+    """What a claim's sweep is: the same sweep id in another store or experiment is another set of points."""
+    return f"{sweep_id}|{experiment_id}|{_masked(tracking_uri)}"
 
 
 def default_worker(device_id: str = "") -> str:
@@ -84,6 +93,9 @@ class NoClaims:
         return True
 
     def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        pass
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
         pass
 
     def close(self) -> None:
@@ -144,6 +156,10 @@ class FileClaims:
                     row["done"], row["expires_at"] = True, 0.0
                 else:
                     del t[key]
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        with self._table() as t:
+            t.pop(f"{sweep_id}|{point_key}", None)
 
     def close(self) -> None:
         pass
@@ -243,6 +259,9 @@ class PostgresClaims:
         else:
             sql = "DELETE FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s AND worker = %s AND NOT done"
         self._run(lambda cur: cur.execute(sql, (sweep_id, point_key, worker)))
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        self._run(lambda cur: cur.execute("DELETE FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s", (sweep_id, point_key)))
 
     def close(self) -> None:
         with self._lock:

@@ -345,7 +345,11 @@ def _adaptive_start(dev: Any) -> Any:
 
 
 @main.command()
-@click.option("--sweep-id", default="", help="The sweep to learn from (default: the latest in --experiment).")
+@click.option("--sweep-id", default="", help="The sweep to learn from, or several as a,b,... (one dataset; default: the latest in --experiment).")
+@click.option("--sweeps-filter", default="", metavar="FILTER",
+              help="Learn from every sweep of --experiment with FINISHED points matching this MLflow filter, e.g. "
+                   "\"params.device_profile = 'sim-orin'\" or \"tags.`dvfs.device_id` LIKE 'orin-%'\".")
+@click.option("--mix-profiles", is_flag=True, help="Allow sweeps of different device profiles in one governor (refused by default).")
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
 @click.option("--objective", default="energy", show_default=True,
               help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time).")
@@ -359,7 +363,7 @@ def _adaptive_start(dev: Any) -> Any:
 @click.option("--outer-trials", default=None, type=Count(min=1),
               help="Trials of each outer fold's own study in nested CV (default: --trials).")
 def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str, study_name: str,
-          cv_split: str, outer_trials: int | None) -> None:
+          cv_split: str, outer_trials: int | None, sweeps_filter: str = "", mix_profiles: bool = False) -> None:
     """Train the governor: Optuna picks a family (curve or classifier tree) and its hyper-parameters; nested CV reports held-out regret."""
     from dvfs_mlops import tracking
     from dvfs_mlops.governor.policy_tree import features_used
@@ -367,7 +371,8 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
     from dvfs_mlops.registry import load_config
 
     out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None,
-                         study_name=study_name or None, cv_split=cv_split, outer_trials=outer_trials)
+                         study_name=study_name or None, cv_split=cv_split, outer_trials=outer_trials, sweeps_filter=sweeps_filter,
+                         mix_profiles=mix_profiles)
     r = out.result
     truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
     click.echo(f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from dvfs_mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, open_claims
+from dvfs_mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
 from tests.conftest import REPO
 
 
 def _race(make, n: int = 12) -> list[Claim]:
     """n claimers, each with its own store handle, claim one point at the same moment."""
-    barrier = threading.Barrier(n)
+    barrier = threading.Barrier(n, timeout=30)  # a claimer that fails breaks it: no hang
     results: list[Claim] = [Claim.HELD] * n
 
     def go(i: int) -> None:
@@ -34,7 +34,7 @@ def _race(make, n: int = 12) -> list[Claim]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
     return results
 
 
@@ -53,6 +53,8 @@ def _lifecycle(store, key: str) -> None:
     assert store.claim("s2", key, "c", 30) is Claim.TAKEN  # another sweep, another point
     store.release("s2", key, "c", done=False)
     assert store.claim("s2", key, "d", 30) is Claim.TAKEN
+    store.forget("s1", key)  # a done mark whose run was deleted from the store
+    assert store.claim("s1", key, "e", 30) is Claim.TAKEN
 
 
 def test_file_claims_one_winner_expiry_and_done(tmp_path):
@@ -131,7 +133,7 @@ def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
     key = "bert-tiny/sst2@816#0"
     dead = c.create_run(exp_id, run_name=key, tags={"dvfs.sweep_id": sid, "dvfs.point": key})
     store = PostgresClaims(fleet_pg.uri)
-    assert store.claim(sid, key, "dead-board@gone:1", 20) is Claim.TAKEN  # outlives the worker's start-up
+    assert store.claim(claim_scope(sid, exp_id, fleet_server.uri), key, "dead-board@gone:1", 20) is Claim.TAKEN  # outlives start-up
     store.close()
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
     r = subprocess.run(_sweep(exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, capture_output=True, text=True,

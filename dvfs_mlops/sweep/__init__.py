@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops import tracking
-from dvfs_mlops.claims import DEFAULT_TTL_S, Claim, Lease, PointClaims, default_worker, open_claims
+from dvfs_mlops.claims import DEFAULT_TTL_S, Claim, Lease, PointClaims, claim_scope, default_worker, open_claims
 from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.runs import sweep_frame
@@ -80,6 +80,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         return SweepOutcome(spec.sweep_id, parent_id, ran_now, found, exp_id)
     points = spec.points()
     todo = [p for p in points if p.key not in done]
+    scope = claim_scope(spec.sweep_id, exp_id, tracking.tracking_uri())
     sim_label = " (SIMULATED)" if device.simulated else ""
     say(f"sweep {spec.sweep_id}: {len(points)} points, {len(points) - len(todo)} already finished, {len(todo)} to run "
         f"on {device.name}{sim_label} {board}; tracking {tracking.tracking_uri()}, experiment id {exp_id}"
@@ -102,7 +103,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             prepared_for[point.workload] = (prepared, trace_for)
         prepared, trace_for = prepared_for[point.workload]
-        lease = Lease(claims, spec.sweep_id, point.key, worker, claim_ttl_s)
+        lease = Lease(claims, scope, point.key, worker, claim_ttl_s)
         try:
             if claims.kind == "none":
                 old_runs = stale.pop(point.key, [])
@@ -110,7 +111,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 finished, old = point_runs(c, exp_id, spec.sweep_id, point.key)
                 if finished:
                     lease.stop()
-                    claims.release(spec.sweep_id, point.key, worker, done=True)
+                    claims.release(scope, point.key, worker, done=True)
                     others.append(point.key)
                     return
                 old_runs = old
@@ -125,27 +126,32 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         except BaseException:
             lease.stop()
             with contextlib.suppress(Exception):  # free it at once for another worker (else it frees when it expires)
-                claims.release(spec.sweep_id, point.key, worker, done=False)
+                claims.release(scope, point.key, worker, done=False)
             raise
         lease.stop()
         if summary is None:  # taken over while it ran (this worker was cut off for a whole TTL): the other run counts
             others.append(point.key)
             say(f"{point.key}: another worker took this point over; its run counts, this one is KILLED")
             return
-        claims.release(spec.sweep_id, point.key, worker, done=True)
+        claims.release(scope, point.key, worker, done=True)
         ran.append(point.key)
         progress.finish(point.key, summary)
 
+    def attempt(point: Point) -> bool:
+        """Claim and run `point` when it is free; False while a live worker holds it."""
+        got = claims.claim(scope, point.key, worker, claim_ttl_s)
+        if got is Claim.DONE and not point_runs(c, exp_id, spec.sweep_id, point.key)[0]:
+            log.warning("%s is marked done in the claims but has no FINISHED run (deleted?): measuring it again", point.key)
+            claims.forget(scope, point.key)
+            got = claims.claim(scope, point.key, worker, claim_ttl_s)
+        if got is Claim.TAKEN:
+            run_claimed(point)
+        elif got is Claim.DONE:
+            others.append(point.key)
+        return got is not Claim.HELD
+
     try:
-        held: list[Point] = []
-        for point in todo:
-            got = claims.claim(spec.sweep_id, point.key, worker, claim_ttl_s)
-            if got is Claim.TAKEN:
-                run_claimed(point)
-            elif got is Claim.HELD:
-                held.append(point)
-            else:
-                others.append(point.key)
+        held = [point for point in todo if not attempt(point)]
         if held:
             say(f"sweep {spec.sweep_id}: waiting for {len(held)} point(s) other workers hold (taken over if a claim expires)")
         # most held points finish within seconds (another worker runs them now): ask soon, then less and less often
@@ -153,16 +159,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         while held:
             time.sleep(poll)
             poll = min(poll * 1.5, poll_max)
-            still: list[Point] = []
-            for point in held:
-                got = claims.claim(spec.sweep_id, point.key, worker, claim_ttl_s)
-                if got is Claim.TAKEN:
-                    run_claimed(point)
-                elif got is Claim.HELD:
-                    still.append(point)
-                else:
-                    others.append(point.key)
-            held = still
+            held = [point for point in held if not attempt(point)]
         completed = True
     finally:
         progress.close()
