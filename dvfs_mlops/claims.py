@@ -221,8 +221,8 @@ class PostgresClaims:
                         self._conn = self._connect()
                     with self._conn.cursor() as cur:
                         return fn(cur)
-                except psycopg.errors.UniqueViolation:  # two first CREATE TABLEs at once: the other one won
-                    continue
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject, psycopg.errors.DuplicateTable):
+                    continue  # two first CREATE TABLE IF NOT EXISTS at once: the other one won, the retry sees its table
                 except psycopg.OperationalError as e:
                     with contextlib.suppress(Exception):
                         self._conn.close()

@@ -160,3 +160,51 @@ def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store):
     assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == EXPECTED
     assert len(runs) == len(EXPECTED)
     assert Path(empty_store[len("sqlite:///"):] + ".claims.json").exists()
+
+
+def _cli(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fleet_pg):
+    """Two boards, two sweeps, one governor (never across device profiles unless told); two `train` processes on one
+    Optuna study in the same PostgreSQL split its trials."""
+    import optuna
+
+    from dvfs_mlops.governor.search import storage_url
+
+    exp = f"fleet-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
+    base = ["sweep", "--preset", "smoke", "--tasks", "sst2,mrpc", "--freqs", "510,816,1300.5", "--steps", "0", "--profile-steps", "20",
+            "--device", "sim", "--experiment", exp]
+    boards = [("orin-a", ["--models", "bert-tiny,pythia-14m"]), ("orin-b", ["--models", "bert-mini,pythia-31m"]),
+              ("orin-m", ["--models", "bert-tiny", "--twin-profile", "sim-orin-measured"])]
+    procs = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *base, *extra, "--device-id", board], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for board, extra in boards]
+    for p in procs:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    runs = _point_runs(fleet_server.uri, exp)
+    sweep_of = {r.data.tags["dvfs.device_id"]: r.data.tags["dvfs.sweep_id"] for r in runs}
+    assert len(set(sweep_of.values())) == 3
+
+    mixed = _cli("train", "--experiment", exp, "--sweep-id", f"{sweep_of['orin-a']},{sweep_of['orin-m']}", "--trials", "2",
+                 "--no-register", env=env)
+    assert mixed.returncode == 2 and "mix 2 device profiles" in mixed.stderr and "Traceback" not in mixed.stderr, mixed.stderr[-2000:]
+
+    storage = fleet_pg.dsn("optuna")  # the Optuna study lives in the fleet's PostgreSQL too (its own database)
+    study = f"fleet-study-{uuid.uuid4().hex[:6]}"
+    args = ["train", "--experiment", exp, "--sweeps-filter", "params.device_profile = 'sim-orin'", "--trials", "4", "--outer-trials", "2",
+            "--no-register", "--storage", storage, "--study-name", study, "--cv-split", "workload"]
+    trainers = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in trainers:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        assert "training on 2 sweeps" in err and "8 training workloads" in err, err[-2000:]
+        assert "held-out regret" in out
+    trials = optuna.load_study(study_name=study, storage=storage_url(storage)).trials
+    assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trials}) >= 5  # each process samples its own trials

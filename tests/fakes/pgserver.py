@@ -76,6 +76,7 @@ class Postgres:
 
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
             conn.execute("CREATE DATABASE mlflow")
+            conn.execute("CREATE DATABASE optuna")  # MLflow and Optuna both keep an alembic_version table: one database each
 
     def close(self) -> None:
         """Stop it and remove its folder."""
