@@ -208,3 +208,68 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     trials = optuna.load_study(study_name=study, storage=storage_url(storage)).trials
     assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert len({tuple(sorted(t.params.items())) for t in trials}) >= 5  # each process samples its own trials
+
+
+def _readme_fleet_recipe() -> list[str]:
+    """The command lines of the README's fleet recipe, as written (comments dropped)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### A fleet"):]
+    start = section.index("```bash\n") + len("```bash\n")
+    block = section[start:section.index("```", start)]
+    return [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.slow
+def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_pg, tmp_path):
+    """The recipe's server side is the fixtures' (PostgreSQL with the two databases, `mlflow server` on it); its board
+    commands run as written on two fake AGX Orins, with a small workload list appended (the last --models etc. win)."""
+    import shlex
+
+    from dvfs_mlops.device.guard import list_journals
+    from tests.fakes.sysfs import make_orin_tree
+
+    lines = _readme_fleet_recipe()
+    assert lines[0].startswith("createdb mlflow && createdb optuna")
+    server = shlex.split(lines[1])
+    assert server[:2] == ["mlflow", "server"] and server[server.index("--backend-store-uri") + 1].startswith("postgresql://")
+    assert "--artifacts-destination" in server  # as the fixture starts it: artifacts served through the server
+
+    def ours(line: str) -> str:
+        return (line.replace("postgresql://lab:***@db/mlflow", fleet_pg.dsn("mlflow")).replace("postgresql://lab:***@db/optuna", fleet_pg.dsn("optuna"))
+                .replace("http://tracking-host:5000", fleet_server.uri))
+
+    env = dict(os.environ)
+    env.pop("DVFS_CLAIMS_URI", None)
+    for line in lines[2:]:
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            env[k] = ours(v)
+    assert env["MLFLOW_TRACKING_URI"] == fleet_server.uri and env["DVFS_CLAIMS_URI"] == fleet_pg.dsn("mlflow")
+    sweep_line = next(line for line in lines if "dvfs-mlops sweep" in line)
+    train_line = next(line for line in lines if "dvfs-mlops train" in line)
+    assert sweep_line.startswith("sudo -E dvfs-mlops sweep --preset paper --steps ")  # hardware trains: steps > 0
+    small = ["--models", "bert-tiny,pythia-14m", "--tasks", "sst2,mrpc", "--freqs", "816", "--steps", "2", "--train-size", "32",
+             "--dev-size", "16"]
+    cli = [sys.executable, "-m", "dvfs_mlops.cli"]
+    boards = []
+    for i in range(2):
+        fake = make_orin_tree(tmp_path / f"board{i}", jetpack=6)
+        (fake.root / "proc/device-tree/serial-number").write_text(f"14210230{i:05d}\x00")  # as the device tree has it
+        boards.append((fake, tmp_path / f"state{i}"))
+    procs = [subprocess.Popen(cli + shlex.split(sweep_line)[3:] + small, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**env, "DVFS_SYSFS_ROOT": str(fake.root), "DVFS_STATE_DIR": str(state)})
+             for fake, state in boards]
+    for p in procs:
+        _out, err = p.communicate(timeout=400)
+        assert p.returncode == 0, err[-3000:]
+    for fake, state in boards:  # every board's clocks are back where they were
+        assert fake.range_hz == (306000000, 1300500000) and list_journals(state) == []
+    runs = _point_runs(fleet_server.uri, "dvfs-sweep")
+    expected = sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc") for f in ("maxn", "816"))
+    assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == expected
+    assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1
+    assert {r.data.tags["dvfs.device_id"] for r in runs} <= {"1421023000000", "1421023000001"}
+    r = subprocess.run(cli + shlex.split(ours(train_line))[1:] + ["--trials", "3", "--outer-trials", "2", "--no-register"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held-out regret" in r.stdout
