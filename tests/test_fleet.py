@@ -273,3 +273,79 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
                        env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out regret" in r.stdout
+
+
+def _finished(uri: str, exps: list[str]) -> int:
+    from mlflow.tracking import MlflowClient
+
+    try:
+        c = MlflowClient(tracking_uri=uri)
+        ids = [e.experiment_id for name in exps if (e := c.get_experiment_by_name(name)) is not None]
+        return len(c.search_runs(ids, filter_string="tags.`dvfs.point` != '' and attributes.status = 'FINISHED'", max_results=5000)) if ids else 0
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return -1
+
+
+@pytest.mark.slow
+def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarted(fleet_server, fleet_pg, tmp_path):
+    """8 workers (4 on the twin, 4 on fake AGX Orins: two device profiles, two sweeps, each shared by 4) against the
+    PostgreSQL-backed server; the tracking server is restarted once and PostgreSQL once while they run. Every point ends
+    FINISHED exactly once, nothing is lost, every fake board's clocks are restored."""
+    from dvfs_mlops.device.guard import list_journals
+    from tests.fakes.sysfs import make_orin_tree
+
+    exps = [f"load-sim-{uuid.uuid4().hex[:6]}", f"load-orin-{uuid.uuid4().hex[:6]}"]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri,
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    cli = [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m",
+           "--freqs", "510,816,1300.5", "--train-size", "16", "--dev-size", "16", "--claim-ttl-s", "30"]
+    sim = [*cli, "--tasks", "sst2,mrpc,rte", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exps[0]]
+    orin = [*cli, "--tasks", "sst2,mrpc", "--steps", "1", "--device", "jetson", "--experiment", exps[1]]
+    boards, procs = [], []
+    t0 = time.monotonic()
+    for i in range(8):
+        wenv = {**env, "DVFS_STATE_DIR": str(tmp_path / f"state{i}")}
+        if i % 2:
+            fake = make_orin_tree(tmp_path / f"board{i}", jetpack=6)
+            (fake.root / "proc/device-tree/serial-number").write_text(f"fake-orin-{i}\x00")
+            boards.append((fake, tmp_path / f"state{i}"))
+            wenv["DVFS_SYSFS_ROOT"] = str(fake.root)
+            cmd = orin
+        else:
+            cmd = [*sim, "--device-id", f"fake-twin-{i}"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs: list[str] = [""] * 8
+    readers = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].stdout.read())) for i in range(8)]
+    for t in readers:
+        t.start()
+
+    def wait_for(n: int) -> int:
+        while (got := _finished(fleet_server.uri, exps)) < n and any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        return got
+
+    at_server = wait_for(8)
+    fleet_server.restart()  # kill -9 and start again: requests in flight are cut
+    at_db = wait_for(at_server + 8)
+    fleet_pg.restart()  # fast shutdown: every connection (the server's pool, the claims) is cut
+    for p in procs:
+        p.wait(timeout=400)
+    for t in readers:
+        t.join(timeout=30)
+    wall = time.monotonic() - t0
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    expected = {exps[0]: sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc", "rte")
+                                for f in ("maxn", "510", "816", "1300.5")),
+                exps[1]: sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")
+                                for f in ("maxn", "510", "816", "1300.5"))}
+    statuses: Counter = Counter()
+    for exp, keys in expected.items():
+        runs = _point_runs(fleet_server.uri, exp)
+        assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == keys  # each exactly once
+        statuses.update(r.info.status for r in runs)
+        assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1
+    for fake, state in boards:  # every fake board's clocks are back where they were
+        assert fake.range_hz == (306000000, 1300500000) and list_journals(state) == []
+    print(f"\nload/fault: 8 workers, {sum(map(len, expected.values()))} points in {wall:.0f} s; tracking server restarted after "
+          f"{at_server} finished points, PostgreSQL after {at_db}; run statuses {dict(statuses)}")

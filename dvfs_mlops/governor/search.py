@@ -392,6 +392,16 @@ def storage_url(storage: str) -> str:
     return storage
 
 
+def joined_sampler(seed: int, worker: int | None = None) -> Any:
+    """The sampler of a study several processes may share (Optuna's distributed mode): each process samples with its
+    own seed (`worker`, else a random one: the same seed everywhere would propose the same trials) and TPE's constant
+    liar keeps it off the trials other processes are running."""
+    import optuna
+
+    salt = uuid.uuid4().int if worker is None else worker + 1
+    return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + salt) % 2**31, constant_liar=True)
+
+
 def _create_study(storage: str, name: str, join: bool, sampler: Any, attempts: int = 5) -> Any:
     """optuna.create_study; on a fresh RDB, processes that start together race to create Optuna's tables (one wins,
     the others fail on a duplicate): they retry, and then find the tables made."""
@@ -426,10 +436,7 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     # a fresh study per request: an older study's trials never steer this selection unless joined by name on purpose
     label = dataset.sweep_id if "," not in dataset.sweep_id else f"{len(dataset.sweep_id.split(','))}sweeps"
     name = study_name or f"governor-{label}-{objective.name}-{uuid.uuid4().hex[:8]}"
-    # A joined study may be shared by several processes at once (Optuna's distributed mode): each process samples with
-    # its own seed (else all propose the same trials) and TPE's constant liar keeps them off each other's running trials.
-    sampler = (optuna.samplers.TPESampler(seed=(seed * 1_000_003 + uuid.uuid4().int) % 2**31, constant_liar=True) if study_name
-               else optuna.samplers.TPESampler(seed=seed))
+    sampler = joined_sampler(seed) if study_name else optuna.samplers.TPESampler(seed=seed)
     study = _create_study(storage_url(storage or optuna_storage()), name, study_name is not None, sampler)
 
     def log_trial(study_: Any, trial: Any) -> None:
