@@ -41,6 +41,7 @@ def _select(storage: str, name: str, trials: int, seed: int, worker: int | None)
     from dvfs_mlops.governor.objectives import parse_objective
     from dvfs_mlops.governor.search import _create_study, choose_split, joined_sampler, select
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     train, _, freqs = _data()
     sampler = joined_sampler(seed, worker) if worker is not None else optuna.samplers.TPESampler(seed=seed)
     study = _create_study(storage, name, True, sampler)
