@@ -76,6 +76,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
 
         if claims.kind != "none":
             log.info("adaptive sweeps do not claim points: give each worker its own workloads")
+        claims.close()
         ran_now, found = run_adaptive_sweep(spec, device, c, exp_id, parent_id, created, stale, say, where, start_clock)
         return SweepOutcome(spec.sweep_id, parent_id, ran_now, found, exp_id)
     points = spec.points()
