@@ -193,7 +193,7 @@ class PostgresClaims:
 
     kind = "postgresql"
 
-    def __init__(self, uri: str, retry_s: float = 90.0):
+    def __init__(self, uri: str, retry_s: float = 90.0, first_retry_s: float = 5.0):
         try:
             import psycopg  # noqa: F401
         except ImportError:
@@ -202,17 +202,17 @@ class PostgresClaims:
         self.retry_s = retry_s
         self._conn: Any = None
         self._lock = threading.Lock()  # the heartbeat thread and the sweep share the connection
-        self._run(lambda cur: cur.execute(_PG_SCHEMA))
+        self._run(lambda cur: cur.execute(_PG_SCHEMA), first_retry_s)  # a database that is down: said before any clock is touched
 
     def _connect(self) -> Any:
         import psycopg
 
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
 
-    def _run(self, fn: Callable[[Any], T]) -> T:
+    def _run(self, fn: Callable[[Any], T], retry_s: float | None = None) -> T:
         import psycopg
 
-        deadline = time.monotonic() + self.retry_s
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         delay = 0.5
         with self._lock:
             while True:

@@ -352,3 +352,16 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     print(f"\nload/fault: 8 workers, {sum(map(len, expected.values()))} points in {wall:.0f} s; tracking server restarted after "
           f"{at_server} finished points (at {t_server:.0f} s, back at {t_back:.0f} s), PostgreSQL after {at_db} (at {t_db:.0f} s); "
           f"run statuses {dict(statuses)}")
+
+
+def test_bad_or_unreachable_claims_are_one_line_errors(empty_store):
+    from tests.fakes.pgserver import free_port
+
+    env = {"MLFLOW_TRACKING_URI": empty_store}
+    base = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "816", "--steps", "0", "--device", "sim"]
+    for claims, words in (("mysql://db/x", "give a postgresql:// URL"), (f"postgresql://nobody@127.0.0.1:{free_port()}/x", "unreachable")):
+        r = subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *base, "--claims", claims], cwd=REPO, env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=120)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+        assert r.returncode == 2 and len(errors) == 1 and words in errors[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert "[1/" not in r.stderr  # nothing ran
