@@ -32,6 +32,30 @@ class Count(click.IntRange):
 PRECISION_OPTION = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]),
                                 help="Training precision: autocast to bf16 or fp16 (fp16 with a gradient scaler); the twin "
                                      "charges tensor-core rates for 16-bit matmuls. Recorded on every run.")
+
+
+def peft_options(command: Any) -> Any:
+    """--peft and the LoRA options, on every command that trains (sweep, finetune)."""
+    options = [
+        click.option("--peft", "peft_method", default="full", show_default=True, type=click.Choice(["full", "lora"]),
+                     help="full: every weight trains; lora: the base is frozen and low-rank adapters (peft) plus the task head "
+                          "train. Part of the workload's name (+lora-r8a16), so a LoRA run never resumes a full one."),
+        click.option("--lora-r", default=None, type=Count(min=1), help="LoRA rank (default 8)."),
+        click.option("--lora-alpha", default=None, type=Count(min=1), help="LoRA scale alpha (default 16)."),
+        click.option("--lora-targets", default="", help="Comma-separated module names LoRA adapts (default: peft's table for the "
+                                                        "architecture, e.g. q_proj,v_proj for Llama/Qwen, query,value for BERT)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _peft(method: str, r: int | None, alpha: int | None, targets: str) -> Any:
+    from dvfs_mlops.workloads.adapters import peft_spec
+
+    return peft_spec(method, r, alpha, targets or None)
+
+
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (messages and links go to stderr).")
 SEED_OPTION = click.option("--seed", default=0, show_default=True, type=Count(), help="Random seed (data, model init, sampling): same seed, same run.")
 
@@ -181,7 +205,9 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @main.command()
 @click.argument("model", required=False)
 @click.option("--model-config", type=click.Path(), help="A transformers config.json (or folder) instead of a preset.")
-@click.option("--seq-len", type=Count(min=1), required=True, help="Padded sequence length of a batch.")
+@click.option("--seq-len", type=Count(min=1), default=None, help="Padded sequence length of a batch (required unless --task).")
+@click.option("--task", default="", help="Trace this task's head: a GLUE task's classifier, or instruct's LM head and loss "
+                                          "(a decoder only); without --seq-len, the task's mean length padded to 8.")
 @click.option("--batch-size", type=Count(min=1), default=16, show_default=True, help="Examples per training step.")
 @PRECISION_OPTION
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None, hidden=True,
@@ -189,8 +215,8 @@ def devices(device_name: str, gpu_index: int, as_json: bool) -> None:
 @TWIN_PROFILE_OPTION
 @TWIN_PARAMS_OPTION
 @JSON_OPTION
-def simulate(model: str | None, model_config: str | None, seq_len: int, batch_size: int, precision: str, dtype: str | None,
-             twin_profile: str | None, twin_params: str | None, as_json: bool) -> None:
+def simulate(model: str | None, model_config: str | None, seq_len: int | None, batch_size: int, precision: str, dtype: str | None,
+             twin_profile: str | None, twin_params: str | None, as_json: bool, task: str = "") -> None:
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
     from dvfs_mlops.finetune import PRECISIONS
     from dvfs_mlops.simulate import simulate_curve
@@ -199,12 +225,16 @@ def simulate(model: str | None, model_config: str | None, seq_len: int, batch_si
 
     if model and model_config:
         raise DvfsError("give either MODEL or --model-config, not both")
+    if seq_len is None and not task:  # --seq-len is required unless the task's mean length stands in for it
+        ctx = click.get_current_context()
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "seq_len"))
     twin = _twin(twin_profile, twin_params)
-    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin)
+    result = simulate_curve(model, model_config, seq_len, batch_size, dtype, params=twin, task=task or None)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"{result['model']}: batch {batch_size}, seq {seq_len}, {result['num_params'] / 1e6:.1f}M params "
+    on_task = f" on {result['task']}" if result["task"] else ""
+    click.echo(f"{result['model']}{on_task}: batch {batch_size}, seq {result['seq_len']}, {result['num_params'] / 1e6:.1f}M params "
                f"on {result['device_profile']} (SIMULATED)")
     click.echo(f"{'freq_mhz':>9} {'time_s':>9} {'power_w':>8} {'energy_j':>9} {'gpu_util':>8}")
     for pt in [*result["points"], result["maxn"]]:
@@ -260,7 +290,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @main.command()
 @click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper.")
 @click.option("--models", default="", help="Comma-separated models (default: the preset's): presets, transformers config.json files or folders, hub names ORG/NAME (online, or a local folder with weights).")
-@click.option("--tasks", default="", help="Comma-separated GLUE tasks (default: the preset's).")
+@click.option("--tasks", default="", help="Comma-separated tasks (default: the preset's): GLUE tasks, or instruct (causal LM, "
+                                          "decoder models only).")
 @click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table.")
 @click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's); 0 = profile only (sim).")
 @click.option("--profile-steps", default=None, type=Count(min=1), help="Steps charged per point when --steps 0 (default: the preset's).")
@@ -278,7 +309,8 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe).")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
-@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it "
+                                             "(implies --data-source tsv).")
 @SEED_OPTION
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="MLflow experiment the sweep's runs go to.")
 @click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition).")
@@ -293,6 +325,7 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
                    "A SQLite or file store claims in a locked file beside it; an http(s) server without this claims nothing.")
 @click.option("--claim-ttl-s", default=120.0, show_default=True, type=click.FloatRange(min=1),
               help="A claim lasts this long after its last heartbeat (every third of it): a dead worker's points are taken over after it.")
+@peft_options
 @click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
               help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
                    "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points).")
@@ -301,6 +334,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
           twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
           train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid", precision: str = "fp32",
+          peft_method: str = "full", lora_r: int | None = None, lora_alpha: int | None = None, lora_targets: str = "",
           device_id: str = "", claims_uri: str = "", claim_ttl_s: float = 120.0) -> None:
     """Fine-tune each workload at each clock; one MLflow run per point (resumable; several workers may share a sweep)."""
     from dvfs_mlops import sweep as sweep_mod
@@ -310,6 +344,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     if observe:
         raise DvfsError("a sweep exists to pin each clock, so it has no --observe; meter a job as found with "
                         "`dvfs-mlops finetune --observe` or `dvfs-mlops run --observe -- CMD`")
+    peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
     tracking.check_reachable()  # before the device is even opened
     claims = open_claims(claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
@@ -318,7 +353,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
         repeats=repeats, seed=seed, data_source=data_source, data_dir=data_dir or None, experiment=experiment, replay=replay,
-        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy, precision=precision,
+        sweep_id=sweep_id or None, train_size=train_size, dev_size=dev_size, strategy=strategy, precision=precision, peft=peft,
     )
     _announce(dev, device_name)
     start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
@@ -408,7 +443,8 @@ def _depth(policy: dict) -> int:
 @click.option("--model", default="", help=f"A model preset ({', '.join(MODEL_PRESETS)}), a transformers config.json or folder, "
                                          "or a hub name ORG/NAME (as sweep --models takes them).")
 @click.option("--model-config", default="", help="A transformers config.json (or folder) instead of a preset.")
-@click.option("--task", required=True, help="A GLUE task: sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli.")
+@click.option("--task", required=True, help="A GLUE task (sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli) or instruct "
+                                             "(causal LM on prompt/response pairs; a decoder model).")
 @click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder.")
 @click.option("--governor", "governor_uri", default="", help="A models:/ URI (default models:/dvfs-governor@production).")
 @DEVICE_OPTION
@@ -424,10 +460,12 @@ def _depth(policy: dict) -> int:
 @click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
 @click.option("--learning-rate", default=None, type=float, help="Default 1e-3 from scratch, 5e-5 with --pretrained.")
 @PRECISION_OPTION
+@peft_options
 @click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate.")
 @click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
               help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
-@click.option("--data-dir", default="", help="A GLUE TSV folder (implies --data-source tsv).")
+@click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it, or "
+                                             "the folder holding them (implies --data-source tsv).")
 @click.option("--train-size", default=2048, show_default=True, type=Count(min=1), help="Synthetic training examples.")
 @SEED_OPTION
 @click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile.")
@@ -440,7 +478,8 @@ def _depth(policy: dict) -> int:
 def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, governor_uri: str, device_name: str, sample_hz: float,
                  gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
-                 refine: int | None = None, precision: str = "fp32", device_id: str = "") -> None:
+                 refine: int | None = None, precision: str = "fp32", peft_method: str = "full", lora_r: int | None = None,
+                 lora_alpha: int | None = None, lora_targets: str = "", device_id: str = "") -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -454,15 +493,17 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
 
         entry = model_entry(model)
         model, model_config, pretrained = entry.name, entry.config_path or "", entry.pretrained or ""
+    peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
     if not dry_run:  # a dry run asks the store only if its governor is not remembered (launcher.resolve_governor)
         tracking.check_reachable()
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
-                                data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size)
+                                data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size, peft=peft,
+                                precision=precision)
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin, device_id=device_id)
     where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
-    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision)
+    cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision, peft=peft)
     summary = run_finetune(dev, prepared, cfg, governor_uri=governor_uri or None, probe_steps=probe_steps, dry_run=dry_run,
                            strict=strict, save_model=not no_save_model, pretrained=pretrained or None, say=_echo_err,
                            announce_device=not as_json, torch_device=where, observe=observe, refine=refine)

@@ -53,9 +53,9 @@ class PyfuncPolicy:
     objective: str | None = None  # passed to a curve governor; a classifier (or an older version) decides for its own
 
     def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
-        import pandas as pd
+        from dvfs_mlops.registry import input_frame
 
-        row = pd.DataFrame([features.as_row() if hasattr(features, "as_row") else dict(features)])
+        row = input_frame(self.model, [features.as_row() if hasattr(features, "as_row") else dict(features)])
         params: dict[str, Any] = {"frequencies": list(frequencies or [])}
         if self.objective:
             try:

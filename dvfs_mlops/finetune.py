@@ -1,4 +1,4 @@
-"""The fine-tuning loop: transformers sequence classifier, AdamW, dynamic padding, fixed steps.
+"""The fine-tuning loop: transformers sequence classifier (or causal LM), AdamW, dynamic padding, fixed steps.
 
 Seeded and deterministic on CPU: the same seed gives the same batches, losses and accuracy at
 every clock. The model and every batch live on `torch_device` (the backend's GPU on real
@@ -8,6 +8,10 @@ hardware ignores it) and meters two windows: "train" (the optimisation steps onl
 wait for the GPU (synchronize), so queued work is charged to the window that queued it.
 `run_training=False` is the twin's profile-only mode: the same batches are planned and charged,
 nothing is computed.
+
+A causal-LM task (`task_kind="causal_lm"`, the instruct task) trains the model's LM head with the
+loss on response tokens only (labels -100 on the prompt and padding) and reports next-token
+accuracy on the response tokens (`eval_token_accuracy`) and their mean cross-entropy (`eval_loss`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops.device.placement import synchronize
-from dvfs_mlops.workloads.tokenizer import Encoded, collate, padded_length
+from dvfs_mlops.workloads.adapters import FULL, PeftSpec
+from dvfs_mlops.workloads.tokenizer import IGNORE_INDEX, Encoded, collate, lm_labels, padded_length
 
 # --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
 # (the twin charges tensor-core rates for 16-bit matmuls).
@@ -40,6 +45,7 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    peft: PeftSpec = FULL  # full fine-tuning, or LoRA (base frozen; adapters and the task head train)
 
     @property
     def trace_dtype(self) -> str:
@@ -56,6 +62,7 @@ class FinetuneResult:
     padded_lengths: list[int]  # per step: what the twin replays at other clocks
     wall_time_s: float
     model: Any = dataclasses.field(default=None, repr=False)
+    extra_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. eval_loss of a causal-LM task
 
 
 def num_steps(config: FinetuneConfig, n_train: int) -> int:
@@ -77,14 +84,21 @@ def plan_batches(n_train: int, steps: int, batch_size: int, seed: int) -> list[n
     return batches
 
 
-def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None) -> Any:
+def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None,
+                task_kind: str = "classification", peft: PeftSpec = FULL) -> Any:
+    """The model a task trains (the one place the auto class is chosen): a sequence classifier, or for a causal-LM
+    task the causal LM with its LM head; adapted as `peft` says (LoRA wraps it, full fine-tuning leaves it)."""
     import torch
-    from transformers import AutoModelForSequenceClassification
 
+    from dvfs_mlops.workloads.features import auto_model_class
+
+    auto = auto_model_class(task_kind)
     torch.manual_seed(seed)
     if pretrained:
-        return AutoModelForSequenceClassification.from_pretrained(pretrained, config=config, attn_implementation=attn)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+        model = auto.from_pretrained(pretrained, config=config, attn_implementation=attn)
+    else:
+        model = auto.from_config(config, attn_implementation=attn)
+    return peft.apply(model, str(getattr(config, "model_type", "")), task_kind)
 
 
 def finetune(
@@ -101,12 +115,16 @@ def finetune(
     pretrained: str | None = None,
     on_step: Callable[[int, float | None], None] | None = None,
     torch_device: str = "cpu",
+    task_kind: str | None = None,
 ) -> FinetuneResult:
-    """Fine-tune on `torch_device` (or, with run_training=False, only plan and charge) and evaluate on dev."""
+    """Fine-tune on `torch_device` (or, with run_training=False, only plan and charge) and evaluate on dev.
+
+    `task_kind="causal_lm"`: train the causal LM on `train.response_start`'s response tokens (else a classifier)."""
+    causal = task_kind == "causal_lm"
     steps = num_steps(config, len(train))
     batches = plan_batches(len(train), steps, config.batch_size, config.seed)
     lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
-    metric = "eval_pearson" if is_regression else "eval_accuracy"
+    metric = "eval_token_accuracy" if causal else "eval_pearson" if is_regression else "eval_accuracy"
     t0 = time.monotonic()
     if not run_training:
         with metered(session, "train", torch_device):
@@ -119,11 +137,13 @@ def finetune(
     import torch
 
     torch.manual_seed(config.seed)
-    model = build_model(model_config, config.seed, config.attn_implementation, pretrained).to(torch_device)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained,
+                        "causal_lm" if causal else "classification", config.peft).to(torch_device)
     amp = _autocast(torch_device, config.precision)
     scaler = torch.amp.GradScaler(torch.device(torch_device).type, enabled=config.precision == "fp16")
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: frozen weights get no optimizer state
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     warmup = max(1, int(config.warmup_share * steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup)) if s >= warmup else (s + 1) / warmup
@@ -134,7 +154,10 @@ def finetune(
         t_train = time.monotonic()
         for step, (idx, n) in enumerate(zip(batches, lengths)):
             ids, mask = collate([train.ids[i] for i in idx], pad_id)
-            labels = torch.as_tensor(train.labels[idx], dtype=label_dtype).to(torch_device)
+            if causal:
+                labels = torch.from_numpy(_lm_batch_labels(train, idx, ids.shape[1])).to(torch_device)
+            else:
+                labels = torch.as_tensor(train.labels[idx], dtype=label_dtype).to(torch_device)
             with amp():
                 out = model(input_ids=torch.from_numpy(ids).to(torch_device), attention_mask=torch.from_numpy(mask).to(torch_device),
                             labels=labels)
@@ -151,10 +174,20 @@ def finetune(
         synchronize(torch_device)
         wall = time.monotonic() - t_train
     tail = losses[-max(1, len(losses) // 10):]
+    extra: dict[str, float] = {}
     with metered(session, "eval", torch_device):
         with amp():
-            value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
-    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model)
+            if causal:  # vocabulary-wide logits: batches of the training size, not eval_batch_size
+                value, extra["eval_loss"] = evaluate_lm(model, dev, pad_id, min(config.eval_batch_size, config.batch_size), torch_device)
+            else:
+                value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
+    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra)
+
+
+def _lm_batch_labels(data: Encoded, idx: Any, width: int) -> np.ndarray:
+    if data.response_start is None:
+        raise ValueError("a causal-LM task's split needs response_start (encode it with TextEncoder.encode_lm)")
+    return lm_labels([data.ids[i] for i in idx], [data.response_start[i] for i in idx], width)
 
 
 @contextlib.contextmanager
@@ -207,3 +240,27 @@ def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_s
             return 0.0
         return float(np.corrcoef(p, dev.labels)[0, 1])
     return float((p == dev.labels).mean())
+
+
+def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None) -> tuple[float, float]:
+    """(next-token accuracy, mean cross-entropy) over the dev split's response tokens (the end token included)."""
+    import torch
+
+    where = torch_device or next(model.parameters()).device
+    model.eval()
+    correct, total, loss_sum = 0, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(dev), batch_size):
+            idx = np.arange(start, min(start + batch_size, len(dev)))
+            ids, mask = collate([dev.ids[i] for i in idx], pad_id)
+            labels = torch.from_numpy(_lm_batch_labels(dev, idx, ids.shape[1])).to(where)
+            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits.float()
+            logits, target = logits[:, :-1], labels[:, 1:]  # position t predicts token t + 1
+            keep = target != IGNORE_INDEX
+            correct += int((logits.argmax(-1)[keep] == target[keep]).sum())
+            total += int(keep.sum())
+            loss_sum += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
+    model.train()
+    if total == 0:
+        return 0.0, 0.0
+    return correct / total, loss_sum / total

@@ -67,7 +67,7 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
     with session:
         finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, probe,
                  is_regression=prepared.task.is_regression, session=session, trace_for=trace_for,
-                 run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device))
+                 run_training=not device.simulated, torch_device=resolve_torch_device(device, torch_device), task_kind=prepared.task.kind)
     util = session.report().gpu_util_pct
     if util is None:
         raise DvfsError(f"the {device.name} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
@@ -75,9 +75,9 @@ def measure_gpu_util(device: Any, prepared: Any, cfg: FinetuneConfig, probe_step
 
 
 def decide(model: Any, meta: dict[str, Any], features: WorkloadFeatures, frequencies: list[float]) -> tuple[float, str]:
-    import pandas as pd
+    from dvfs_mlops.registry import input_frame
 
-    row = pd.DataFrame([features.as_row()])
+    row = input_frame(model, [features.as_row()])
     try:
         out = model.predict(row, params={"frequencies": [float(f) for f in frequencies]})
     except Exception as e:  # noqa: BLE001
@@ -285,7 +285,8 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
                 refiner = Refiner(session, budget, num_steps(cfg, prepared.n_train), say=say)
             result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                              pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None)
+                              pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None,
+                              task_kind=prepared.task.kind)
         refined = refiner.result if refiner is not None else None
         settled = refined.chosen_mhz if refined is not None else decision.freq_mhz
         report = session.report()
@@ -296,7 +297,7 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
                   "gpu_util_probe_pct": round(f.gpu_util_pct or 0.0, 3), "freq_mhz": freq_label(settled),
                   "device": device.name, "device_profile": device.profile, "batch_size": cfg.batch_size, "steps": result.steps,
                   "seed": cfg.seed, "split": prepared.data.task.split, "data_source": prepared.data.source, "precision": cfg.precision,
-                  "torch_device": where, **records.session_params(session)}
+                  "trainable_params": f.trainable_params, **cfg.peft.params(), "torch_device": where, **records.session_params(session)}
         tracking.log_run_batch(c, run_id, params=params, metrics={**metrics, "expected_saving_vs_maxn": decision.expected_saving},
                                tags=records.session_tags(session, report), series={"power_w": report.power_series_w[:1000]})
         if refined is not None:

@@ -77,7 +77,7 @@ def point_metrics(report: EnergyReport, result: Any, effective_mhz: float | None
     t = report.duration_s
     samples = result.train_samples
     return {
-        **report_metrics(report), result.eval_metric: result.eval_value,
+        **report_metrics(report), result.eval_metric: result.eval_value, **getattr(result, "extra_metrics", {}),
         "samples_per_s": samples / t if t > 0 else None, "energy_per_sample_j": report.energy_j / samples if samples else None,
         "wall_time_s": result.wall_time_s, "clock_mhz": effective_mhz,
         **(session_metrics(session) if session is not None else {}),

@@ -265,3 +265,18 @@ def resolve(uri: str | None = None, config: RegistryConfig | None = None) -> tup
     except Exception as e:  # noqa: BLE001
         raise DvfsError(f"cannot load governor {target}: {str(e).splitlines()[0][:200]}") from None
     return model, meta
+
+
+def input_frame(model: Any, rows: list[dict[str, Any]]) -> Any:
+    """The rows as the governor's input, with only the columns its signature declares: a version registered before
+    `trainable_params` and `precision` existed would otherwise make MLflow warn about the extra inputs on every call
+    (it ignores them either way). A model without a signature (our PolicyModel) gets every column."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    try:
+        schema = model.metadata.get_input_schema()
+        names = schema.input_names() if schema is not None else None
+    except AttributeError:
+        names = None
+    return frame[[c for c in frame.columns if c in names]] if names else frame

@@ -7,17 +7,38 @@ from dvfs_mlops.twin.params import OrinTwinParams
 from dvfs_mlops.twin.physics import energy_curve, estimate_maxn
 from dvfs_mlops.twin.profiles import load_twin_params
 from dvfs_mlops.twin.trace import TraceCache
+from dvfs_mlops.workloads.tokenizer import PAD_TO_MULTIPLE
 from dvfs_mlops.workloads.zoo import resolve_model
 
 
-def simulate_curve(model: str | None, model_config: str | None, seq_len: int, batch_size: int = 16,
+def simulate_curve(model: str | None, model_config: str | None, seq_len: int | None, batch_size: int = 16,
                    dtype: str = "float32", twin_params: str | None = None, cache: TraceCache | None = None, *,
-                   params: OrinTwinParams | None = None) -> dict[str, Any]:
-    """`params` (a profile's constants) wins; else `twin_params`, a YAML of overrides on sim-orin."""
+                   params: OrinTwinParams | None = None, task: str | None = None) -> dict[str, Any]:
+    """`params` (a profile's constants) wins; else `twin_params`, a YAML of overrides on sim-orin.
+
+    `task` traces that task's head (a causal-LM task: the LM head and its loss; else a 2-label classifier, the
+    default); `seq_len` None is the task's mean token length, padded as batches are."""
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.workloads.features import classifier_config
+    from dvfs_mlops.workloads.tasks import get_task
+    from dvfs_mlops.workloads.zoo import check_task_model
+
     spec = resolve_model(model, model_config)
+    task_spec = get_task(task) if task else None
+    if seq_len is None:
+        if task_spec is None:
+            raise DvfsError("give --seq-len N, or --task TASK for that task's mean length")
+        seq_len = -(-task_spec.mean_tokens // PAD_TO_MULTIPLE) * PAD_TO_MULTIPLE
     if params is None:
         params = load_twin_params(None, twin_params)
-    trace = (cache or TraceCache()).get(spec.config, batch_size, seq_len, dtype)
+    if task_spec is not None and task_spec.causal_lm:
+        check_task_model(spec, task_spec.name, task_spec.kind)
+        config = classifier_config(spec, task_spec.num_labels, None, task_spec.kind)
+        trace = (cache or TraceCache()).get(config, batch_size, seq_len, dtype, task_spec.num_labels, kind=task_spec.kind)
+    elif task_spec is not None:
+        trace = (cache or TraceCache()).get(spec.config, batch_size, seq_len, dtype, task_spec.num_labels)
+    else:
+        trace = (cache or TraceCache()).get(spec.config, batch_size, seq_len, dtype)
     curve = energy_curve(trace, params)
     maxn = estimate_maxn(trace, params, curve)
     points = [
@@ -28,6 +49,7 @@ def simulate_curve(model: str | None, model_config: str | None, seq_len: int, ba
     optimal = min(points, key=lambda p: p["energy_j"])
     return {
         "model": spec.name,
+        "task": task_spec.name if task_spec is not None else None,
         "simulated": True,
         "device_profile": params.profile,
         "batch_size": batch_size,

@@ -82,6 +82,7 @@ def write_profile(result: FitResult, path: Path, source: str, simulated_input: b
 
 def points_from_csv(csv_path: str) -> list[FitPoint]:
     from dvfs_mlops.twin.trace import TraceCache
+    from dvfs_mlops.workloads.features import classifier_config
     from dvfs_mlops.workloads.tasks import get_task
     from dvfs_mlops.workloads.zoo import resolve_model
 
@@ -111,7 +112,8 @@ def points_from_csv(csv_path: str) -> list[FitPoint]:
         batch = int(_number(row, "batch_size", where, 16))
         seq = int(_number(row, "seq_len", where, task.mean_tokens))
         dtype = (row.get("dtype") or "float32").strip()
-        trace = traces.get(spec.config, batch, seq, dtype, task.num_labels)
+        config = classifier_config(spec, task.num_labels, None, task.kind) if task.causal_lm else spec.config
+        trace = traces.get(config, batch, seq, dtype, task.num_labels, kind=task.kind)
         points.append(FitPoint(f"{spec.name}/{task.name}", freq, ((trace, steps),), time_s, power))
     return points
 
@@ -183,6 +185,7 @@ def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
 def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[Any, ...]:
     """(trace, count) of every padded length the point's steps ran, as the sweep planned them."""
     from dvfs_mlops.finetune import PRECISIONS, plan_batches
+    from dvfs_mlops.workloads.adapters import peft_from_params
     from dvfs_mlops.workloads.prepare import prepare_workload
     from dvfs_mlops.workloads.tokenizer import padded_length
 
@@ -192,7 +195,9 @@ def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[
     config_path, pretrained = _present(run.get("params.model_config")) or None, _present(run.get("params.pretrained")) or None
     prepared = prepare_workload(model, task, model_config_path=config_path, pretrained=pretrained,
                                 data_source=str(run["params.data_source"]), data_dir=definition.get("data_dir"),
-                                seed=seed, train_size=int(definition["train_size"]), dev_size=int(definition.get("dev_size", 256)))
+                                seed=seed, train_size=int(definition["train_size"]), dev_size=int(definition.get("dev_size", 256)),
+                                peft=peft_from_params({k[len("params."):]: v for k, v in run.items()
+                                                       if k.startswith("params.") and _present(v) is not None}))
     lengths = Counter(padded_length([prepared.train_lengths[i] for i in b]) for b in plan_batches(prepared.n_train, steps, batch, seed))
     trace_for = prepared.trace_provider(batch, PRECISIONS[str(_present(run.get("params.precision")) or "fp32")])
     return tuple((trace_for(n), k) for n, k in sorted(lengths.items()))

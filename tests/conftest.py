@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 # shared smoke sweep that test_registry copies later.
 SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_server.py", "test_faults.py", "test_registry.py", "test_bad_input.py",
                       "test_launcher.py", "test_ui_browser.py", "test_packaging.py", "test_decision_speed.py",
-                      "test_quiet_output.py", "test_tasks.py", "test_adaptive_sweep.py", "test_twin.py", "test_hardware_path.py",
-                      "test_refine.py")
+                      "test_quiet_output.py", "test_tasks.py", "test_instruct.py", "test_adaptive_sweep.py", "test_twin.py", "test_hardware_path.py",
+                      "test_refine.py", "test_lora.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

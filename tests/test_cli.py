@@ -198,7 +198,10 @@ def _parse(argv: list[str]) -> dict:
     ("train", {"sweep_id": "sweep-abc", "trials": "5", "seed": "7"}, {"sweep_id": "sweep-abc", "trials": 5, "seed": 7}),
     ("finetune", {"steps": "3"}, {"model": "bert-tiny", "task": "sst2", "steps": 3, "probe_steps": 5, "governor_uri": ""}),
     ("finetune", {"governor": "models:/dvfs-governor/2", "steps": "", "probe_steps": "0"},
-     {"governor_uri": "models:/dvfs-governor/2", "steps": 60, "probe_steps": 0}),
+     {"governor_uri": "models:/dvfs-governor/2", "steps": 60, "probe_steps": 0, "peft_method": "full", "lora_r": None}),
+    ("finetune", {"peft": "lora", "lora_r": "16", "lora_alpha": "32", "lora_targets": "q_proj,v_proj", "precision": "bf16"},
+     {"peft_method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_targets": "q_proj,v_proj", "precision": "bf16"}),
+    ("sweep", {"peft": "lora", "lora_r": "", "lora_targets": ""}, {"peft_method": "lora", "lora_r": None, "lora_alpha": None, "lora_targets": ""}),
     ("promote", {"version": "3"}, {"version": "3", "force": False}),
     ("promote", {"version": "latest", "force": "true"}, {"version": "latest", "force": True}),
     ("evaluate", {}, {"sweep_id": "", "split": "eval", "policies": "production,ffg,paper-mlg,maxn,oracle"}),
@@ -217,7 +220,7 @@ def test_mlproject_commands_parse_with_empty_and_set_parameters(entry, params, e
     argv = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd[len("dvfs-mlops "):]], capture_output=True, text=True,
                           check=True).stdout.splitlines()
     for k, v in params.items():
-        if v == "" and k in ("steps", "profile_steps", "repeats", "batch_size", "seed", "trials", "probe_steps"):
+        if v == "" and k in ("steps", "profile_steps", "repeats", "batch_size", "seed", "trials", "probe_steps", "lora_r", "lora_alpha"):
             assert "--" + k.replace("_", "-") not in argv, argv
     got = _parse(argv)
     assert {k: got[k] for k in expected} == expected, argv

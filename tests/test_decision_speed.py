@@ -84,7 +84,7 @@ def test_cached_features_equal_the_slow_way(in_store, monkeypatch):
     slow = {c: prepare_workload(*c, train_size=300, dev_size=16, use_cache=False) for c in cases}
     for c in cases:
         prepare_workload(*c, train_size=300, dev_size=16)  # computes and stores
-    monkeypatch.setattr(features, "count_params", lambda config: pytest.fail("a warm workload counted parameters"))
+    monkeypatch.setattr(features, "count_params", lambda config, peft=None: pytest.fail("a warm workload counted parameters"))
     monkeypatch.setattr("dvfs_mlops.workloads.prepare.train_wordpiece", lambda *a, **k: pytest.fail("a warm workload trained a tokenizer"))
     for c in cases:
         warm = prepare_workload(*c, train_size=300, dev_size=16)
@@ -139,7 +139,7 @@ def test_cached_param_count_is_exact_for_config_files_and_a_changed_file_is_a_mi
         first = model_facts(resolve_model(config_path=path), 2)
         spec = resolve_model(config_path=path)
         assert model_facts(spec, 2) == first == compute_model_facts(spec, 2), label
-        assert first.num_params == count_params(classifier_config(spec, 2, 0))
+        assert (first.num_params, first.trainable_params) == count_params(classifier_config(spec, 2, 0))
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(CONFIG_FILES["roberta"]))

@@ -9,6 +9,7 @@ from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor.objectives import Objective
+from dvfs_mlops.workloads.adapters import split_variant
 from dvfs_mlops.workloads.features import NUMERIC_FEATURES, WorkloadFeatures
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class WorkloadCurve:
 
     @property
     def task(self) -> str:
-        return self.workload.split("/", 1)[-1]
+        """The task without the workload's variant: a LoRA job on sst2 is held out with sst2."""
+        return split_variant(self.workload.split("/", 1)[-1])[0]
 
     @property
     def clocks(self) -> list[float]:
@@ -141,6 +143,15 @@ def _mean_by_clock(g: Any, column: str) -> dict[float, float]:
     return {float(k): float(x) for k, x in v.items() if not math.isnan(x)}  # drop NaN (a run without the metric)
 
 
+def _present_str(value: Any) -> str | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) or value == "" else str(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    text = _present_str(value)
+    return None if text is None else int(float(text))
+
+
 def _maxn_mean(m: Any, column: str) -> float | None:
     v = float(m[column].mean()) if column in m else math.nan
     return None if math.isnan(v) else v
@@ -180,7 +191,12 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     if not len(df):
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
+    from dvfs_mlops import tracking
+
+    named = f"tags.{tracking.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
     df["_workload"] = df["params.model"] + "/" + df["params.task"]
+    if named in df:
+        df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, sweep_id)
     pinned = df[df["params.freq_mhz"] != "maxn"]
     freqs = sorted({_num(f) for f in pinned["params.freq_mhz"]})
@@ -206,6 +222,8 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
             model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),
             hidden_size=int(r0["params.hidden_size"]), num_params=int(r0["params.num_params"]),
             avg_seq_len=_num(r0["params.avg_seq_len"]), gpu_util_pct=float(m["metrics.gpu_util_pct"].mean()),
+            trainable_params=_optional_int(r0.get("params.trainable_params")),  # runs from before it: a full fine-tune
+            precision=_present_str(r0.get("params.precision")) or "fp32",
         )
         acc_col = next((c for c in ("metrics.eval_accuracy", "metrics.eval_pearson") if c in g and g[c].notna().any()), None)
         acc = {str(k): float(v) for k, v in g.groupby("params.freq_mhz")[acc_col].mean().items()} if acc_col else {}

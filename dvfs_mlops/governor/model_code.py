@@ -2,7 +2,7 @@
 
 MLflow copies this file and `policy_tree.py` (code_paths) into the model; `load_context` reads
 the `policy` artifact (policy.json). Input columns: model_type, num_layers, hidden_size,
-num_params, avg_seq_len, gpu_util_pct; output columns freq_mhz and decision_path. Params:
+num_params, avg_seq_len, gpu_util_pct, and the optional trainable_params and precision; output columns freq_mhz and decision_path. Params:
 `frequencies` (snap to the caller's clock table) and `objective` (energy | edp | max-slowdown:X,
 applied at decision time by a curve governor; default: the one the version records).
 Needs mlflow, pandas and the standard library.

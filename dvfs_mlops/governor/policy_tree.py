@@ -20,15 +20,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 FORMAT = "dvfs-governor-policy/1"
-INPUT_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")
+INPUT_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct", "trainable_params",
+                 "precision")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def feature_value(row: Mapping[str, Any], feature: str) -> float:
-    """A row's value for a split feature; model_type is seen as is_decoder (0/1)."""
+    """A row's value for a split feature; model_type is seen as is_decoder (0/1), precision as half_precision (0/1).
+
+    The two later columns have defaults a caller from before them means: no trainable_params is a full fine-tune
+    (all of num_params), no precision is fp32."""
     if feature == "is_decoder":
         return 1.0 if str(row.get("model_type", "")).lower() == "decoder" else 0.0
+    if feature == "half_precision":
+        precision = row.get("precision")
+        return 0.0 if _missing(precision) or str(precision).lower() == "fp32" else 1.0
     value = row.get(feature)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if feature == "trainable_params" and _missing(value):
+        value = row.get("num_params")
+    if _missing(value):
         raise ValueError(f"the governor needs feature {feature!r}, which is missing from the input")
     return float(value)
 
@@ -75,7 +88,8 @@ def decide(policy: Mapping[str, Any], row: Mapping[str, Any], objective: str | N
     while "feature" in node:
         feature, threshold = node["feature"], float(node["threshold"])
         value = feature_value(row, feature)
-        shown = f"model_type={row.get('model_type')}" if feature == "is_decoder" else f"{feature}={value:g}"
+        shown = {"is_decoder": f"model_type={row.get('model_type')}", "half_precision": f"precision={row.get('precision') or 'fp32'}"
+                 }.get(feature, f"{feature}={value:g}")
         if value <= threshold:
             path.append(f"{shown} <= {threshold:g}")
             node = node["left"]

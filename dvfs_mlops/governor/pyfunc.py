@@ -18,8 +18,10 @@ def input_example() -> list[dict[str, Any]]:
     """Two rows, as records: MLflow saves a list of dicts as JSON itself. (A DataFrame example goes through
     MLflow's split-dict conversion, which raises a pandas deprecation warning under pandas 3.)"""
     return [
-        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109_483_778, "avg_seq_len": 71.3, "gpu_util_pct": 95.0},
-        {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7_628_288, "avg_seq_len": 12.8, "gpu_util_pct": 30.0},
+        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109_483_778, "avg_seq_len": 71.3, "gpu_util_pct": 95.0,
+         "trainable_params": 109_483_778, "precision": "fp32"},
+        {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7_628_288, "avg_seq_len": 12.8, "gpu_util_pct": 30.0,
+         "trainable_params": 98_560, "precision": "bf16"},
     ]
 
 
@@ -28,7 +30,9 @@ def signature(default_objective: str = "energy") -> Any:
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
-                     ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct")])
+                     ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct"),
+                     # later columns, optional: a caller from before them is a full fine-tune in fp32 (policy_tree.feature_value)
+                     ColSpec("long", "trainable_params", required=False), ColSpec("string", "precision", required=False)])
     outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
     params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),
                           ParamSpec("objective", "string", default=default_objective)])

@@ -182,8 +182,26 @@ def paper_score(curves: Sequence[WorkloadCurve], objective: Objective, frequenci
     return score(curves, {c.workload: float(tree.choose(c.features, c.clocks or frequencies)) for c in curves}, objective)
 
 
-def suggest(trial: Any, seed: int) -> GovernorParams:
-    use = [f for f in NUMERIC_FEATURES if trial.suggest_categorical(f"use_{f}", [True, False])]
+# Features that only some sweeps vary (LoRA vs full fine-tuning, 16-bit vs fp32): offered to the search only where they
+# do, so a sweep of full fp32 fine-tunes searches exactly the space it searched before they existed.
+OPTIONAL_FEATURES = ("trainable_params", "half_precision")
+
+
+def search_features(curves: Sequence[WorkloadCurve]) -> tuple[str, ...]:
+    """NUMERIC_FEATURES minus the optional ones that carry nothing here (trainable_params equal to num_params everywhere,
+    one precision for every workload)."""
+    rows = [c.features.numeric_row() for c in curves]
+
+    def informative(f: str) -> bool:
+        if f == "trainable_params":
+            return any(r["trainable_params"] != r["num_params"] for r in rows)
+        return len({r[f] for r in rows}) > 1
+
+    return tuple(f for f in NUMERIC_FEATURES if f not in OPTIONAL_FEATURES or informative(f))
+
+
+def suggest(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+    use = [f for f in features if trial.suggest_categorical(f"use_{f}", [True, False])]
     if not use:
         use = ["num_layers"]
     family = trial.suggest_categorical("family", ["curve", "classifier"])
@@ -209,16 +227,19 @@ def suggest(trial: Any, seed: int) -> GovernorParams:
     )
 
 
-def _params_from_trial(trial: Any, seed: int) -> GovernorParams:
-    return suggest(trial, seed)
+def _params_from_trial(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+    return suggest(trial, seed, features)
 
 
-WARM_STARTS: list[dict[str, Any]] = [
-    {"family": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2, "curve_ccp_alpha": 0.0,
-     "time_weight": 0.0, "max_features": "all", **{f"use_{f}": True for f in NUMERIC_FEATURES}},
-    {"family": "classifier", "criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
-     "ccp_alpha": 0.0, "class_weight": "none", **{f"use_{f}": True for f in NUMERIC_FEATURES}},
-]
+def warm_starts(features: Sequence[str] = NUMERIC_FEATURES) -> list[dict[str, Any]]:
+    """The first trials of a new study: a depth-2 curve tree and a depth-3 classifier on every feature."""
+    every = {f"use_{f}": True for f in features}
+    return [
+        {"family": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2, "curve_ccp_alpha": 0.0,
+         "time_weight": 0.0, "max_features": "all", **every},
+        {"family": "classifier", "criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
+         "ccp_alpha": 0.0, "class_weight": "none", **every},
+    ]
 
 
 def choose_split(curves: Sequence[WorkloadCurve], wanted: str = "auto") -> str:
@@ -243,19 +264,20 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
     if study is None:
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     inner = _inner_split(curves, split)
+    features = search_features(curves)
 
     def objective_fn(trial: Any) -> float:
-        params = _params_from_trial(trial, seed)
+        params = _params_from_trial(trial, seed, features)
         s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
         trial.set_user_attr("accuracy", s.accuracy)
         trial.set_user_attr("family", family_of(params))
         return s.regret
 
     if not study.trials:
-        for warm in WARM_STARTS:
+        for warm in warm_starts(features):
             study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
     study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
-    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed), study
+    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, features), study
 
 
 @dataclasses.dataclass

@@ -17,6 +17,10 @@ on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU 
 `train()` from its first to its last step, evaluation inside it (eval_strategy) included.
 `refine=N` spends N steps probing clocks around the governor's and runs the rest at the curve model's
 optimum (`dvfs_mlops/refine.py`); `dvfs.refined` holds the probes and the choice.
+
+LoRA and mixed precision are read from what the Trainer runs: a model wrapped with peft's
+`get_peft_model` (LoRA) is seen as such (`trainable_params`, and the twin traces the LoRA step), and
+`TrainingArguments(bf16=True)` / `fp16=True` is the workload's `precision`.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from transformers import TrainerCallback
 
 from dvfs_mlops.clocks import FreqRequest
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.workloads.adapters import count_base, count_trainable, peft_of
 from dvfs_mlops.workloads.features import WorkloadFeatures
 from dvfs_mlops.workloads.zoo import ENCODER_TYPES
 
@@ -77,6 +82,7 @@ class DvfsCallback(TrainerCallback):
         self._run_id: str | None = None
         self._atexit_registered = False
         self._closed_session: Any = None
+        self.precision = "fp32"  # from the Trainer's arguments (bf16=True / fp16=True) on train begin
 
     # context manager: restore even when trainer.train() raises ---------------------------------
     def __enter__(self) -> DvfsCallback:
@@ -111,15 +117,21 @@ class DvfsCallback(TrainerCallback):
         avg = self.avg_seq_len or _dataset_avg_len(getattr(train_dataloader, "dataset", None))
         if avg is None:
             raise DvfsError("cannot compute avg_seq_len from the training data (no input_ids/attention_mask); pass DvfsCallback(avg_seq_len=...)")
-        params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        trainable = count_trainable(model)
+        lora = peft_of(model).is_lora  # a peft-wrapped model: its frozen base is num_params, what trains is trainable_params
+        params = count_base(model) if lora else trainable
         mtype = "encoder" if getattr(cfg, "model_type", "") in ENCODER_TYPES else "decoder"
-        return WorkloadFeatures(mtype, int(layers), int(hidden), int(params), float(avg), self.gpu_util_pct)
+        return WorkloadFeatures(mtype, int(layers), int(hidden), int(params), float(avg), self.gpu_util_pct, int(trainable),
+                                self.precision)
 
     def _twin_trace(self, model: Any, batch_size: int, avg_len: float) -> Any:
+        from dvfs_mlops.finetune import PRECISIONS
         from dvfs_mlops.twin.trace import TraceCache
 
         padded = max(8, -(-int(round(avg_len)) // 8) * 8)
-        return TraceCache().get(model.config, batch_size, padded, "float32", int(getattr(model.config, "num_labels", 2)))
+        kind = "causal_lm" if type(model).__name__.endswith("ForCausalLM") else "classification"  # an LM head is traced as one
+        return TraceCache().get(model.config, batch_size, padded, PRECISIONS[self.precision], int(getattr(model.config, "num_labels", 2)),
+                                peft_of(model), kind=kind)
 
     def _check_placement(self, model: Any) -> None:
         from dvfs_mlops.device.placement import TorchDeviceError, resolve_torch_device
@@ -141,6 +153,7 @@ class DvfsCallback(TrainerCallback):
         if model is not None:
             self._check_placement(model)
         batch = int(getattr(args, "per_device_train_batch_size", 8))
+        self.precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
         feats = self._features(model, train_dataloader, batch)
         if self.device.simulated or feats.gpu_util_pct is None:
             self._trace = self._twin_trace(model, batch, feats.avg_seq_len)
@@ -202,7 +215,9 @@ class DvfsCallback(TrainerCallback):
         g = self.decision.get("governor", {})
         tags = {"dvfs.freq_mhz": str(self.decision.get("freq")), "decision.path": str(self.decision.get("path")),
                 "governor.uri": str(g.get("uri")), "governor.version": str(g.get("version") or ""),
-                "dvfs.simulated": str(r.simulated).lower()}
+                "dvfs.simulated": str(r.simulated).lower(), "dvfs.precision": self.precision}
+        if self.features is not None:
+            tags["dvfs.trainable_params"] = str(self.features.trainable_params)
         if self._closed_session is not None:
             from dvfs_mlops import records
 

@@ -29,7 +29,7 @@ from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.resume import check_same_profile, finished_points, point_runs, resolve_parent
 from dvfs_mlops.sweep.spec import MODEL_PRESETS, PRESETS, Point, SweepPreset, SweepSpec, build_spec
-from dvfs_mlops.workloads.tasks import TASKS
+from dvfs_mlops.workloads.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         model, task = point.model, point.task
         if point.workload not in prepared_for:
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source,
-                                        data_dir=spec.data_dir, seed=spec.seed, train_size=spec.train_size, dev_size=spec.dev_size)
+                                        data_dir=spec.data_dir, seed=spec.seed, train_size=spec.train_size, dev_size=spec.dev_size,
+                                        peft=spec.peft, precision=spec.precision)
             trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             prepared_for[point.workload] = (prepared, trace_for)
         prepared, trace_for = prepared_for[point.workload]
@@ -121,7 +122,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 c.set_terminated(run_id, "KILLED")
             if ran and settle_s > 0 and not device.simulated:
                 time.sleep(settle_s)
-            summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, TASKS[task].split, trace_for,
+            summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, get_task(task).split, trace_for,
                                 trained_for.setdefault(point.workload, {}), where,
                                 still_mine=lease.still_mine if claims.kind != "none" else None)
         except BaseException:

@@ -24,7 +24,7 @@ from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.spec import Point, SweepSpec
-from dvfs_mlops.workloads.tasks import TASKS
+from dvfs_mlops.workloads.tasks import get_task
 
 MAX_PINNED = 4
 TAG_STRATEGY = "dvfs.strategy"
@@ -69,7 +69,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     try:
         for model, task in workloads:
             prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source, data_dir=spec.data_dir, seed=spec.seed,
-                                        train_size=spec.train_size, dev_size=spec.dev_size)
+                                        train_size=spec.train_size, dev_size=spec.dev_size, peft=spec.peft, precision=spec.precision)
             trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
             trained: dict[int, FinetuneResult] = {}
 
@@ -77,14 +77,14 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
                         trained: dict[int, FinetuneResult] = trained) -> list[dict[str, Any]]:
                 out = []
                 for r in range(spec.repeats):
-                    point = Point(model, task, freq, r)
+                    point = Point(model, task, freq, r, spec.variant)
                     if point.key in known:
                         found.append(point.key)
                     else:
                         for run_id in stale.pop(point.key, []):
                             c.set_terminated(run_id, "KILLED")
                         progress.start(point.key)
-                        summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, TASKS[task].split, trace_for, trained,
+                        summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, get_task(task).split, trace_for, trained,
                                             where)
                         ran.append(point.key)
                         progress.finish(point.key, summary)
@@ -104,7 +104,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
             while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape)) is not None:
                 rows = measure(f)
                 measured.append(Measurement(f, sum(r["time_s"] for r in rows) / len(rows), sum(r["energy_j"] for r in rows) / len(rows)))
-            predicted_rows += _predicted_rows(f"{model}/{task}", measured, table, shape)
+            predicted_rows += _predicted_rows(f"{model}/{task}{spec.variant}", measured, table, shape)
         completed = True
     finally:
         progress.close()

@@ -27,6 +27,7 @@ def _point_params(spec: SweepSpec, point: Point, features: Any, device: Any, spl
         "avg_seq_len": round(features.avg_seq_len, 3), "freq_mhz": freq_label(point.freq), "device": device.name,
         "device_profile": device.profile, "batch_size": spec.batch_size, "steps": spec.steps, "seed": spec.seed,
         "repeat": point.repeat, "split": split, "data_source": spec.data_source, "precision": spec.precision,
+        "trainable_params": features.trainable_params, **spec.peft.params(),
         **({"profile_steps": spec.profile_steps} if spec.steps == 0 else {}),
     }
 
@@ -44,7 +45,7 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
     """Run and log one point. `still_mine` (a claimed point) is asked right before the run is marked FINISHED: when
     another worker took the point over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned."""
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed,
-                         precision=spec.precision)
+                         precision=spec.precision, peft=spec.peft)
     profile_only = spec.steps == 0
     replay = spec.replay and not profile_only and point.repeat in trained
     tags = {
@@ -67,7 +68,7 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
             else:
                 result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                                   is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                                  run_training=not profile_only, torch_device=torch_device)
+                                  run_training=not profile_only, torch_device=torch_device, task_kind=prepared.task.kind)
                 result.model = None
                 if spec.replay:
                     trained[point.repeat] = result

@@ -12,6 +12,7 @@ from typing import Any
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.device.base import parse_freq
 from dvfs_mlops.errors import DvfsError, unknown
+from dvfs_mlops.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.workloads.tasks import TASKS, get_task
 from dvfs_mlops.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.workloads.zoo import ModelEntry, model_entry
@@ -48,10 +49,11 @@ class Point:
     task: str
     freq: FreqRequest
     repeat: int
+    variant: str = ""  # "+lora-r8a16+bf16": how the model is adapted and in which precision ('' = full, fp32)
 
     @property
     def workload(self) -> str:
-        return f"{self.model}/{self.task}"
+        return f"{self.model}/{self.task}{self.variant}"
 
     @property
     def key(self) -> str:
@@ -83,6 +85,12 @@ class SweepSpec:
     # which the model's name carries (zoo.ModelEntry), so boards holding the same config elsewhere share the sweep.
     model_entries: tuple[ModelEntry, ...] = ()
     precision: str = "fp32"  # fp32 | bf16 | fp16: how every point trains (and what the twin charges)
+    peft: PeftSpec = FULL  # full fine-tuning or LoRA, for every point
+
+    @property
+    def variant(self) -> str:
+        """The workloads' name suffix (adapters.variant_suffix): a LoRA or 16-bit point is never a full fp32 one."""
+        return variant_suffix(self.peft, self.precision)
 
     @property
     def trace_dtype(self) -> str:
@@ -103,7 +111,7 @@ class SweepSpec:
                     freqs = list(self.freqs)
                     if self.shuffle_clocks:
                         random.Random(f"{self.seed}|{m}/{t}|{r}").shuffle(freqs)
-                    out += [Point(m, t, f, r) for f in freqs]
+                    out += [Point(m, t, f, r, self.variant) for f in freqs]
         return out
 
     def definition(self) -> dict[str, Any]:
@@ -114,6 +122,8 @@ class SweepSpec:
         d.pop("model_entries")  # where configs live on this machine; their content is in the models' names
         if self.precision == "fp32":
             d.pop("precision")  # fp32 sweeps keep the ids they had before precisions existed
+        if not self.peft.is_lora:
+            d.pop("peft")  # so do full fine-tuning sweeps, before adapters existed
         if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
             d.pop("twin_digest")
         if d.get("strategy") == "grid":
@@ -139,7 +149,7 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
                steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
                seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
                replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
-               strategy: str = "grid", precision: str = "fp32") -> SweepSpec:
+               strategy: str = "grid", precision: str = "fp32", peft: PeftSpec = FULL) -> SweepSpec:
     """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, list(PRESETS))
@@ -153,8 +163,10 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
     entries = _model_entries(_split_list(models) or list(p.models))
     model_list = [e.name for e in entries]
     task_list = _split_list(tasks) or list(p.tasks)
-    for t in task_list:
-        get_task(t)
+    task_specs = [get_task(t) for t in task_list]
+    _check_models_fit_tasks(entries, task_specs)
+    if peft.is_lora:
+        _check_lora_targets(entries, task_specs, peft)
     freq_names = _split_list(freqs) or (list(p.freqs) if p.freqs else None)
     table = device.frequencies_mhz
     if freq_names is None:
@@ -171,9 +183,13 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
     if data_dir is not None:
         data_source = "tsv"
         from dvfs_mlops.workloads.glue_tsv import check_task_dir
+        from dvfs_mlops.workloads.instruct import find_files
 
-        for t in task_list:
-            check_task_dir(Path(data_dir), get_task(t))
+        for t in task_specs:
+            if t.causal_lm:
+                find_files(Path(data_dir), t.name)
+            else:
+                check_task_dir(Path(data_dir), t)
     spec = SweepSpec(
         models=tuple(model_list), tasks=tuple(task_list), freqs=tuple(freq_list), steps=n_steps,
         profile_steps=p.profile_steps if profile_steps is None else profile_steps, batch_size=batch_size,
@@ -181,7 +197,7 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
         train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
         experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
         shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device), strategy=strategy,
-        model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=precision,
+        model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=precision, peft=peft,
     )
     return spec.with_default_id()
 
@@ -202,6 +218,39 @@ def _model_entries(texts: list[str]) -> list[ModelEntry]:
             check_scratch_vocab(spec)
             _ = spec.config
     return entries
+
+
+def _check_models_fit_tasks(entries: list[ModelEntry], tasks: list[Any]) -> None:
+    """A causal-LM task needs a decoder with a causal-LM class: every (model, task) pair is checked before the first
+    point (an encoder is refused from its config's data; a config's class is asked of transformers, as it is built)."""
+    lm_tasks = [t for t in tasks if t.causal_lm]
+    if not lm_tasks:
+        return
+    from dvfs_mlops.workloads.zoo import check_task_model, resolve_model
+
+    for e in entries:
+        spec = resolve_model(e.name, e.config_path, e.pretrained)
+        for t in lm_tasks:
+            check_task_model(spec, t.name, t.kind)
+        if e.config_path or e.pretrained:  # presets are known to have one (pythia: GPTNeoXForCausalLM)
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            from dvfs_mlops.workloads.features import no_causal_lm_error
+
+            if type(spec.config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+                raise no_causal_lm_error(spec.config, ValueError(f"no causal LM for {type(spec.config).__name__}"))
+
+
+def _check_lora_targets(entries: list[ModelEntry], tasks: list[Any], peft: PeftSpec) -> None:
+    """Every model takes the LoRA targets (an architecture without defaults, or a name that matches nothing, fails
+    here, not at its first point). The count is cached per config, so the sweep's own features reuse it."""
+    from dvfs_mlops.workloads.features import model_facts
+    from dvfs_mlops.workloads.zoo import resolve_model
+
+    kinds = sorted({t.kind for t in tasks})  # a classifier's and a causal LM's heads are adapted differently
+    for e in entries:
+        for kind in kinds:
+            model_facts(resolve_model(e.name, e.config_path, e.pretrained), 2, task_kind=kind, peft=peft)
 
 
 def _twin_digest(device: Any) -> str:

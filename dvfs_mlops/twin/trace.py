@@ -10,6 +10,9 @@ Eager attention is forced for the capture: SDPA hides its matmuls from the FLOP 
 AdamW(fused=True) is refused on meta, so the optimizer is modelled as CUDA training would run it:
 one fused kernel moving 7x the parameter bytes (read param, grad, two moments; write param, two
 moments).
+
+A causal-LM task (`kind="causal_lm"`) traces the model's LM head instead of a classifier: labels of
+shape [batch, seq], so the vocabulary-wide logits and their cross-entropy are in the step.
 """
 from __future__ import annotations
 
@@ -146,38 +149,56 @@ def _make_mode(recorder: _Recorder) -> Any:
     return _TraceMode()
 
 
-def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int) -> str:
-    """A stable id for a (model config, batch, padded length, dtype) capture."""
+def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int, peft: Any = None,
+              kind: str = "classification") -> str:
+    """A stable id for a (model config, batch, padded length, dtype, adaptation, head) capture. The adaptation and the
+    kind are in the key only for LoRA and a causal LM, so the keys of full classifier traces (and the traces cached
+    under them) stay what they were."""
     import torch
 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for volatile in ("transformers_version", "_name_or_path", "_attn_implementation_autoset", "torch_dtype", "dtype"):
         cfg.pop(volatile, None)
-    blob = json.dumps(
-        {"cfg": cfg, "b": batch_size, "s": seq_len, "dt": dtype, "nl": num_labels, "torch": torch.__version__, "fmt": TRACE_FORMAT},
-        sort_keys=True,
-        default=str,
-    )
+    what: dict[str, Any] = {"cfg": cfg, "b": batch_size, "s": seq_len, "dt": dtype, "nl": num_labels, "torch": torch.__version__,
+                            "fmt": TRACE_FORMAT}
+    if peft is not None and peft.is_lora:
+        what["peft"] = peft.definition()
+    if kind == "causal_lm":
+        what["kind"] = kind
+    blob = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def capture_step_trace(config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2) -> StepTrace:
-    """Trace one AdamW training step of a sequence-classification model on the meta device."""
+def capture_step_trace(config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2,
+                       peft: Any = None, kind: str = "classification") -> StepTrace:
+    """Trace one AdamW training step on the meta device: of a sequence-classification model, or (kind="causal_lm")
+    of the causal LM with labels on every position, so its LM head and cross-entropy are charged.
+
+    With LoRA (`peft`: anything with `is_lora`, `definition()` and `apply(model, model_type, kind)`, as the workloads'
+    PeftSpec; the twin knows no adapter library) the model is wrapped as training wraps it: autograd then computes
+    no weight gradient for the frozen base, and the optimizer moves only the adapters' (and a head's) state.
+    """
     import torch
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
     torch_dtype = getattr(torch, dtype)
-    key = trace_key(config, batch_size, seq_len, dtype, num_labels)
+    key = trace_key(config, batch_size, seq_len, dtype, num_labels, peft, kind)
     cfg = type(config).from_dict(config.to_dict())
-    cfg.num_labels = num_labels
+    causal = kind == "causal_lm"
+    if not causal:
+        cfg.num_labels = num_labels
     if getattr(cfg, "pad_token_id", None) is None:
         cfg.pad_token_id = 0
+    auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModelForSequenceClassification
     with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
+        model = auto.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
+        if peft is not None and peft.is_lora:
+            model = peft.apply(model, str(getattr(cfg, "model_type", "")), kind)
     model.train()
     vocab = int(getattr(cfg, "vocab_size", 30522))
     input_ids = torch.randint(1, max(2, vocab), (batch_size, seq_len), device="meta")
-    labels = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    labels = (torch.randint(0, max(2, vocab), (batch_size, seq_len), device="meta") if causal
+              else torch.zeros(batch_size, dtype=torch.long, device="meta"))
     params = [p for p in model.parameters() if p.requires_grad]
     num_params = sum(p.numel() for p in params)
     param_bytes = sum(_nbytes(p) for p in params)
@@ -216,8 +237,9 @@ class TraceCache:
         self.directory = Path(directory) if directory else default_cache_dir()
         self._memo: dict[str, StepTrace] = {}
 
-    def get(self, config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2) -> StepTrace:
-        key = trace_key(config, batch_size, seq_len, dtype, num_labels)
+    def get(self, config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2, peft: Any = None,
+            kind: str = "classification") -> StepTrace:
+        key = trace_key(config, batch_size, seq_len, dtype, num_labels, peft, kind)
         if key in self._memo:
             return self._memo[key]
         path = self.directory / f"{key}.json"
@@ -230,7 +252,7 @@ class TraceCache:
             except (OSError, ValueError, KeyError):
                 trace = None  # a corrupt cache entry is re-captured
         if trace is None:
-            trace = capture_step_trace(config, batch_size, seq_len, dtype, num_labels)
+            trace = capture_step_trace(config, batch_size, seq_len, dtype, num_labels, peft, kind)
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(trace.to_json()))

@@ -4,12 +4,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dvfs_mlops.errors import DvfsError
+
 # The study's size split: results are reported for models <= 70M and > 70M parameters.
 SMALL_MODEL_PARAMS = 70_000_000
 # The one list of governor input columns (the pyfunc signature, policy.json features, the docs).
-FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct")
-# The same columns as numbers for a decision tree: model_type becomes is_decoder (1.0 for a decoder).
-NUMERIC_FEATURES = tuple("is_decoder" if c == "model_type" else c for c in FEATURE_COLUMNS)
+# trainable_params and precision came later: a row without them is a full fine-tune in fp32 (policy_tree.feature_value).
+FEATURE_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct", "trainable_params",
+                   "precision")
+# The same columns as numbers for a decision tree: model_type becomes is_decoder (1.0 for a decoder), precision becomes
+# half_precision (1.0 for bf16/fp16: tensor-core rates, half the bytes).
+_NUMERIC_NAME = {"model_type": "is_decoder", "precision": "half_precision"}
+NUMERIC_FEATURES = tuple(_NUMERIC_NAME.get(c, c) for c in FEATURE_COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +26,12 @@ class WorkloadFeatures:
     num_params: int
     avg_seq_len: float  # mean unpadded token length of the training set
     gpu_util_pct: float | None  # measured at maxn (None until measured)
+    trainable_params: int | None = None  # parameters that get gradients and optimizer state (None: all, a full fine-tune)
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+
+    def __post_init__(self) -> None:
+        if self.trainable_params is None:
+            object.__setattr__(self, "trainable_params", self.num_params)
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -27,19 +39,23 @@ class WorkloadFeatures:
     def numeric_row(self) -> dict[str, float]:
         """NUMERIC_FEATURES -> value; an unmeasured gpu_util_pct counts as 0."""
         row = self.as_row()
-        out = {c: float(row[c] or 0.0) for c in FEATURE_COLUMNS if c != "model_type"}
-        return {"is_decoder": 1.0 if self.model_type == "decoder" else 0.0, **out}
+        out = {c: float(row[c] or 0.0) for c in FEATURE_COLUMNS if c not in _NUMERIC_NAME}
+        return {"is_decoder": 1.0 if self.model_type == "decoder" else 0.0, **out,
+                "half_precision": 0.0 if self.precision == "fp32" else 1.0}
 
     def with_gpu_util(self, pct: float | None) -> WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)
 
 
-def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None) -> Any:
-    """The model config actually trained: the preset's, with the task's head and our pad id."""
+def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification") -> Any:
+    """The model config actually trained: the preset's, with the task's head and our pad id.
+
+    A causal-LM task (`task_kind="causal_lm"`) trains the model's own LM head: no classification fields are set."""
     cfg = type(spec.config).from_dict(spec.config.to_dict())
-    cfg.num_labels = num_labels
-    if num_labels == 1:
-        cfg.problem_type = "regression"
+    if task_kind != "causal_lm":
+        cfg.num_labels = num_labels
+        if num_labels == 1:
+            cfg.problem_type = "regression"
     if pad_id is not None:
         cfg.pad_token_id = pad_id
     elif getattr(cfg, "pad_token_id", None) is None:
@@ -47,14 +63,38 @@ def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None) -> 
     return cfg
 
 
-def count_params(config: Any) -> int:
-    """Trainable parameters of the sequence classifier, counted on `meta` (no memory)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
+def auto_model_class(task_kind: str = "classification") -> Any:
+    """The transformers auto class a task trains: the causal LM for causal_lm tasks, else the sequence classifier."""
+    import transformers
 
-    with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(config)
-    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return transformers.AutoModelForCausalLM if task_kind == "causal_lm" else transformers.AutoModelForSequenceClassification
+
+
+def count_params(config: Any, task_kind: str = "classification", peft: Any = None) -> tuple[int, int]:
+    """(all parameters, the trainable ones) of the model trained (sequence classifier, or causal LM), counted on `meta`
+    (no memory); with a LoRA `peft` (workloads/adapters.PeftSpec) the base is frozen and the adapters (and a
+    classifier's head) train."""
+    import torch
+
+    from dvfs_mlops.workloads.adapters import FULL, apply_peft, count_trainable
+
+    auto = auto_model_class(task_kind)
+    try:
+        with torch.device("meta"):
+            model = auto.from_config(config)
+            base = count_trainable(model)
+            model = apply_peft(model, peft or FULL, str(getattr(config, "model_type", "")), task_kind)
+    except ValueError as e:  # transformers: "Unrecognized configuration class ... for this kind of AutoModel"
+        if task_kind != "causal_lm":
+            raise
+        raise no_causal_lm_error(config, e) from None
+    return base, count_trainable(model)
+
+
+def no_causal_lm_error(config: Any, e: Exception) -> DvfsError:
+    """The one line for a config transformers has no causal LM for (a causal-LM task cannot train it)."""
+    return DvfsError(f"model type {getattr(config, 'model_type', '?')!r} has no causal-LM class in transformers "
+                     f"({str(e).splitlines()[0][:120]}); a causal-LM task needs a decoder such as a pythia preset or a Llama/Qwen config")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,48 +105,62 @@ class ModelFacts:
     num_layers: int
     hidden_size: int
     num_params: int
+    trainable_params: int | None = None  # None: all of them (full fine-tuning)
 
 
-def facts_key(spec: Any, num_labels: int) -> str | None:
-    """The cache key of a model's facts: the config's fingerprint, the head's size, the code and libraries that count."""
+def facts_key(spec: Any, num_labels: int, task_kind: str = "classification", peft: Any = None) -> str | None:
+    """The cache key of a model's facts: the config's fingerprint, the head (its size and the task kind), the adaptation,
+    the code and libraries that count."""
     fp = spec.fingerprint
     if fp is None:
         return None
     from dvfs_mlops.workloads.cache import code_digest, digest, dist_version
 
-    return digest({"model": fp, "num_labels": int(num_labels), "torch": dist_version("torch"),
-                   "code": code_digest("workloads.features", "workloads.zoo")})
+    what: dict[str, Any] = {"model": fp, "num_labels": int(num_labels), "kind": task_kind, "torch": dist_version("torch"),
+                            "code": code_digest("workloads.features", "workloads.zoo")}
+    if peft is not None and peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+        what.update(peft=peft.definition(), peft_version=dist_version("peft"), peft_code=code_digest("workloads.adapters"))
+    return digest(what)
 
 
-def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None) -> ModelFacts:
-    """The slow way: build the config with transformers and count the classifier's parameters on meta."""
-    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, count_params(classifier_config(spec, num_labels, pad_id)))
+def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification",
+                        peft: Any = None) -> ModelFacts:
+    """The slow way: build the config with transformers and count the trained model's parameters on meta."""
+    total, trainable = count_params(classifier_config(spec, num_labels, pad_id, task_kind), task_kind, peft)
+    return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, total, trainable)
 
 
-def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True) -> ModelFacts:
+def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True,
+                task_kind: str = "classification", peft: Any = None) -> ModelFacts:
     """A model's facts, from the on-disk cache when this config was counted before (no torch, no transformers).
 
     The pad id changes no parameter count, so it is not part of the key.
     """
     from dvfs_mlops.workloads import cache
 
-    key = facts_key(spec, num_labels) if use_cache else None
+    key = facts_key(spec, num_labels, task_kind, peft) if use_cache else None
     if key is not None:
         hit = cache.read("models", key)
         if hit is not None:
             try:
-                return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]))
-            except (KeyError, TypeError, ValueError):
+                trainable = hit.get("trainable_params")
+                return ModelFacts(str(hit["model_type"]), int(hit["num_layers"]), int(hit["hidden_size"]), int(hit["num_params"]),
+                                  None if trainable is None else int(trainable))
+            except (KeyError, TypeError, ValueError, AttributeError):
                 pass  # a malformed entry is counted again
-    facts = compute_model_facts(spec, num_labels, pad_id)
+    facts = compute_model_facts(spec, num_labels, pad_id, task_kind, peft)
     if key is not None:
-        cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels})
+        cache.write("models", key, dataclasses.asdict(facts), described={"model": spec.name, "num_labels": num_labels, "kind": task_kind})
     return facts
 
 
-def workload_features(spec: Any, config: Any, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
-    return WorkloadFeatures(spec.model_type, spec.num_layers, spec.hidden_size, count_params(config), float(avg_seq_len), gpu_util_pct)
+def workload_features(spec: Any, config: Any, avg_seq_len: float, gpu_util_pct: float | None = None, peft: Any = None,
+                      precision: str = "fp32", task_kind: str = "classification") -> WorkloadFeatures:
+    total, trainable = count_params(config, task_kind, peft)
+    return WorkloadFeatures(spec.model_type, spec.num_layers, spec.hidden_size, total, float(avg_seq_len), gpu_util_pct, trainable, precision)
 
 
-def features_from_facts(facts: ModelFacts, avg_seq_len: float, gpu_util_pct: float | None = None) -> WorkloadFeatures:
-    return WorkloadFeatures(facts.model_type, facts.num_layers, facts.hidden_size, facts.num_params, float(avg_seq_len), gpu_util_pct)
+def features_from_facts(facts: ModelFacts, avg_seq_len: float, gpu_util_pct: float | None = None,
+                        precision: str = "fp32") -> WorkloadFeatures:
+    return WorkloadFeatures(facts.model_type, facts.num_layers, facts.hidden_size, facts.num_params, float(avg_seq_len), gpu_util_pct,
+                            facts.trainable_params, precision)

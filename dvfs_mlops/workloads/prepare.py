@@ -23,6 +23,7 @@ import numpy as np
 
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.workloads import cache
+from dvfs_mlops.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.workloads.features import (
     WorkloadFeatures,
     classifier_config,
@@ -37,7 +38,7 @@ from dvfs_mlops.workloads.tokenizer import (
     train_wordpiece,
     training_texts,
 )
-from dvfs_mlops.workloads.zoo import WORDPIECE_VOCAB, ModelSpec, check_scratch_vocab, resolve_model
+from dvfs_mlops.workloads.zoo import WORDPIECE_VOCAB, ModelSpec, check_scratch_vocab, check_task_model, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class PreparedWorkload:
 
     def __init__(self, name: str, spec: ModelSpec, task: TaskSpec, source: str, train_lengths: list[int], pad_id: int,
                  features: WorkloadFeatures, load: Callable[[], _Loaded], loaded: _Loaded | None = None,
-                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True):
-        self.name = name  # "bert-base/rte"
+                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True, peft: PeftSpec = FULL,
+                 precision: str = "fp32"):
+        self.name = name  # "bert-base/rte", "qwen2-0.5b/rte+lora-r8a16+bf16"
         self.spec = spec
         self.task = task
         self.source = source
@@ -72,6 +74,8 @@ class PreparedWorkload:
         self._loaded = loaded
         self._on_loaded = on_loaded
         self.use_cache = use_cache
+        self.peft = peft  # full fine-tuning or LoRA: what trains, what the twin traces
+        self.precision = precision
 
     @property
     def n_train(self) -> int:
@@ -108,7 +112,7 @@ class PreparedWorkload:
     @functools.cached_property
     def model_config(self) -> Any:
         """The transformers config actually trained (imports transformers)."""
-        return classifier_config(self.spec, self.task.num_labels, self.pad_id)
+        return classifier_config(self.spec, self.task.num_labels, self.pad_id, self.task.kind)
 
     def trace_provider(self, batch_size: int, dtype: str = "float32") -> Callable[[int], Any]:
         """padded length -> the twin's step trace for this model (cached on disk).
@@ -135,9 +139,13 @@ class PreparedWorkload:
             return None
         from dvfs_mlops.twin.trace import TRACE_FORMAT
 
-        return cache.digest({"model": fp, "num_labels": self.task.num_labels, "pad_id": self.pad_id, "b": batch_size, "s": seq_len,
-                             "dt": dtype, "torch": cache.dist_version("torch"), "transformers": cache.dist_version("transformers"),
-                             "fmt": TRACE_FORMAT, "code": cache.code_digest("workloads.features", "twin.trace")})
+        what: dict[str, Any] = {"model": fp, "num_labels": self.task.num_labels, "kind": self.task.kind, "pad_id": self.pad_id,
+                                "b": batch_size, "s": seq_len, "dt": dtype, "torch": cache.dist_version("torch"),
+                                "transformers": cache.dist_version("transformers"), "fmt": TRACE_FORMAT,
+                                "code": cache.code_digest("workloads.features", "twin.trace")}
+        if self.peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+            what.update(peft=self.peft.definition(), peft_version=cache.dist_version("peft"), peft_code=cache.code_digest("workloads.adapters"))
+        return cache.digest(what)
 
     def _trace(self, traces: Any, batch_size: int, seq_len: int, dtype: str) -> Any:
         key = self._trace_index_key(batch_size, seq_len, dtype)
@@ -146,7 +154,7 @@ class PreparedWorkload:
             trace = _stored_trace(traces.directory, str(hit.get("trace_key"))) if hit else None
             if trace is not None:
                 return trace
-        trace = traces.get(self.model_config, batch_size, seq_len, dtype, self.task.num_labels)
+        trace = traces.get(self.model_config, batch_size, seq_len, dtype, self.task.num_labels, self.peft, kind=self.task.kind)
         if key is not None:
             cache.write("traces", key, {"trace_key": trace.key},
                         described={"workload": self.name, "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype})
@@ -171,13 +179,23 @@ def lengths_key(task: TaskSpec, source: str, data_dir: str | None, seed: int, tr
     """The cache key of a training split's token lengths, or None where it cannot be known without loading.
 
     It names the task, the data source and what determines its content (synthetic: seed, size and
-    the generator's code; tsv: the digests of both files, so a cache hit also means they parsed),
-    the tokenizer (WordPiece settings, `tokenizers` version, its code) and the split.
+    the generator's code; tsv: the digests of both files, so a cache hit also means they parsed; for a
+    causal-LM task the JSONL files and the instruct module's code), the tokenizer (WordPiece settings,
+    `tokenizers` version, its code, and the LM encoding for a causal-LM task) and the split.
     """
     if pretrained is not None or source == "hub" or (source == "tsv" and data_dir is None):
         return None  # (tsv without a folder: loading says what is missing)
     what: dict[str, Any] = {"task": dataclasses.asdict(task), "split": "train", "source": source, "numpy": cache.dist_version("numpy")}
-    if source == "synthetic":
+    if task.causal_lm:
+        from dvfs_mlops.workloads.instruct import find_files
+
+        code = cache.code_digest("workloads.instruct", "workloads.tasks")
+        if source == "synthetic":
+            what.update(seed=seed, train_size=train_size, code=code)
+        else:
+            train, dev = find_files(Path(str(data_dir)), task.name)
+            what.update(train=cache.file_digest(train), dev=cache.file_digest(dev), code=code)
+    elif source == "synthetic":
         what.update(seed=seed, train_size=train_size, code=cache.code_digest("workloads.synthetic", "workloads.tasks"))
     else:
         from dvfs_mlops.workloads.glue_tsv import check_task_dir
@@ -187,16 +205,23 @@ def lengths_key(task: TaskSpec, source: str, data_dir: str | None, seed: int, tr
                     code=cache.code_digest("workloads.glue_tsv", "workloads.tasks"))
     what["tokenizer"] = {"kind": "wordpiece", "vocab_size": WORDPIECE_VOCAB, "max_length": max_length,
                          "tokenizers": cache.dist_version("tokenizers"), "code": cache.code_digest("workloads.tokenizer")}
+    if task.causal_lm:
+        what["tokenizer"]["encoding"] = "prompt+sep+response+end"
     return cache.digest(what)
 
 
 def prepare_workload(model: str | None, task: str, *, model_config_path: str | None = None, pretrained: str | None = None,
                      data_source: str = "synthetic", data_dir: str | None = None, seed: int = 0,
-                     train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True) -> PreparedWorkload:
-    """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing)."""
+                     train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True,
+                     peft: PeftSpec = FULL, precision: str = "fp32") -> PreparedWorkload:
+    """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing).
+
+    `peft` and `precision` are part of the workload: its name carries them (`+lora-r8a16+bf16`), its features count
+    the trainable parameters and record the precision, and the twin traces the step as it runs."""
     spec = resolve_model(model, model_config_path, pretrained)
     check_scratch_vocab(spec)
     task_spec = get_task(task)
+    check_task_model(spec, task_spec.name, task_spec.kind)  # an encoder on a causal-LM task: one line, before anything runs
     source = "tsv" if data_dir is not None else data_source
     if source not in SOURCES:
         raise unknown("data source", source, SOURCES)
@@ -205,6 +230,8 @@ def prepare_workload(model: str | None, task: str, *, model_config_path: str | N
         data = load_task(task, source, data_dir, seed, train_size, dev_size)
         encoder = (pretrained_tokenizer(pretrained, max_length) if pretrained
                    else train_wordpiece(training_texts(data.train), vocab_size=WORDPIECE_VOCAB, max_length=max_length))
+        if task_spec.causal_lm:
+            return _Loaded(data, encoder, encoder.encode_lm(data.train), encoder.encode_lm(data.dev))
         label_dtype = np.float32 if task_spec.is_regression else np.int64
         return _Loaded(data, encoder, encoder.encode(data.train, label_dtype), encoder.encode(data.dev, label_dtype))
 
@@ -232,7 +259,7 @@ def prepare_workload(model: str | None, task: str, *, model_config_path: str | N
             if key is not None:
                 cache.write("lengths", key, {"lengths": got, "pad_id": int(fresh.encoder.pad_id)})
 
-    facts = model_facts(spec, task_spec.num_labels, pad_id, use_cache=use_cache)
-    features = features_from_facts(facts, mean_length(lengths))
-    return PreparedWorkload(f"{spec.name}/{task}", spec, task_spec, source, lengths, pad_id, features, load, loaded,
-                            on_loaded=check if loaded is None else None, use_cache=use_cache)
+    facts = model_facts(spec, task_spec.num_labels, pad_id, use_cache=use_cache, task_kind=task_spec.kind, peft=peft)
+    features = features_from_facts(facts, mean_length(lengths), precision=precision)
+    return PreparedWorkload(f"{spec.name}/{task}{variant_suffix(peft, precision)}", spec, task_spec, source, lengths, pad_id, features,
+                            load, loaded, on_loaded=check if loaded is None else None, use_cache=use_cache, peft=peft, precision=precision)

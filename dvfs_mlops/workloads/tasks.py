@@ -1,8 +1,13 @@
-"""The nine GLUE tasks: format, labels, and where the data comes from.
+"""The tasks: the nine GLUE tasks and the causal-LM `instruct` task; format, labels, and where the data comes from.
 
 Sources: `synthetic` (default: offline, deterministic, learnable, with each task's length
-profile), `tsv` (a folder in the original GLUE layout, e.g. `SST-2/train.tsv`), and `hub`
-(`datasets.load_dataset("nyu-mll/glue", task)`, for users who are online).
+profile), `tsv` (the files of `--data-dir`: a folder in the original GLUE layout, e.g.
+`SST-2/train.tsv`; for `instruct`, `instruct/train.jsonl` and `dev.jsonl`, see
+`workloads/instruct.py`), and `hub` (`datasets.load_dataset("nyu-mll/glue", task)`, for users
+who are online; `instruct` has none).
+
+`TASKS` stays the nine GLUE tasks (the paper preset, the twin's calibration and their tests iterate
+it); `ALL_TASKS` adds the causal-LM tasks, and `get_task` knows all of them.
 """
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError, unknown
+
+# Task kinds: which head is trained (sequence classifier, or the LM head with loss on the response) and the metric.
+CLASSIFICATION, REGRESSION, CAUSAL_LM = "classification", "regression", "causal_lm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,17 +30,30 @@ class TaskSpec:
     split: str  # "train" (characterisation workloads) | "eval" (held-out workloads)
     mean_tokens: int  # mean tokenised length (DESIGN §5), the synthetic length profile
     dev_file: str = "dev.tsv"
+    causal_lm: bool = False  # an instruction task: prompt -> response, next-token loss on the response
+
+    @property
+    def kind(self) -> str:
+        """classification | regression | causal_lm: the head trained and the metric reported."""
+        return CAUSAL_LM if self.causal_lm else REGRESSION if not self.labels else CLASSIFICATION
 
     @property
     def is_regression(self) -> bool:
-        return not self.labels
+        return self.kind == REGRESSION
+
+    @property
+    def is_causal_lm(self) -> bool:
+        return self.causal_lm
 
     @property
     def num_labels(self) -> int:
-        return 1 if self.is_regression else len(self.labels)
+        """The classifier head's size (0 for a causal-LM task, which has no classifier head)."""
+        return 0 if self.causal_lm else 1 if self.is_regression else len(self.labels)
 
     @property
     def metric(self) -> str:
+        if self.causal_lm:
+            return "eval_token_accuracy"  # next-token accuracy on the response tokens
         return "eval_pearson" if self.is_regression else "eval_accuracy"
 
 
@@ -52,6 +73,13 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec("wnli", "WNLI", True, _BIN, "eval", 38),
     )
 }
+# Causal-LM tasks, beside GLUE. `instruct` is a held-out ("eval") workload, so the governor's
+# characterisation set stays GLUE's; ~96 tokens (prompt + separator + response + end) is a short
+# instruction-tuning example (Alpaca-style pairs run ~60-200 tokens). Data layout: workloads/instruct.py.
+LM_TASKS: dict[str, TaskSpec] = {
+    t.name: t for t in (TaskSpec("instruct", "instruct", True, (), "eval", 96, "dev.jsonl", causal_lm=True),)
+}
+ALL_TASKS: dict[str, TaskSpec] = {**TASKS, **LM_TASKS}
 CHARACTERISATION_TASKS = tuple(n for n, t in TASKS.items() if t.split == "train")
 SOURCES = ("synthetic", "tsv", "hub")
 
@@ -72,9 +100,9 @@ class TaskData:
 
 
 def get_task(name: str) -> TaskSpec:
-    if name not in TASKS:
-        raise unknown("task", name, list(TASKS))
-    return TASKS[name]
+    if name not in ALL_TASKS:
+        raise unknown("task", name, list(ALL_TASKS))
+    return ALL_TASKS[name]
 
 
 def load_task(name: str, source: str = "synthetic", data_dir: str | Path | None = None, seed: int = 0,
@@ -85,6 +113,8 @@ def load_task(name: str, source: str = "synthetic", data_dir: str | Path | None 
         source = "tsv"
     if source not in SOURCES:
         raise unknown("data source", source, SOURCES)
+    if task.causal_lm:
+        return _load_lm(task, source, data_dir, seed, train_size, dev_size)
     if source == "synthetic":
         from dvfs_mlops.workloads.synthetic import make_split
 
@@ -97,6 +127,27 @@ def load_task(name: str, source: str = "synthetic", data_dir: str | Path | None 
         train, dev = read_task_dir(Path(data_dir), task)
         return TaskData(task, train, dev, source)
     return TaskData(task, *_load_hub(task), source)
+
+
+def _load_lm(task: TaskSpec, source: str, data_dir: str | Path | None, seed: int, train_size: int, dev_size: int) -> TaskData:
+    """A causal-LM task's (prompt, response) pairs as Examples (text_a = prompt, text_b = response, label 0)."""
+    from dvfs_mlops.workloads import instruct
+
+    if source == "hub":
+        raise DvfsError(f"task {task.name} has no hub dataset; use --data-source synthetic or --data-dir DIR "
+                        f"({instruct.layout_hint(task.name)})")
+    if source == "synthetic":
+        train = instruct.make_pairs(task.name, "train", train_size, seed, task.mean_tokens)
+        dev = instruct.make_pairs(task.name, "dev", dev_size, seed, task.mean_tokens)
+        return TaskData(task, _pairs_to_examples(train), _pairs_to_examples(dev), source)
+    if data_dir is None:
+        raise DvfsError(f"--data-source tsv needs --data-dir DIR ({instruct.layout_hint(task.name)})")
+    train, dev = instruct.read_dir(Path(data_dir), task.name)
+    return TaskData(task, _pairs_to_examples(train), _pairs_to_examples(dev), "jsonl")
+
+
+def _pairs_to_examples(pairs: list[tuple[str, str]]) -> list[Example]:
+    return [Example(p, r, 0.0) for p, r in pairs]
 
 
 def _load_hub(task: TaskSpec) -> tuple[list[Example], list[Example]]:

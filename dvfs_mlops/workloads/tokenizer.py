@@ -4,6 +4,11 @@ Offline, a BERT-style WordPiece is trained on the task's training text (`tokeniz
 with `--pretrained`, the model's own tokenizer is used. Batches are padded dynamically to the
 longest sequence, rounded up to a multiple of 8 (what GPU kernels like, and it keeps the twin's
 trace cache small).
+
+A causal-LM task (`instruct`) is encoded as prompt tokens + separator + response tokens + end
+token (our WordPiece: [SEP] both separates and ends; a pretrained tokenizer: its sep token, else a
+newline, and its eos token), cut to max_length with at least half of it left to the response; the
+loss and the metric read only the response positions (`Encoded.response_start`, `lm_labels`).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dvfs_mlops.workloads.tasks import Example
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD_TO_MULTIPLE = 8
+IGNORE_INDEX = -100  # a label position the loss and the metric skip (transformers' convention)
 
 
 @dataclasses.dataclass
@@ -25,6 +31,8 @@ class Encoded:
 
     ids: list[list[int]]
     labels: np.ndarray
+    # causal-LM tasks: the index of each sequence's first response token (the loss is on positions >= it)
+    response_start: list[int] | None = None
 
     @property
     def mean_length(self) -> float:
@@ -58,6 +66,53 @@ class TextEncoder:
             batch = self.backend.encode_batch(list(zip(a, b)) if pair else a)
             ids = [e.ids[: self.max_length] for e in batch]
         return Encoded(ids, np.asarray([e.label for e in examples], dtype=labels_dtype))
+
+    def encode_lm(self, examples: Sequence[Example]) -> Encoded:
+        """Prompt (text_a) + separator + response (text_b) + end token, with where each response starts."""
+        prompts = [e.text_a for e in examples]
+        responses = [e.text_b or "" for e in examples]
+        if self._hf:
+            p_ids = self.backend(prompts, add_special_tokens=False)["input_ids"]
+            r_ids = self.backend(responses, add_special_tokens=False)["input_ids"]
+            sep, end = self._hf_separator(), [int(self.backend.eos_token_id)]
+        else:
+            p_ids = [e.ids for e in self.backend.encode_batch(prompts, add_special_tokens=False)]
+            r_ids = [e.ids for e in self.backend.encode_batch(responses, add_special_tokens=False)]
+            sep = end = [int(self.backend.token_to_id("[SEP]"))]
+        ids: list[list[int]] = []
+        starts: list[int] = []
+        for p, r in zip(p_ids, r_ids):
+            seq, start = lm_sequence(list(p), list(r), sep, end, self.max_length)
+            ids.append(seq)
+            starts.append(start)
+        return Encoded(ids, np.zeros(len(ids), dtype=np.int64), starts)
+
+    def _hf_separator(self) -> list[int]:
+        """A pretrained tokenizer's separator: its sep token, else a newline, else its eos token."""
+        if getattr(self.backend, "sep_token_id", None) is not None:
+            return [int(self.backend.sep_token_id)]
+        newline = list(self.backend("\n", add_special_tokens=False)["input_ids"])
+        return newline or [int(self.backend.eos_token_id)]
+
+
+def lm_sequence(prompt: list[int], response: list[int], sep: list[int], end: list[int], max_length: int) -> tuple[list[int], int]:
+    """prompt + sep + response + end, cut to max_length (the prompt's head and the response's head are kept, and the
+    response keeps at least half the room when the prompt is long); returns the ids and where the response starts."""
+    room = max_length - len(sep)
+    answer = response + end
+    keep_r = min(len(answer), max(room - len(prompt), room // 2))
+    keep_p = min(len(prompt), room - keep_r)
+    seq = prompt[:keep_p] + sep + answer[:keep_r]
+    return seq, keep_p + len(sep)
+
+
+def lm_labels(ids: Sequence[Sequence[int]], starts: Sequence[int], width: int) -> np.ndarray:
+    """Labels of a right-padded causal-LM batch: the token id on response positions, IGNORE_INDEX on the prompt,
+    the separator and padding (the model shifts them: position t's logits predict label t + 1)."""
+    out = np.full((len(ids), width), IGNORE_INDEX, dtype=np.int64)
+    for i, (x, s) in enumerate(zip(ids, starts)):
+        out[i, s:len(x)] = x[s:]
+    return out
 
 
 def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, max_length: int = 128) -> TextEncoder:

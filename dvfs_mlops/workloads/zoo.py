@@ -197,6 +197,26 @@ def check_scratch_vocab(spec: ModelSpec) -> None:
                         "with its own tokenizer")
 
 
+def _source_model_type(spec: ModelSpec) -> str | None:
+    """The config's `model_type` from its plain-data source (no transformers import), None where only transformers knows."""
+    if spec.source is None:
+        return None
+    data = spec.source.get("preset") or spec.source.get("file") or spec.source.get("folder") or {}
+    value = data.get("model_type")
+    return str(value) if value is not None else None
+
+
+def check_task_model(spec: ModelSpec, task_name: str, task_kind: str) -> None:
+    """A causal-LM task trains the model's LM head: an encoder (BERT-style) has none, so it is refused in one line,
+    before anything runs. Read from the config's plain data where it has some (a warm decision imports nothing)."""
+    if task_kind != "causal_lm":
+        return
+    model_type = _source_model_type(spec) or str(getattr(spec.config, "model_type", ""))
+    if model_type in ENCODER_TYPES:
+        raise DvfsError(f"task {task_name} is a causal-LM (instruction) task and needs a decoder model, such as a pythia "
+                        f"preset or a Llama/Qwen/OPT config; {spec.name} is an encoder ({model_type})")
+
+
 def resolve_model(name: str | None = None, config_path: str | Path | None = None, pretrained: str | None = None) -> ModelSpec:
     """A preset name, a transformers config file/folder, or a pretrained name/path.
 
