@@ -15,6 +15,8 @@ SUITES = {
     "decision": ("Governor decision latency", "benchmarks.decision_latency"),
     "overhead": ("Instrumented vs bare fine-tune step", "benchmarks.step_overhead"),
     "governor": ("Governor quality on the paper preset (SIMULATED)", "benchmarks.governor_quality"),
+    "optuna": ("Distributed Optuna: P train processes on one study vs one process, same total trials (SIMULATED)",
+               "benchmarks.distributed_optuna"),
     "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
 }
 

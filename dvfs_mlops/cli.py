@@ -73,6 +73,10 @@ TWIN_PROFILE_OPTION = click.option("--twin-profile", default=None, metavar="NAME
                                         "sim-orin-measured (GPU-rail power after public Orin measurements).")
 TWIN_PARAMS_OPTION = click.option("--twin-params", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml",
                                   help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`).")
+DEVICE_ID_OPTION = click.option("--device-id", default="", metavar="ID",
+                                help="Which board this is, tagged dvfs.device_id on every run (default: the Jetson's serial number, "
+                                     "the NVML GPU's UUID, sim@HOST on the twin). Not part of a sweep's identity: boards given "
+                                     "the same sweep share it.")
 TORCH_DEVICE_OPTION = click.option("--torch-device", default="", metavar="DEV",
                                    help="Train on DEV (cpu, cuda:1 ...) instead of the backend's own GPU; for tests and "
                                         "unusual set-ups only: a clock pinned on a GPU that does not train saves nothing.")
@@ -155,7 +159,8 @@ def _twin(twin_profile: str | None, twin_params: str | None) -> Any:
     return load_twin_params(twin_profile, twin_params)
 
 
-def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_index: int = 0, twin: Any = None) -> Any:
+def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_index: int = 0, twin: Any = None,
+          device_id: str = "") -> Any:
     from dvfs_mlops.device import open_device
 
     if twin is not None and device_name not in ("auto", "sim"):
@@ -164,6 +169,8 @@ def _open(device_name: str, sample_hz: float = 50.0, quiet: bool = False, gpu_in
     if twin is not None and not dev.simulated:
         raise DvfsError(f"--twin-profile/--twin-params describe the simulated twin, but --device auto found {dev.name}; "
                         "drop them or use --device sim")
+    if device_id.strip():
+        dev.device_id = device_id.strip()
     return dev
 
 
@@ -246,17 +253,18 @@ def simulate(model: str | None, model_config: str | None, seq_len: int | None, b
 @OBSERVE_OPTION
 @TWIN_PROFILE_OPTION
 @TWIN_PARAMS_OPTION
+@DEVICE_ID_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the EnergyReport as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: bool, twin_profile: str | None, twin_params: str | None,
-        as_json: bool, command: tuple[str, ...]) -> None:
+        as_json: bool, command: tuple[str, ...], device_id: str = "") -> None:
     """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
     from dvfs_mlops.device import parse_freq
     from dvfs_mlops.runner import check_command, run_metered
 
     if not freq and not observe:
         raise DvfsError("give --freq MHZ (or maxn), or --observe to meter without touching the clock")
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=_twin(twin_profile, twin_params))
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=_twin(twin_profile, twin_params), device_id=device_id)
     freq = freq or "maxn"
     parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
     check_command(list(command))
@@ -310,6 +318,13 @@ def run(freq: str, device_name: str, sample_hz: float, gpu_index: int, observe: 
 @click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's).")
 @click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock.")
 @PRECISION_OPTION
+@DEVICE_ID_OPTION
+@click.option("--claims", "claims_uri", default="", metavar="URI",
+              help="Where workers given the same sweep claim its points, so each point runs once: postgresql://... (a fleet; "
+                   "default $DVFS_CLAIMS_URI, else the tracking store's database when it is PostgreSQL), file:///PATH, or none. "
+                   "A SQLite or file store claims in a locked file beside it; an http(s) server without this claims nothing.")
+@click.option("--claim-ttl-s", default=120.0, show_default=True, type=click.FloatRange(min=1),
+              help="A claim lasts this long after its last heartbeat (every third of it): a dead worker's points are taken over after it.")
 @peft_options
 @click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
               help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
@@ -319,10 +334,12 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
           twin_params: str | None, settle_s: float, observe: bool,
           data_source: str, data_dir: str, seed: int, experiment: str, sweep_id: str,
           train_size: int | None, dev_size: int | None, replay: bool, strategy: str = "grid", precision: str = "fp32",
-          peft_method: str = "full", lora_r: int | None = None, lora_alpha: int | None = None, lora_targets: str = "") -> None:
-    """Fine-tune each workload at each clock; one MLflow run per point (resumable)."""
+          peft_method: str = "full", lora_r: int | None = None, lora_alpha: int | None = None, lora_targets: str = "",
+          device_id: str = "", claims_uri: str = "", claim_ttl_s: float = 120.0) -> None:
+    """Fine-tune each workload at each clock; one MLflow run per point (resumable; several workers may share a sweep)."""
     from dvfs_mlops import sweep as sweep_mod
     from dvfs_mlops import tracking
+    from dvfs_mlops.claims import open_claims
 
     if observe:
         raise DvfsError("a sweep exists to pin each clock, so it has no --observe; meter a job as found with "
@@ -330,7 +347,8 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
     tracking.check_reachable()  # before the device is even opened
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
+    claims = open_claims(claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin, device_id=device_id)
     where = _torch_device(dev, torch_device)
     spec = sweep_mod.build_spec(
         dev, preset, models=models, tasks=tasks, freqs=freqs, steps=steps, profile_steps=profile_steps, batch_size=batch_size,
@@ -339,9 +357,11 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
     )
     _announce(dev, device_name)
     start_clock = _adaptive_start(dev) if strategy == "adaptive" else None
-    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s, start_clock=start_clock)
+    out = sweep_mod.run_sweep(spec, dev, announce=_echo_err, torch_device=where, settle_s=settle_s, start_clock=start_clock,
+                              claims=claims, claim_ttl_s=claim_ttl_s)
     label = " (SIMULATED)" if dev.simulated else ""
-    click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished; "
+    others = f", {len(out.by_others)} were run by other workers" if out.by_others else ""
+    click.echo(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
                f"parent run {out.parent_run_id} in experiment {out.experiment_id}")
     _show_link(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
 
@@ -360,7 +380,11 @@ def _adaptive_start(dev: Any) -> Any:
 
 
 @main.command()
-@click.option("--sweep-id", default="", help="The sweep to learn from (default: the latest in --experiment).")
+@click.option("--sweep-id", default="", help="The sweep to learn from, or several as a,b,... (one dataset; default: the latest in --experiment).")
+@click.option("--sweeps-filter", default="", metavar="FILTER",
+              help="Learn from every sweep of --experiment with FINISHED points matching this MLflow filter, e.g. "
+                   "\"params.device_profile = 'sim-orin'\" or \"tags.`dvfs.device_id` LIKE 'orin-%'\".")
+@click.option("--mix-profiles", is_flag=True, help="Allow sweeps of different device profiles in one governor (refused by default).")
 @click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
 @click.option("--objective", default="energy", show_default=True,
               help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time).")
@@ -374,7 +398,7 @@ def _adaptive_start(dev: Any) -> Any:
 @click.option("--outer-trials", default=None, type=Count(min=1),
               help="Trials of each outer fold's own study in nested CV (default: --trials).")
 def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int, register: bool, storage: str, study_name: str,
-          cv_split: str, outer_trials: int | None) -> None:
+          cv_split: str, outer_trials: int | None, sweeps_filter: str = "", mix_profiles: bool = False) -> None:
     """Train the governor: Optuna picks a family (curve or classifier tree) and its hyper-parameters; nested CV reports held-out regret."""
     from dvfs_mlops import tracking
     from dvfs_mlops.governor.policy_tree import features_used
@@ -382,7 +406,8 @@ def train(sweep_id: str, experiment: str, objective: str, trials: int, seed: int
     from dvfs_mlops.registry import load_config
 
     out = train_governor(sweep_id or None, experiment, objective, trials, seed, register, say=_echo_err, storage=storage or None,
-                         study_name=study_name or None, cv_split=cv_split, outer_trials=outer_trials)
+                         study_name=study_name or None, cv_split=cv_split, outer_trials=outer_trials, sweeps_filter=sweeps_filter,
+                         mix_profiles=mix_profiles)
     r = out.result
     truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
     click.echo(f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):")
@@ -429,6 +454,7 @@ def _depth(policy: dict) -> int:
 @TORCH_DEVICE_OPTION
 @TWIN_PROFILE_OPTION
 @TWIN_PARAMS_OPTION
+@DEVICE_ID_OPTION
 @click.option("--steps", default=60, show_default=True, type=Count(min=1), help="Training steps.")
 @click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps.")
 @click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
@@ -453,7 +479,7 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
                  gpu_index: int, observe: bool, torch_device: str, twin_profile: str | None, twin_params: str | None, steps: int, epochs: float | None, batch_size: int, learning_rate: float | None, probe_steps: int, data_source: str,
                  data_dir: str, train_size: int, seed: int, strict: bool, dry_run: bool, no_save_model: bool, as_json: bool,
                  refine: int | None = None, precision: str = "fp32", peft_method: str = "full", lora_r: int | None = None,
-                 lora_alpha: int | None = None, lora_targets: str = "") -> None:
+                 lora_alpha: int | None = None, lora_targets: str = "", device_id: str = "") -> None:
     """Fine-tune at the clock the production governor picks (metered, logged, always restored)."""
     from dvfs_mlops import tracking
     from dvfs_mlops.finetune import FinetuneConfig
@@ -474,7 +500,7 @@ def finetune_cmd(model: str, model_config: str, task: str, pretrained: str, gove
     prepared = prepare_workload(model or None, task, model_config_path=model_config or None, pretrained=pretrained or None,
                                 data_source=data_source, data_dir=data_dir or None, seed=seed, train_size=train_size, peft=peft,
                                 precision=precision)
-    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin)
+    dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin, device_id=device_id)
     where = _torch_device(dev, torch_device)  # CUDA missing: stop before the probe touches anything
     lr = learning_rate if learning_rate is not None else (5e-5 if pretrained else 1e-3)
     cfg = FinetuneConfig(steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=lr, seed=seed, precision=precision, peft=peft)

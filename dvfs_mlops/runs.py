@@ -21,6 +21,36 @@ def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
     return df
 
 
+def find_sweep_ids(c: Any, experiment_ids: list[str], filter_string: str) -> list[str]:
+    """Every sweep id with a FINISHED point run matching `filter_string` (an MLflow filter over the point runs, e.g.
+    `params.device_profile = 'sim-orin'`), oldest first."""
+    where = f"tags.`{tracking.TAG_POINT}` != '' and attributes.status = 'FINISHED'" + (f" and {filter_string}" if filter_string.strip() else "")
+    ids: dict[str, None] = {}
+    token = None
+    while True:
+        page = c.search_runs(experiment_ids, filter_string=where, max_results=5000, order_by=["attributes.start_time ASC"], page_token=token)
+        for r in page:
+            sid = r.data.tags.get(tracking.TAG_SWEEP)
+            if sid:
+                ids.setdefault(sid, None)
+        token = getattr(page, "token", None)
+        if not token:
+            return list(ids)
+
+
+def sweeps_frame(experiment_ids: list[str], sweep_ids: list[str]) -> Any:
+    """The FINISHED point runs of several sweeps, one frame (a sweep without any is named)."""
+    import pandas as pd
+
+    frames = []
+    for sid in sweep_ids:
+        df = sweep_frame(experiment_ids, sid)
+        if not len(df):
+            raise DvfsError(f"no FINISHED runs of sweep {sid!r}")
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
 def latest_sweep_id(c: Any, experiment: str) -> str:
     """The sweep id of the newest point run of `experiment`."""
     exp = c.get_experiment_by_name(experiment)

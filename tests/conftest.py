@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first,
 # no long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the
 # shared smoke sweep that test_registry copies later.
-SLOW_MODULES_FIRST = ("test_sweep.py", "test_server.py", "test_faults.py", "test_registry.py", "test_bad_input.py",
+SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_server.py", "test_faults.py", "test_registry.py", "test_bad_input.py",
                       "test_launcher.py", "test_ui_browser.py", "test_packaging.py", "test_decision_speed.py",
                       "test_quiet_output.py", "test_tasks.py", "test_instruct.py", "test_adaptive_sweep.py", "test_twin.py", "test_hardware_path.py",
                       "test_refine.py", "test_lora.py")
@@ -179,3 +180,32 @@ def smoke_sweep_copy(master: Path, dest: Path) -> subprocess.CompletedProcess[st
         if (master / name).exists():
             shutil.copy2(master / name, dest / name)
     return subprocess.CompletedProcess(SMOKE_SWEEP_CMD, made["returncode"], made["stdout"], made["stderr"])
+
+
+@pytest.fixture(scope="session")
+def fleet_pg() -> Iterator[Any]:
+    """A real PostgreSQL on 127.0.0.1 (Debian's package, a throwaway cluster), shared by the session's fleet tests;
+    skipped, saying why, where its binaries or the psycopg driver are missing."""
+    from tests.fakes.pgserver import Postgres, postgres_missing
+
+    why = postgres_missing()
+    if why:
+        pytest.skip(why)
+    pg = Postgres()
+    try:
+        yield pg
+    finally:
+        pg.close()
+
+
+@pytest.fixture(scope="session")
+def fleet_server(fleet_pg: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`mlflow server` on `fleet_pg` with a local artifact destination served through it (its first start migrates the
+    schema: once per session). Tests give their runs their own experiment names."""
+    from tests.fakes.pgserver import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("fleet-server"), fleet_pg.uri)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("device",),
     ("workloads",),
     ("finetune", "calibration", "refine"),
-    ("tracking", "records", "runs"),
+    ("tracking", "records", "runs", "claims"),
     ("sweep", "plots"),
     ("governor",),
     ("registry",),

@@ -246,22 +246,62 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated)
 
 
-def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep") -> GovernorDataset:
-    """The dataset of a sweep (by id, else the latest sweep of the experiment)."""
+def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep", *, sweeps_filter: str = "",
+                       mix_profiles: bool = False) -> GovernorDataset:
+    """The dataset of one sweep or several (`sweep_id` "a,b,..."; or every sweep of the experiment with point runs
+    matching the MLflow filter `sweeps_filter`); default the latest sweep of the experiment.
+
+    Several sweeps are one dataset (a fleet's boards, each with its own sweep): a workload measured by several is
+    averaged over them, as repeats are, so its sweeps must agree on steps, batch size and precision. Sweeps of
+    different device profiles are refused unless `mix_profiles`: one board's clock table is not another's."""
     from dvfs_mlops import tracking
-    from dvfs_mlops.runs import latest_sweep_id, sweep_frame
+    from dvfs_mlops.runs import find_sweep_ids, latest_sweep_id, sweeps_frame
 
     c = tracking.check_reachable()
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
-    sid = sweep_id or latest_sweep_id(c, experiment)
-    df = sweep_frame([exp.experiment_id], sid)
-    if not len(df):
-        raise DvfsError(f"no FINISHED runs of sweep {sid!r} in experiment {experiment!r}")
-    profile = str(df["params.device_profile"].iloc[0])
-    simulated = str(df[f"tags.{tracking.TAG_SIMULATED}"].iloc[0]) == "true"
-    return dataset_from_frame(df, sid, profile, simulated)
+    if sweep_id and sweeps_filter:
+        raise DvfsError("give --sweep-id or --sweeps-filter, not both")
+    if sweeps_filter:
+        try:
+            ids = find_sweep_ids(c, [exp.experiment_id], sweeps_filter)
+        except Exception as e:  # noqa: BLE001 - MLflow's parser names what is wrong
+            raise DvfsError(f"--sweeps-filter {sweeps_filter!r}: {str(e).strip().splitlines()[0][:200]}") from None
+        if not ids:
+            raise DvfsError(f"no sweep in experiment {experiment!r} has FINISHED points matching {sweeps_filter!r}")
+    else:
+        ids = [s.strip() for s in (sweep_id or "").split(",") if s.strip()] or [latest_sweep_id(c, experiment)]
+    ids = list(dict.fromkeys(ids))
+    try:
+        df = sweeps_frame([exp.experiment_id], ids)
+    except DvfsError as e:
+        raise DvfsError(f"{e} in experiment {experiment!r}") from None
+    label = ids[0] if len(ids) == 1 else ",".join(ids)
+    profiles = sorted({str(p) for p in df["params.device_profile"].dropna()})
+    if len(profiles) > 1 and not mix_profiles:
+        by = {p: sorted(set(df[df["params.device_profile"] == p][f"tags.{tracking.TAG_SWEEP}"])) for p in profiles}
+        shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
+        raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
+                        "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
+    if len(ids) > 1:
+        _check_comparable(df)
+    simulated = bool((df[f"tags.{tracking.TAG_SIMULATED}"].astype(str) == "true").all())
+    return dataset_from_frame(df, label, "+".join(profiles), simulated)
+
+
+def _check_comparable(df: Any) -> None:
+    """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
+    cols = [c for c in ("params.steps", "params.profile_steps", "params.batch_size", "params.precision") if c in df]
+    names = df["params.model"] + "/" + df["params.task"]
+    for workload, g in df.groupby(names):
+        differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
+        if differ:
+            from dvfs_mlops import tracking
+
+            sweeps = ", ".join(sorted(set(g[f"tags.{tracking.TAG_SWEEP}"])))
+            raise DvfsError(f"workload {workload} was measured with different {', '.join(differ)} by sweeps {sweeps}; "
+                            "their energies are not comparable: train on sweeps of the same job definition")
 
 
 def feature_matrix(curves: Sequence[WorkloadCurve], columns: Sequence[str]) -> list[list[float]]:

@@ -275,7 +275,7 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
 
     if not study.trials:
         for warm in warm_starts(features):
-            study.enqueue_trial(warm)
+            study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
     study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
     return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, features), study
 
@@ -391,7 +391,8 @@ def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
 
 
 def optuna_storage() -> str:
-    """SQLite next to the tracking DB when that is SQLite, else ./optuna.db."""
+    """SQLite next to the tracking DB when that is SQLite, else ./optuna.db. Never MLflow's own database: both keep
+    their schema version in an `alembic_version` table (a fleet gives Optuna a database of its own, `--storage`)."""
     from dvfs_mlops import tracking
 
     uri = tracking.tracking_uri()
@@ -399,6 +400,45 @@ def optuna_storage() -> str:
         db = Path(uri[len("sqlite:///"):])
         return f"sqlite:///{db.parent / 'optuna.db'}"
     return "sqlite:///optuna.db"
+
+
+def storage_url(storage: str) -> str:
+    """An Optuna (SQLAlchemy) URL. A bare `postgresql://` means psycopg2 to SQLAlchemy; MLflow reads it as psycopg 3,
+    which the `fleet` extra installs: without psycopg2, the same URL goes to psycopg 3 here too."""
+    import importlib.util
+
+    scheme, sep, rest = storage.partition("://")
+    if sep and scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None \
+            and importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    return storage
+
+
+def joined_sampler(seed: int, worker: int | None = None) -> Any:
+    """The sampler of a study several processes may share (Optuna's distributed mode): each process samples with its
+    own seed (`worker`, else a random one: the same seed everywhere would propose the same trials) and TPE's constant
+    liar keeps it off the trials other processes are running."""
+    import optuna
+
+    salt = uuid.uuid4().int if worker is None else worker + 1
+    return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + salt) % 2**31, constant_liar=True)
+
+
+def _create_study(storage: str, name: str, join: bool, sampler: Any, attempts: int = 5) -> Any:
+    """optuna.create_study; on a fresh RDB, processes that start together race to create Optuna's tables (one wins,
+    the others fail on a duplicate): they retry, and then find the tables made."""
+    import time
+
+    import optuna
+
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(direction="minimize", storage=storage, study_name=name, load_if_exists=join, sampler=sampler)
+        except Exception as e:
+            if attempt == attempts - 1 or type(e).__module__.split(".")[0] != "sqlalchemy":
+                raise
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
 
 
 def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60, seed: int = 0, storage: str | None = None,
@@ -416,9 +456,10 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     split = choose_split(curves, cv_split)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # a fresh study per request: an older study's trials never steer this selection unless joined by name on purpose
-    name = study_name or f"governor-{dataset.sweep_id}-{objective.name}-{uuid.uuid4().hex[:8]}"
-    study = optuna.create_study(direction="minimize", storage=storage or optuna_storage(), study_name=name,
-                                load_if_exists=study_name is not None, sampler=optuna.samplers.TPESampler(seed=seed))
+    label = dataset.sweep_id if "," not in dataset.sweep_id else f"{len(dataset.sweep_id.split(','))}sweeps"
+    name = study_name or f"governor-{label}-{objective.name}-{uuid.uuid4().hex[:8]}"
+    sampler = joined_sampler(seed) if study_name else optuna.samplers.TPESampler(seed=seed)
+    study = _create_study(storage_url(storage or optuna_storage()), name, study_name is not None, sampler)
 
     def log_trial(study_: Any, trial: Any) -> None:
         if mlflow_client is None or trial.value is None:

@@ -26,24 +26,27 @@ class TrainOutcome:
 
 def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
                    seed: int = 0, register: bool = True, say: Callable[[str], None] = log.info, storage: str | None = None,
-                   study_name: str | None = None, cv_split: str = "auto", outer_trials: int | None = None) -> TrainOutcome:
+                   study_name: str | None = None, cv_split: str = "auto", outer_trials: int | None = None, sweeps_filter: str = "",
+                   mix_profiles: bool = False) -> TrainOutcome:
+    """`sweep_id`: one id or "a,b,..." (a fleet's sweeps, one dataset); `sweeps_filter`: every sweep whose points match."""
     import mlflow
 
     from dvfs_mlops.governor.pyfunc import log_governor
     from dvfs_mlops.registry import GOVERNOR_EXPERIMENT, load_config
 
     obj = parse_objective(objective)
-    dataset = load_sweep_dataset(sweep_id, experiment)
+    dataset = load_sweep_dataset(sweep_id, experiment, sweeps_filter=sweeps_filter, mix_profiles=mix_profiles)
     c = tracking.client()
     cfg = load_config()
     env_run = os.environ.get("MLFLOW_RUN_ID")
     exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, GOVERNOR_EXPERIMENT)
     label = " (SIMULATED sweep)" if dataset.simulated else ""
-    say(f"training on sweep {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
+    n_sweeps = len(dataset.sweep_id.split(","))
+    say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
         f"{len(dataset.frequencies)} clocks, objective {obj.name}, {trials} trials")
     with mlflow.start_run(run_id=env_run, experiment_id=None if env_run else exp_id,
-                          run_name=None if env_run else f"governor {dataset.sweep_id} {obj.name}") as run:
-        tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id,
+                          run_name=None if env_run else f"governor {_short(dataset.sweep_id)} {obj.name}") as run:
+        tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id[:4900],
                 "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
         mlflow.set_tags(tags)
         result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, study_name=study_name, mlflow_client=c,
@@ -65,3 +68,9 @@ def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
         for k, v in tags.items():
             c.set_model_version_tag(cfg.name, str(version), k, v)
     return TrainOutcome(result, run.info.run_id, version, info.model_uri)
+
+
+def _short(sweep_ids: str) -> str:
+    """A run name for one sweep or many (the full list is the `sweep_id` tag)."""
+    ids = sweep_ids.split(",")
+    return ids[0] if len(ids) == 1 else f"{ids[0]}+{len(ids) - 1} more"

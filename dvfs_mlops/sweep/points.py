@@ -40,7 +40,10 @@ def _downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> li
 
 
 def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
-               split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu") -> str:
+               split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu",
+               still_mine: Callable[[], bool] | None = None) -> str | None:
+    """Run and log one point. `still_mine` (a claimed point) is asked right before the run is marked FINISHED: when
+    another worker took the point over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned."""
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed,
                          precision=spec.precision, peft=spec.peft)
     profile_only = spec.steps == 0
@@ -76,6 +79,10 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
                   "torch_device": torch_device}
         _tracked(lambda: tracking.log_run_batch(c, run_id, params=params, metrics=metrics, tags=records.session_tags(session, report),
                                                 series={"power_w": _downsample(report.power_series_w)}), point)
+        if still_mine is not None and not still_mine():
+            _tracked(lambda: c.set_tag(run_id, tracking.TAG_CLAIM_LOST, "true"), point)
+            _tracked(lambda: c.set_terminated(run_id, "KILLED"), point)
+            return None
         _tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
     except BaseException:
         status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"

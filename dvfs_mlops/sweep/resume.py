@@ -28,6 +28,14 @@ def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[s
     return done, stale
 
 
+def point_runs(c: Any, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool, list[str]]:
+    """One point as the store has it now: (a FINISHED run exists, ids of its RUNNING/SCHEDULED runs)."""
+    runs = c.search_runs([exp_id], filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and tags.`{tracking.TAG_POINT}` = '{point_key}'",
+                         max_results=1000)
+    finished = any(r.info.status == "FINISHED" for r in runs)
+    return finished, [r.info.run_id for r in runs if r.info.status in ("RUNNING", "SCHEDULED")]
+
+
 def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile: str) -> None:
     """A sweep id already measured on another device profile is refused: its points would mix two boards."""
     runs = c.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and params.device_profile != '{profile}'",
