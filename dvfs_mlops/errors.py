@@ -27,6 +27,14 @@ class RestoreFailedError(DvfsError):
     """The original clocks could not be put back; the journal is kept for `dvfs-mlops restore`."""
 
 
+class TrackingStoreError(DvfsError):
+    """The MLflow tracking store failed mid-sweep (after MLflow's bounded retries); a resume redoes the point."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause
+
+
 class DeviceNotFoundError(DvfsError):
     """The requested backend found no device on this machine."""
 

@@ -62,8 +62,12 @@ def workload():
     return prepare_workload("bert-tiny", "sst2", train_size=32, dev_size=16)
 
 
-def test_run_command_signals_and_sigkill(orin6, state_dir):
-    """`dvfs-mlops run` in a subprocess, signalled at a random moment of its life."""
+def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
+    """`dvfs-mlops run` in a subprocess, signalled at a random moment of its life.
+
+    On the FUSE kernel tree: sysfs ignores O_TRUNC and stores each write(2) whole, so a SIGKILL cannot
+    leave a half-written min_freq (a plain file truncated by open("w") could, which no board does)."""
+    orin6 = orin6_kernel
     rng = random.Random(1234)
     table = JetsonDevice().frequencies_mhz
     env = dict(os.environ)
@@ -146,6 +150,84 @@ def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload
     _assert_restored(orin6, state_dir)
 
 
+def _cut_connection():
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "
+                           "('Connection broken: IncompleteRead(0 bytes read, 2 more expected)')")
+
+
+def _arm_store_cuts(monkeypatch, cuts: set[int]) -> list[int]:
+    """Cut the tracking store's connection (as a server restart does) on the given calls (1-based) of what a sweep asks
+    and logs: the parent's tags first, then per point its store read (claimed sweeps) and its results. Returns the calls."""
+    from dvfs_mlops import sweep, tracking
+
+    calls: list[int] = []
+
+    def cut_or(real):
+        def call(*a, **k):
+            calls.append(len(calls) + 1)
+            if len(calls) in cuts:
+                raise _cut_connection()
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(sweep, "STORE_BACKOFF_S", 0.0)
+    monkeypatch.setattr(sweep, "point_runs", cut_or(sweep.point_runs))
+    monkeypatch.setattr(tracking, "log_run_batch", cut_or(tracking.log_run_batch))
+    return calls
+
+
+def test_a_claimed_sweep_rides_out_a_cut_store_connection(orin6, state_dir, store, workload, monkeypatch):
+    """A fleet worker (claimed points) whose tracking server restarts under a point: the point's run ends FAILED, the clocks
+    are restored, the claim is released and the point measured again; every point ends FINISHED exactly once."""
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.claims import open_claims
+    from dvfs_mlops.sweep import run_sweep
+    from dvfs_mlops.workloads import prepare
+
+    monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
+    monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
+    spec = _tiny_sweep_spec(JetsonDevice())
+    calls = _arm_store_cuts(monkeypatch, {3, 4, 6})  # 1: the parent's tags; a point's store read, then its results cut
+    said: list[str] = []
+    claims = open_claims(None, os.environ["MLFLOW_TRACKING_URI"])
+    assert claims.kind == "file"
+    out = run_sweep(spec, JetsonDevice(), announce=said.append, claims=claims)
+    assert len(calls) > 6
+    retried = [m for m in said if "the tracking store failed" in m and "trying it again" in m]
+    assert len(retried) == 3 and all("Connection broken" in m for m in retried), said
+    assert sorted(out.ran) == sorted(p.key for p in spec.points())
+    c = MlflowClient()
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()], filter_string="tags.`dvfs.point` != ''", max_results=5000)
+    finished = [r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED"]
+    assert sorted(finished) == sorted(p.key for p in spec.points())  # each point exactly once
+    assert [r.info.status for r in runs if r.info.status != "FINISHED"] == ["FAILED", "FAILED"]  # the two cut while logging
+    _assert_restored(orin6, state_dir)
+
+
+def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir, store, workload, monkeypatch):
+    """Claimed: after 3 tries of one point the error is raised; unclaimed (a lone worker): at once. Clocks restored."""
+    from dvfs_mlops.claims import NoClaims, open_claims
+    from dvfs_mlops.errors import TrackingStoreError
+    from dvfs_mlops.sweep import STORE_FAILURES_PER_POINT, run_sweep
+    from dvfs_mlops.workloads import prepare
+
+    monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
+    monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
+    spec = _tiny_sweep_spec(JetsonDevice())
+    calls = _arm_store_cuts(monkeypatch, set(range(2, 1000)))
+    points = len(spec.points())
+    # claimed: each point is tried, released, tried again ... until one has failed 1 + STORE_FAILURES_PER_POINT times
+    for claims, tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), points * STORE_FAILURES_PER_POINT + 1), (NoClaims(), 1)):
+        calls.clear()
+        with pytest.raises(TrackingStoreError, match="re-run the same sweep"):
+            run_sweep(spec, JetsonDevice(), announce=lambda m: None, claims=claims)
+        assert len(calls) - 1 == tries  # the parent's tags, then one (cut) store call per try
+        _assert_restored(orin6, state_dir)
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_finetune_faults(orin6, state_dir, store, workload, monkeypatch, fault):
     from dvfs_mlops import launcher, registry
@@ -161,3 +243,24 @@ def test_finetune_faults(orin6, state_dir, store, workload, monkeypatch, fault):
         with pytest.raises((Injected, KeyboardInterrupt, SystemExit)):
             launcher.run_finetune(JetsonDevice(), workload, FinetuneConfig(steps=4), probe_steps=0, save_model=False, say=lambda m: None)
         _assert_restored(orin6, state_dir)
+
+
+def test_a_store_outage_anywhere_in_the_cli_is_one_line(store, monkeypatch):
+    """MLflow's client giving up on a request outside a point (the sweep's end, a report) is one line, exit 2, no traceback."""
+    from click.testing import CliRunner
+
+    from dvfs_mlops import sweep
+    from dvfs_mlops.cli import main
+
+    def outage(*a, **k):
+        raise _cut_connection()
+
+    monkeypatch.setattr(sweep, "run_sweep", outage)
+    r = CliRunner().invoke(main, ["sweep", "--preset", "smoke", "--device", "sim"])
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "stopped answering" in errors[0] and "Connection broken" in errors[0] and "re-run" in errors[0]
+    assert "Traceback" not in r.output
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: 1 / 0)  # a bug stays a bug: not dressed up as an outage
+    r = CliRunner().invoke(main, ["sweep", "--preset", "smoke", "--device", "sim"])
+    assert isinstance(r.exception, ZeroDivisionError)

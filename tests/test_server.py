@@ -15,7 +15,8 @@ import pytest
 from dvfs_mlops.device.guard import list_journals
 from tests.conftest import REPO
 
-WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc", "rte", "cola")]
+# 4 workers, one sweep each, at once; 8 workers sharing sweeps under server and database restarts: test_fleet.py
+WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")]
 
 
 def _free_port() -> int:
@@ -62,7 +63,7 @@ def _sweep_cmd(model: str, task: str) -> list[str]:
             "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
 
 
-def test_eight_concurrent_workers_every_point_exactly_once(server):
+def test_concurrent_workers_every_point_exactly_once(server):
     from mlflow.tracking import MlflowClient
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri}
@@ -76,7 +77,7 @@ def test_eight_concurrent_workers_every_point_exactly_once(server):
     runs = c.search_runs([exp.experiment_id], filter_string="tags.`dvfs.point` != ''", max_results=1000)
     keys = sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED")
     expected = sorted(f"{m}/{t}@{f}#0" for m, t in WORKLOADS for f in ("maxn", "816"))
-    assert keys == expected  # 16 points, each exactly once
+    assert keys == expected  # 8 points, each exactly once
     assert len(runs) == len(expected)
 
 

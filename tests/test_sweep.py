@@ -163,21 +163,21 @@ def test_rerun_adds_no_runs(smoke_store):
 
 def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     env = _env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny"],
-                            env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    args = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2"]  # 4 points: maxn and 3 clocks
+    proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *args], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
-        if line.startswith("[3/"):
+        if line.startswith("[2/"):
             break
     time.sleep(0.3)  # land inside the next point
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     finished, _ = _runs(tmp_path, "FINISHED")
-    assert 3 <= len(finished) < 12
-    r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", env=env, timeout=300)
+    assert 2 <= len(finished) < 4
+    r = run_cli(*args, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     finished, _ = _runs(tmp_path, "FINISHED")
     keys = [x.data.tags["dvfs.point"] for x in finished]
-    assert len(keys) == 12 and len(set(keys)) == 12
+    assert len(keys) == 4 and len(set(keys)) == 4
     running, _ = _runs(tmp_path, "RUNNING")
     assert running == []  # the killed point's run was closed (KILLED), not left dangling
 

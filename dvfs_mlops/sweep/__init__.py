@@ -21,17 +21,23 @@ from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.claims import DEFAULT_TTL_S, Claim, Lease, PointClaims, claim_scope, default_worker, open_claims
+from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.runs import sweep_frame
 from dvfs_mlops.sweep.artifacts import log_sweep_artifacts
-from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point
+from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point, tracked
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.resume import check_same_profile, finished_points, point_runs, resolve_parent
 from dvfs_mlops.sweep.spec import MODEL_PRESETS, PRESETS, Point, SweepPreset, SweepSpec, build_spec
 from dvfs_mlops.workloads.tasks import get_task
 
 log = logging.getLogger(__name__)
+
+# A claimed point whose tracking store fails (a server restarting, a cut connection) is released and tried again
+# after 5, 10, 15 s: a fleet worker rides out a restart instead of dying; a lone worker stops at once (re-run resumes).
+STORE_FAILURES_PER_POINT = 3
+STORE_BACKOFF_S = 5.0
 
 
 @dataclasses.dataclass
@@ -110,7 +116,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             if claims.kind == "none":
                 old_runs = stale.pop(point.key, [])
             else:  # what the store has now: the point may have been finished, or left RUNNING by a worker that died
-                finished, old = point_runs(c, exp_id, spec.sweep_id, point.key)
+                finished, old = tracked(lambda: point_runs(c, exp_id, spec.sweep_id, point.key), point)
                 if finished:
                     lease.stop()
                     claims.release(scope, point.key, worker, done=True)
@@ -119,7 +125,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
                 old_runs = old
             progress.start(point.key)
             for run_id in old_runs:
-                c.set_terminated(run_id, "KILLED")
+                tracked(lambda run_id=run_id: c.set_terminated(run_id, "KILLED"), point)
             if ran and settle_s > 0 and not device.simulated:
                 time.sleep(settle_s)
             summary = run_point(c, exp_id, parent_id, spec, device, point, prepared, get_task(task).split, trace_for,
@@ -139,10 +145,25 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         ran.append(point.key)
         progress.finish(point.key, summary)
 
+    store_failures: dict[str, int] = {}
+
     def attempt(point: Point) -> bool:
-        """Claim and run `point` when it is free; False while a live worker holds it."""
+        """Claim and run `point` when it is free; False while a live worker holds it, or after the tracking store failed
+        under a claimed point (a restarting server): the claim is released and the point tried again a few times."""
+        try:
+            return claim_and_run(point)
+        except TrackingStoreError as e:
+            failures = store_failures[point.key] = store_failures.get(point.key, 0) + 1
+            if claims.kind == "none" or failures > STORE_FAILURES_PER_POINT:
+                raise
+            say(f"{point.key}: the tracking store failed ({e.cause}); clocks restored, point released, "
+                f"trying it again in {STORE_BACKOFF_S * failures:.0f} s")
+            time.sleep(STORE_BACKOFF_S * failures)
+            return False
+
+    def claim_and_run(point: Point) -> bool:
         got = claims.claim(scope, point.key, worker, claim_ttl_s)
-        if got is Claim.DONE and not point_runs(c, exp_id, spec.sweep_id, point.key)[0]:
+        if got is Claim.DONE and not tracked(lambda: point_runs(c, exp_id, spec.sweep_id, point.key)[0], point):
             log.warning("%s is marked done in the claims but has no FINISHED run (deleted?): measuring it again", point.key)
             claims.forget(scope, point.key)
             got = claims.claim(scope, point.key, worker, claim_ttl_s)

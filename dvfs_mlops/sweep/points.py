@@ -9,7 +9,7 @@ from typing import Any
 
 from dvfs_mlops import records, tracking
 from dvfs_mlops.clocks import MAXN, freq_label
-from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.sweep.spec import Point, SweepSpec
@@ -53,7 +53,7 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
         tracking.TAG_WORKLOAD: point.workload, tracking.TAG_SIMULATED: str(device.simulated).lower(),
         tracking.TAG_REPLAY: str(replay).lower(), tracking.TAG_PROFILE_ONLY: str(profile_only).lower(),
     }
-    run = _tracked(lambda: c.create_run(exp_id, run_name=point.key, tags=tags), point)
+    run = tracked(lambda: c.create_run(exp_id, run_name=point.key, tags=tags), point)
     run_id = run.info.run_id
     try:
         noise = {"noise_key": f"{point.workload}#{point.repeat}"} if device.simulated else {}
@@ -77,13 +77,13 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
         metrics = point_metrics(report, result, effective, session)
         params = {**_point_params(spec, point, prepared.features, device, split), **records.session_params(session),
                   "torch_device": torch_device}
-        _tracked(lambda: tracking.log_run_batch(c, run_id, params=params, metrics=metrics, tags=records.session_tags(session, report),
+        tracked(lambda: tracking.log_run_batch(c, run_id, params=params, metrics=metrics, tags=records.session_tags(session, report),
                                                 series={"power_w": _downsample(report.power_series_w)}), point)
         if still_mine is not None and not still_mine():
-            _tracked(lambda: c.set_tag(run_id, tracking.TAG_CLAIM_LOST, "true"), point)
-            _tracked(lambda: c.set_terminated(run_id, "KILLED"), point)
+            tracked(lambda: c.set_tag(run_id, tracking.TAG_CLAIM_LOST, "true"), point)
+            tracked(lambda: c.set_terminated(run_id, "KILLED"), point)
             return None
-        _tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
+        tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
     except BaseException:
         status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"
         with contextlib.suppress(Exception):  # the store itself may be what failed; the resume redoes the point
@@ -96,7 +96,7 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
             + held)
 
 
-def _tracked(call: Callable[[], Any], point: Point) -> Any:
+def tracked(call: Callable[[], Any], point: Point) -> Any:
     """An MLflow call of a point; a store that fails (after MLflow's bounded retries) is one clear error."""
     from mlflow.exceptions import MlflowException
 
@@ -104,5 +104,5 @@ def _tracked(call: Callable[[], Any], point: Point) -> Any:
         return call()
     except (MlflowException, OSError) as e:  # requests' errors are OSErrors
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise DvfsError(f"the tracking store {tracking.tracking_uri()} failed while logging {point.key} ({first}); "
-                        "that point is not recorded and the clocks are restored; re-run the same sweep to resume") from None
+        raise TrackingStoreError(f"the tracking store {tracking.tracking_uri()} failed while logging {point.key} ({first}); "
+                        "that point is not recorded and the clocks are restored; re-run the same sweep to resume", cause=first) from None
