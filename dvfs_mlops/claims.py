@@ -11,7 +11,8 @@ MLflow's REST API has no compare-and-set, so a claim lives in what the fleet alr
 
 A claim is a lease: it expires `ttl_s` after its last renewal. The worker renews it from a heartbeat thread while
 the point runs, so only a worker that died (or lost its network for a whole TTL) loses it; another worker then
-takes the point over. A finished point is marked done, and a done point is never claimed again.
+takes the point over. `FileClaims` need not wait: its workers share one machine, so a claim whose process is gone
+(`kill -9`, a crash) is taken over at once. A finished point is marked done, and a done point is never claimed again.
 """
 from __future__ import annotations
 
@@ -134,9 +135,12 @@ class FileClaims:
             row = t.get(f"{sweep_id}|{point_key}")
             if row and row.get("done"):
                 return Claim.DONE
-            if row and row["worker"] != worker and row["expires_at"] > now:
+            if row and row["worker"] != worker and row["expires_at"] > now and not _holder_died_here(row):
                 return Claim.HELD
-            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False}
+            if row and row["worker"] != worker and row["expires_at"] > now:
+                log.info("point %s: its worker %s is gone from this machine; taking the point over", point_key, row["worker"])
+            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False,
+                                            "pid_start": _process_start(os.getpid())}
             return Claim.TAKEN
 
     def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
@@ -163,6 +167,37 @@ class FileClaims:
 
     def close(self) -> None:
         pass
+
+
+def _process_start(pid: int) -> str | None:
+    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22); None where /proc has no answer.
+    With the pid it names one process for good: a pid the kernel reused has another start."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _holder_died_here(row: dict[str, Any]) -> bool:
+    """A claim whose worker ran on this machine and is gone (killed, power-cut, kill -9): nobody renews it, so waiting
+    out its lease would only stall the worker started in its place. Workers on other hosts are never judged."""
+    holder, _, pid_text = str(row.get("worker", "")).rpartition(":")
+    if holder.rpartition("@")[2] != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    started = row.get("pid_start")
+    return state == "Z" or (started is not None and _process_start(pid) not in (None, started))  # a zombie, or a reused pid
 
 
 _PG_SCHEMA = """CREATE TABLE IF NOT EXISTS dvfs_point_claims (

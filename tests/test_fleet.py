@@ -5,6 +5,7 @@ The PostgreSQL tests skip, saying why, where Debian's `postgresql` package or ps
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +62,29 @@ def test_file_claims_one_winner_expiry_and_done(tmp_path):
     results = _race(lambda: FileClaims(tmp_path / "claims.json"))
     assert Counter(results) == {Claim.TAKEN: 1, Claim.HELD: 11}
     _lifecycle(FileClaims(tmp_path / "other.json"), "m/t@510#0")
+
+
+def test_a_file_claim_whose_process_is_gone_is_taken_over_at_once(tmp_path):
+    """One machine: a worker killed with -9 renews nothing, and its pid says so; the next worker takes its points
+    without waiting out the lease. A live holder, or one on another host, still holds."""
+    host = socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    store = FileClaims(tmp_path / "claims.json")
+    assert store.claim("s1", "p-dead", f"board@{host}:{gone.pid}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-live", f"board@{host}:{os.getpid()}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-away", f"board@elsewhere:{gone.pid}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-dead", f"board@{host}:{os.getppid()}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-live", f"board@{host}:{os.getppid()}", 300) is Claim.HELD
+    assert store.claim("s1", "p-away", f"board@{host}:{os.getppid()}", 300) is Claim.HELD
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not yet reaped: dead all the same
+    for _ in range(100):
+        if Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    assert store.claim("s1", "p-zombie", f"board@{host}:{zombie.pid}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-zombie", f"board@{host}:{os.getppid()}", 300) is Claim.TAKEN
+    zombie.wait()
 
 
 def test_claims_follow_the_tracking_store(tmp_path, monkeypatch):
