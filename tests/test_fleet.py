@@ -127,25 +127,6 @@ EXPECTED = sorted(f"{m}/sst2@{f}#0" for m in ("bert-tiny", "pythia-14m") for f i
 
 
 @pytest.mark.slow
-def test_two_boards_split_one_sweep_on_postgres(fleet_server, fleet_pg):
-    """Two boards given the same sweep definition share its id, claim its points in PostgreSQL and run each once."""
-    exp = f"fleet-{uuid.uuid4().hex[:6]}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
-    procs = [subprocess.Popen(_sweep(exp, "--device-id", board), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for board in ("orin-a", "orin-b")]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-        assert "points claimed in postgresql" in err
-    runs = _point_runs(fleet_server.uri, exp)
-    finished = [r for r in runs if r.info.status == "FINISHED"]
-    assert sorted(r.data.tags["dvfs.point"] for r in finished) == EXPECTED  # each point exactly once
-    assert len(runs) == len(EXPECTED)
-    assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1  # the device id is not the sweep's identity
-    assert {r.data.tags["dvfs.device_id"] for r in runs} <= {"orin-a", "orin-b"}
-
-
-@pytest.mark.slow
 def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
     """A worker died holding a point (its claim, its RUNNING run): the next worker waits out the claim, kills the run,
     and runs the point itself."""
@@ -246,7 +227,8 @@ def _readme_fleet_recipe() -> list[str]:
 @pytest.mark.slow
 def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_pg, tmp_path):
     """The recipe's server side is the fixtures' (PostgreSQL with the two databases, `mlflow server` on it); its board
-    commands run as written on two fake AGX Orins, with a small workload list appended (the last --models etc. win)."""
+    commands run as written on two fake AGX Orins, with a small workload list appended (the last --models etc. win).
+    The two boards are given the same sweep: they share its id, claim its points in PostgreSQL and run each once."""
     import shlex
 
     from dvfs_mlops.device.guard import list_journals
@@ -286,12 +268,14 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     for p in procs:
         _out, err = p.communicate(timeout=400)
         assert p.returncode == 0, err[-3000:]
+        assert "points claimed in postgresql" in err
     for fake, state in boards:  # every board's clocks are back where they were
         assert fake.range_hz == (306000000, 1300500000) and list_journals(state) == []
     runs = _point_runs(fleet_server.uri, "dvfs-sweep")
     expected = sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc") for f in ("maxn", "816"))
-    assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == expected
-    assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1
+    assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == expected  # each point once
+    assert len(runs) == len(expected)  # and no second run of any point, whatever its state
+    assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1  # the device id is not the sweep's identity
     assert {r.data.tags["dvfs.device_id"] for r in runs} <= {"1421023000000", "1421023000001"}
     r = subprocess.run(cli + shlex.split(ours(train_line))[1:] + ["--trials", "3", "--outer-trials", "2", "--no-register"], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=400)

@@ -51,16 +51,17 @@ class Server:
             self.proc.wait(timeout=30)
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path)
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module (a start costs ~10-20 s of a loaded machine); the test that kills it runs last."""
+    s = Server(tmp_path_factory.mktemp("sqlite-server"))
     yield s
     s.stop()
 
 
 def _sweep_cmd(model: str, task: str) -> list[str]:
     return [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
-            "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
+            "--freqs", "816", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", "concurrent"]
 
 
 def test_concurrent_workers_every_point_exactly_once(server):
@@ -73,7 +74,7 @@ def test_concurrent_workers_every_point_exactly_once(server):
     for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     c = MlflowClient(tracking_uri=server.uri)
-    exp = c.get_experiment_by_name("dvfs-sweep")
+    exp = c.get_experiment_by_name("concurrent")
     runs = c.search_runs([exp.experiment_id], filter_string="tags.`dvfs.point` != ''", max_results=1000)
     keys = sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED")
     expected = sorted(f"{m}/{t}@{f}#0" for m, t in WORKLOADS for f in ("maxn", "816"))
