@@ -282,3 +282,33 @@ def test_only_a_plain_sqlite_store_is_remembered(uri):
     assert governor_cache.store_stamp(uri) is None
     assert not governor_cache.remember(uri, "models:/g@production", None, found)
     assert governor_cache.lookup(uri, "models:/g@production") is None
+
+
+def _sweep_probe(env: dict, cwd: Path, experiment: str) -> dict:
+    args = ["sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2,stsb", "--freqs", "510,1300.5",
+            "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", experiment]
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    report = json.loads(r.stdout.strip().splitlines()[-1].removeprefix("PROBE "))
+    assert report["code"] == 0, r.stderr
+    return report
+
+
+def test_a_warm_profile_only_sweep_imports_neither_torch_nor_transformers_and_measures_the_same(store):
+    """Profile-only twin points are planned from the cached token lengths (finetune.profile_only): no data, tokenizer,
+    model config or torch. A fleet of twin workers, or the paper preset, starts in half the time."""
+    from mlflow.tracking import MlflowClient
+
+    tmp, env = store
+    cold = _sweep_probe(env, tmp, "profile-cold")  # fills the caches (lengths, traces)
+    assert set(cold["heavy"]) >= {"torch", "transformers"}
+    warm = _sweep_probe(env, tmp, "profile-warm")
+    assert warm["heavy"] == [], f"a warm profile-only sweep imported {warm['heavy']}"
+    c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+
+    def measured(name: str) -> dict[str, tuple[float, float, float]]:
+        e = c.get_experiment_by_name(name)
+        runs = c.search_runs([e.experiment_id], filter_string="tags.`dvfs.point` != ''")
+        return {r.data.tags["dvfs.point"]: (r.data.metrics["energy_j"], r.data.metrics["energy_expected_j"], r.data.metrics["time_s"])
+                for r in runs}
+
+    assert len(measured("profile-cold")) == 12 and measured("profile-warm") == measured("profile-cold")

@@ -11,6 +11,7 @@ from dvfs_mlops import records, tracking
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
+from dvfs_mlops.finetune import profile_only as profile_only_job
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.sweep.spec import Point, SweepSpec
 
@@ -65,10 +66,13 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
                     for n in source.padded_lengths:
                         session.step(trace_for(n))
                 result = dataclasses.replace(source, model=None, wall_time_s=0.0)
+            elif profile_only:  # from the cached token lengths: no data, tokenizer, model config or torch
+                result = profile_only_job(prepared.train_lengths, cfg, is_regression=prepared.task.is_regression, session=session,
+                                          trace_for=trace_for, torch_device=torch_device, task_kind=prepared.task.kind)
             else:
                 result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                                   is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                                  run_training=not profile_only, torch_device=torch_device, task_kind=prepared.task.kind)
+                                  torch_device=torch_device, task_kind=prepared.task.kind)
                 result.model = None
                 if spec.replay:
                     trained[point.repeat] = result
