@@ -139,8 +139,7 @@ class FileClaims:
                 return Claim.HELD
             if row and row["worker"] != worker and row["expires_at"] > now:
                 log.info("point %s: its worker %s is gone from this machine; taking the point over", point_key, row["worker"])
-            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False,
-                                            "pid_start": _process_start(os.getpid())}
+            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False, **_claimant()}
             return Claim.TAKEN
 
     def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
@@ -179,13 +178,30 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _machine() -> str | None:
+    """Which kernel and pid namespace this process sees: the boot id and /proc/self/ns/pid. Two containers that share
+    a host name (host networking, boards cloned from one image) differ here, so neither judges the other's pids.
+    None where /proc cannot say (not Linux): such claims are never judged, only waited out."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}|{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _claimant() -> dict[str, Any]:
+    """The claiming process, as another worker on the same machine can check it: machine, pid and the pid's start."""
+    pid = os.getpid()
+    return {"machine": _machine(), "pid": pid, "pid_start": _process_start(pid)}
+
+
 def _holder_died_here(row: dict[str, Any]) -> bool:
-    """A claim whose worker ran on this machine and is gone (killed, power-cut, kill -9): nobody renews it, so waiting
-    out its lease would only stall the worker started in its place. Workers on other hosts are never judged."""
-    holder, _, pid_text = str(row.get("worker", "")).rpartition(":")
-    if holder.rpartition("@")[2] != socket.gethostname() or not pid_text.isdigit():
+    """A claim whose claiming process ran on this machine (same kernel boot, same pid namespace) and is gone
+    (kill -9, a crash): nobody renews it, so waiting out its lease would only stall the worker started in its place.
+    Anything this process cannot be sure of (another machine, a row without the claimant, no /proc) counts as alive."""
+    machine, pid, started = row.get("machine"), row.get("pid"), row.get("pid_start")
+    if machine is None or machine != _machine() or not isinstance(pid, int) or started is None:
         return False
-    pid = int(pid_text)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -196,8 +212,7 @@ def _holder_died_here(row: dict[str, Any]) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    started = row.get("pid_start")
-    return state == "Z" or (started is not None and _process_start(pid) not in (None, started))  # a zombie, or a reused pid
+    return state == "Z" or _process_start(pid) not in (None, started)  # a zombie, or a pid the kernel gave another process
 
 
 _PG_SCHEMA = """CREATE TABLE IF NOT EXISTS dvfs_point_claims (

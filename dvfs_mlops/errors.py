@@ -30,9 +30,10 @@ class RestoreFailedError(DvfsError):
 class TrackingStoreError(DvfsError):
     """The MLflow tracking store failed mid-sweep (after MLflow's bounded retries); a resume redoes the point."""
 
-    def __init__(self, message: str, cause: str = ""):
+    def __init__(self, message: str, cause: str = "", transient: bool = True):
         super().__init__(message)
         self.cause = cause
+        self.transient = transient  # the store did not answer (worth trying again), rather than refused the request
 
 
 class DeviceNotFoundError(DvfsError):

@@ -34,6 +34,25 @@ TAG_METER_DEGRADED = "dvfs.meter_degraded"  # "true": more than 1 % of power sam
 TAG_ABOVE_MODE_CAP = "dvfs.above_mode_cap"  # "true": pinned above the nvpmodel mode's GPU cap
 
 
+# MLflow error codes of a store that failed to answer (a 5xx, a restarting database), not of a refused request.
+TRANSIENT_ERROR_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED",
+                                   "ABORTED", "IO_ERROR"})
+
+
+def is_store_outage(e: BaseException) -> bool:
+    """The tracking store did not answer (connection refused or cut, a 5xx after MLflow's retries, a database that is
+    restarting or locked), as opposed to refusing the request (a bad value, a missing run): only the first is worth
+    trying again."""
+    if isinstance(e, OSError):  # requests' connection errors
+        return True
+    if not any(cls.__name__ == "MlflowException" for cls in type(e).__mro__):
+        return False
+    text = str(e)
+    if text.startswith("API request to ") and (" failed with exception " in text or " failed with error code 5" in text):
+        return True
+    return getattr(e, "error_code", None) in TRANSIENT_ERROR_CODES or "database is locked" in text
+
+
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 

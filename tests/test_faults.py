@@ -157,7 +157,14 @@ def _cut_connection():
                            "('Connection broken: IncompleteRead(0 bytes read, 2 more expected)')")
 
 
-def _arm_store_cuts(monkeypatch, cuts: set[int]) -> list[int]:
+def _refused_request():
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException("Param value '...' had length 6001, which exceeded length limit of 6000", error_code=INVALID_PARAMETER_VALUE)
+
+
+def _arm_store_cuts(monkeypatch, cuts: set[int], fault=None) -> list[int]:
     """Cut the tracking store's connection (as a server restart does) on the given calls (1-based) of what a sweep asks
     and logs: the parent's tags first, then per point its store read (claimed sweeps) and its results. Returns the calls."""
     from dvfs_mlops import sweep, tracking
@@ -168,7 +175,7 @@ def _arm_store_cuts(monkeypatch, cuts: set[int]) -> list[int]:
         def call(*a, **k):
             calls.append(len(calls) + 1)
             if len(calls) in cuts:
-                raise _cut_connection()
+                raise (fault or _cut_connection)()
             return real(*a, **k)
         return call
 
@@ -208,23 +215,28 @@ def test_a_claimed_sweep_rides_out_a_cut_store_connection(orin6, state_dir, stor
 
 
 def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir, store, workload, monkeypatch):
-    """Claimed: after 3 tries of one point the error is raised; unclaimed (a lone worker): at once. Clocks restored."""
+    """Claimed: a store that fails 1 + STORE_FAILURES_PER_POINT times in a row (whatever the point) ends the sweep, not
+    each point failing that often in turn; unclaimed (no claims), or a request the store refused: at once. Clocks
+    restored every time."""
     from dvfs_mlops.claims import NoClaims, open_claims
     from dvfs_mlops.errors import TrackingStoreError
-    from dvfs_mlops.sweep import STORE_FAILURES_PER_POINT, run_sweep
+    from dvfs_mlops.sweep import STORE_FAILURES_PER_POINT, build_spec, run_sweep
     from dvfs_mlops.workloads import prepare
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
-    spec = _tiny_sweep_spec(JetsonDevice())
-    calls = _arm_store_cuts(monkeypatch, set(range(2, 1000)))
-    points = len(spec.points())
-    # claimed: each point is tried, released, tried again ... until one has failed 1 + STORE_FAILURES_PER_POINT times
-    for claims, tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), points * STORE_FAILURES_PER_POINT + 1), (NoClaims(), 1)):
+    spec = build_spec(JetsonDevice(), "smoke", models="bert-tiny", tasks="sst2", freqs="408,510,816,1300.5", steps=3, train_size=32,
+                      dev_size=16)
+    assert len(spec.points()) > STORE_FAILURES_PER_POINT + 1  # the budget is over points, not per point
+    fault = [_cut_connection]
+    calls = _arm_store_cuts(monkeypatch, set(range(2, 1000)), lambda: fault[0]())
+    for claims, fault[0], tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _cut_connection, STORE_FAILURES_PER_POINT + 1),
+                                    (NoClaims(), _cut_connection, 1),
+                                    (open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _refused_request, 1)):
         calls.clear()
         with pytest.raises(TrackingStoreError, match="re-run the same sweep"):
             run_sweep(spec, JetsonDevice(), announce=lambda m: None, claims=claims)
-        assert len(calls) - 1 == tries  # the parent's tags, then one (cut) store call per try
+        assert len(calls) - 1 == tries  # the parent's tags, then one (failed) store call per try
         _assert_restored(orin6, state_dir)
 
 
@@ -264,3 +276,54 @@ def test_a_store_outage_anywhere_in_the_cli_is_one_line(store, monkeypatch):
     monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: 1 / 0)  # a bug stays a bug: not dressed up as an outage
     r = CliRunner().invoke(main, ["sweep", "--preset", "smoke", "--device", "sim"])
     assert isinstance(r.exception, ZeroDivisionError)
+
+
+def test_a_store_outage_is_told_from_a_refused_request():
+    """What a sweep retries (the store did not answer) and what it does not (the store said no)."""
+    import requests
+    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.utils.rest_utils import get_error_code
+
+    from dvfs_mlops.tracking import is_store_outage
+
+    def http(status: int) -> MlflowException:  # as MLflow's client raises a non-JSON error response
+        return MlflowException(f"API request to endpoint /api/2.0/mlflow/runs/create failed with error code {status} != 200. "
+                               "Response body: ''", error_code=get_error_code(status))
+
+    outages = [_cut_connection(), requests.exceptions.ConnectionError("refused"),
+               http(503), http(502),
+               RestException({"error_code": "INTERNAL_ERROR", "message": "(psycopg.OperationalError) the database system is shutting down"}),
+               RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "try later"}),
+               MlflowException("(sqlite3.OperationalError) database is locked")]
+    refusals = [_refused_request(), RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run 'x' not found"}),
+                http(404), http(400),
+                ValueError("a bug here, not the store")]
+    assert [is_store_outage(e) for e in outages] == [True] * len(outages)
+    assert [is_store_outage(e) for e in refusals] == [False] * len(refusals)
+
+
+def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_dir, store, monkeypatch):
+    """A claimed point whose workload cannot be prepared (bad data, a config that does not build) is released before the
+    error goes up, so another worker need not wait out its lease; no clock was touched."""
+    import json
+
+    from dvfs_mlops.claims import open_claims
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.workloads import prepare
+
+    def broken(*a, **k):
+        raise DvfsError("SST-2/train.tsv: line 3 has no label")
+
+    monkeypatch.setattr(prepare, "prepare_workload", broken)
+    claims = open_claims(None, os.environ["MLFLOW_TRACKING_URI"])
+    with pytest.raises(DvfsError, match="has no label"):
+        _run_tiny_sweep(claims)
+    table = json.loads(claims.path.read_text()) if claims.path.exists() else {}
+    assert claims.kind == "file" and not [k for k, row in table.items() if not row.get("done")]
+    _assert_restored(orin6, state_dir)
+
+
+def _run_tiny_sweep(claims):
+    from dvfs_mlops.sweep import run_sweep
+
+    return run_sweep(_tiny_sweep_spec(JetsonDevice()), JetsonDevice(), announce=lambda m: None, claims=claims)

@@ -5,7 +5,6 @@ The PostgreSQL tests skip, saying why, where Debian's `postgresql` package or ps
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -64,27 +63,52 @@ def test_file_claims_one_winner_expiry_and_done(tmp_path):
     _lifecycle(FileClaims(tmp_path / "other.json"), "m/t@510#0")
 
 
+_CLAIM_AND_EXIT = "import sys; from pathlib import Path; from dvfs_mlops.claims import FileClaims; " \
+                  "print(FileClaims(Path(sys.argv[1])).claim('s1', sys.argv[2], 'board@somewhere:1', 300).value, flush=True)"
+
+
+def _claim_in_a_child(path: Path, key: str) -> subprocess.Popen:
+    """Another worker process claims `key` and exits (not reaped: a zombie until the caller waits for it)."""
+    child = subprocess.Popen([sys.executable, "-c", _CLAIM_AND_EXIT, str(path), key], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "taken"
+    return child
+
+
 def test_a_file_claim_whose_process_is_gone_is_taken_over_at_once(tmp_path):
     """One machine: a worker killed with -9 renews nothing, and its pid says so; the next worker takes its points
-    without waiting out the lease. A live holder, or one on another host, still holds."""
-    host = socket.gethostname()
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    store = FileClaims(tmp_path / "claims.json")
-    assert store.claim("s1", "p-dead", f"board@{host}:{gone.pid}", 300) is Claim.TAKEN
-    assert store.claim("s1", "p-live", f"board@{host}:{os.getpid()}", 300) is Claim.TAKEN
-    assert store.claim("s1", "p-away", f"board@elsewhere:{gone.pid}", 300) is Claim.TAKEN
-    assert store.claim("s1", "p-dead", f"board@{host}:{os.getppid()}", 300) is Claim.TAKEN
-    assert store.claim("s1", "p-live", f"board@{host}:{os.getppid()}", 300) is Claim.HELD
-    assert store.claim("s1", "p-away", f"board@{host}:{os.getppid()}", 300) is Claim.HELD
-    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not yet reaped: dead all the same
+    without waiting out the lease. A live claimant, or one this process cannot judge (another machine or pid
+    namespace, a row without the claimant), still holds."""
+    import json
+
+    path = tmp_path / "claims.json"
+    store = FileClaims(path)
+    zombie = _claim_in_a_child(path, "p-zombie")  # exited, not yet reaped: dead all the same
     for _ in range(100):
         if Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
             break
         time.sleep(0.05)
-    assert store.claim("s1", "p-zombie", f"board@{host}:{zombie.pid}", 300) is Claim.TAKEN
-    assert store.claim("s1", "p-zombie", f"board@{host}:{os.getppid()}", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-zombie", "me", 300) is Claim.TAKEN
     zombie.wait()
+    gone = _claim_in_a_child(path, "p-gone")
+    gone.wait()
+    elsewhere = _claim_in_a_child(path, "p-elsewhere")
+    elsewhere.wait()
+    unknown = _claim_in_a_child(path, "p-unknown")
+    unknown.wait()
+    table = json.loads(path.read_text())
+    table["s1|p-elsewhere"]["machine"] = "another-boot|pid:[4026531836]"  # same host name, another container or board
+    for field in ("machine", "pid", "pid_start"):
+        table["s1|p-unknown"].pop(field)  # written by a version that did not record its claimant
+    path.write_text(json.dumps(table))
+    assert store.claim("s1", "p-gone", "me", 300) is Claim.TAKEN
+    assert store.claim("s1", "p-elsewhere", "me", 300) is Claim.HELD
+    assert store.claim("s1", "p-unknown", "me", 300) is Claim.HELD
+    assert store.claim("s1", "p-live", "a", 300) is Claim.TAKEN
+    assert FileClaims(path).claim("s1", "p-live", "b", 300) is Claim.HELD  # its claimant (this process) is alive
+    table = json.loads(path.read_text())
+    table["s1|p-live"]["pid_start"] = "1"  # the same pid, another start: the kernel gave the pid to a new process
+    path.write_text(json.dumps(table))
+    assert store.claim("s1", "p-live", "b", 300) is Claim.TAKEN
 
 
 def test_claims_follow_the_tracking_store(tmp_path, monkeypatch):

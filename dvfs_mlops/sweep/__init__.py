@@ -34,8 +34,9 @@ from dvfs_mlops.workloads.tasks import get_task
 
 log = logging.getLogger(__name__)
 
-# A claimed point whose tracking store fails (a server restarting, a cut connection) is released and tried again
-# after 5, 10, 15 s: a fleet worker rides out a restart instead of dying; a lone worker stops at once (re-run resumes).
+# A claimed point whose tracking store does not answer (a server restarting, a cut connection) is released and tried
+# again after 5, 10, 15 s: a fleet worker rides out a restart instead of dying. A fourth failure in a row (whatever the
+# point) ends the sweep, as does a store that refused a request, and any failure without claims (the re-run resumes).
 STORE_FAILURES_PER_POINT = 3
 STORE_BACKOFF_S = 5.0
 
@@ -105,10 +106,15 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     def run_claimed(point: Point) -> None:
         model, task = point.model, point.task
         if point.workload not in prepared_for:
-            prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source,
-                                        data_dir=spec.data_dir, seed=spec.seed, train_size=spec.train_size, dev_size=spec.dev_size,
-                                        peft=spec.peft, precision=spec.precision)
-            trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
+            try:
+                prepared = prepare_workload(task=task, **spec.entry(model).prepare_kwargs(), data_source=spec.data_source,
+                                            data_dir=spec.data_dir, seed=spec.seed, train_size=spec.train_size,
+                                            dev_size=spec.dev_size, peft=spec.peft, precision=spec.precision)
+                trace_for = prepared.trace_provider(spec.batch_size, spec.trace_dtype) if device.simulated else None
+            except BaseException:
+                with contextlib.suppress(Exception):  # free the point for another worker at once
+                    claims.release(scope, point.key, worker, done=False)
+                raise
             prepared_for[point.workload] = (prepared, trace_for)
         prepared, trace_for = prepared_for[point.workload]
         lease = Lease(claims, scope, point.key, worker, claim_ttl_s)
@@ -145,21 +151,28 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
         ran.append(point.key)
         progress.finish(point.key, summary)
 
-    store_failures: dict[str, int] = {}
+    store_failures: dict[str, int] = {}  # point key -> tracking-store failures
+    store_failures_in_a_row = 0  # over all points: a store that stays down ends the sweep after a few, not N x a few
 
     def attempt(point: Point) -> bool:
         """Claim and run `point` when it is free; False while a live worker holds it, or after the tracking store failed
         under a claimed point (a restarting server): the claim is released and the point tried again a few times."""
+        nonlocal store_failures_in_a_row
         try:
-            return claim_and_run(point)
+            answered = claim_and_run(point)
         except TrackingStoreError as e:
+            store_failures_in_a_row += 1
+            in_a_row = store_failures_in_a_row
             failures = store_failures[point.key] = store_failures.get(point.key, 0) + 1
-            if claims.kind == "none" or failures > STORE_FAILURES_PER_POINT:
+            if claims.kind == "none" or not e.transient or max(in_a_row, failures) > STORE_FAILURES_PER_POINT:
                 raise
             say(f"{point.key}: the tracking store failed ({e.cause}); clocks restored, point released, "
-                f"trying it again in {STORE_BACKOFF_S * failures:.0f} s")
-            time.sleep(STORE_BACKOFF_S * failures)
+                f"trying it again in {STORE_BACKOFF_S * in_a_row:.0f} s")
+            time.sleep(STORE_BACKOFF_S * in_a_row)
             return False
+        if answered:  # the store answered for this point (a held one asked it nothing)
+            store_failures_in_a_row = 0
+        return answered
 
     def claim_and_run(point: Point) -> bool:
         got = claims.claim(scope, point.key, worker, claim_ttl_s)

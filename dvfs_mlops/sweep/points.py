@@ -109,4 +109,5 @@ def tracked(call: Callable[[], Any], point: Point) -> Any:
     except (MlflowException, OSError) as e:  # requests' errors are OSErrors
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise TrackingStoreError(f"the tracking store {tracking.tracking_uri()} failed while logging {point.key} ({first}); "
-                        "that point is not recorded and the clocks are restored; re-run the same sweep to resume", cause=first) from None
+                                 "that point is not recorded and the clocks are restored; re-run the same sweep to resume",
+                                 cause=first, transient=tracking.is_store_outage(e)) from None
