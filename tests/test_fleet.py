@@ -346,8 +346,17 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
         else:
             cmd = [*sim, "--device-id", f"fake-twin-{i}"]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs: list[str] = [""] * 8
-    readers = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].stdout.read())) for i in range(8)]
+    lines: list[list[str]] = [[] for _ in range(8)]
+    started = [threading.Event() for _ in range(8)]  # past its start-up checks: it said "sweep <id>: N points, ..."
+
+    def read(i: int) -> None:
+        for line in procs[i].stdout:
+            lines[i].append(line)
+            if line.startswith("sweep ") and " points, " in line:
+                started[i].set()
+        started[i].set()  # ended (the assertions below say how)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(8)]
     for t in readers:
         t.start()
 
@@ -356,6 +365,10 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
             time.sleep(0.5)
         return got
 
+    # Mid-run: every worker is past its start-up (a worker that starts while the server is down stops at its reachability
+    # check before touching a clock, by design: test_sweep.py::test_unreachable_tracking_checked_before_clocks).
+    for event in started:
+        event.wait(timeout=300)
     at_server = wait_for(8)
     t_server = time.monotonic() - t0
     fleet_server.restart()  # kill -9 and start again: requests in flight are cut
@@ -368,6 +381,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     for t in readers:
         t.join(timeout=30)
     wall = time.monotonic() - t0
+    outs = ["".join(x) for x in lines]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
     expected = {exps[0]: sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc", "rte")
