@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import enum
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -135,9 +136,9 @@ class FileClaims:
             row = t.get(f"{sweep_id}|{point_key}")
             if row and row.get("done"):
                 return Claim.DONE
-            if row and row["worker"] != worker and row["expires_at"] > now and not _holder_died_here(row):
-                return Claim.HELD
             if row and row["worker"] != worker and row["expires_at"] > now:
+                if not _holder_died_here(row):
+                    return Claim.HELD
                 log.info("point %s: its worker %s is gone from this machine; taking the point over", point_key, row["worker"])
             t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False, **_claimant()}
             return Claim.TAKEN
@@ -168,16 +169,16 @@ class FileClaims:
         pass
 
 
-def _process_start(pid: int) -> str | None:
-    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22); None where /proc has no answer.
-    With the pid it names one process for good: a pid the kernel reused has another start."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first; the start time is index 19, field 22 of
+    proc(5)); None where /proc has no answer. A pid and its start name one process for good: a reused pid has another."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
+@functools.cache
 def _machine() -> str | None:
     """Which kernel and pid namespace this process sees: the boot id and /proc/self/ns/pid. Two containers that share
     a host name (host networking, boards cloned from one image) differ here, so neither judges the other's pids.
@@ -192,7 +193,8 @@ def _machine() -> str | None:
 def _claimant() -> dict[str, Any]:
     """The claiming process, as another worker on the same machine can check it: machine, pid and the pid's start."""
     pid = os.getpid()
-    return {"machine": _machine(), "pid": pid, "pid_start": _process_start(pid)}
+    stat = _proc_stat(pid)
+    return {"machine": _machine(), "pid": pid, "pid_start": stat[19] if stat else None}
 
 
 def _holder_died_here(row: dict[str, Any]) -> bool:
@@ -208,11 +210,8 @@ def _holder_died_here(row: dict[str, Any]) -> bool:
         return True
     except PermissionError:
         pass  # alive, another user's
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state == "Z" or _process_start(pid) not in (None, started)  # a zombie, or a pid the kernel gave another process
+    stat = _proc_stat(pid)
+    return stat is not None and (stat[0] == "Z" or stat[19] != started)  # a zombie, or a pid the kernel gave another process
 
 
 _PG_SCHEMA = """CREATE TABLE IF NOT EXISTS dvfs_point_claims (

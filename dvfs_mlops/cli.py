@@ -102,23 +102,14 @@ class DvfsGroup(click.Group):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except Exception as e:
-            if not _is_store_outage(e):
+            from dvfs_mlops import tracking
+
+            if not tracking.is_connection_failure(e):
                 raise
-            _one_line_error(f"the MLflow tracking store {_tracking_uri()} stopped answering "
+            _one_line_error(f"the MLflow tracking store {tracking.tracking_uri()} stopped answering "
                             f"({str(e).strip().splitlines()[0][:200]}); start it again, then re-run the same command "
                             "(a sweep resumes; the clocks were restored)")
         sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _is_store_outage(e: BaseException) -> bool:
-    """MLflow's client gave up on an HTTP request (connection refused or cut): the server is down, not a bug here."""
-    return type(e).__name__ == "MlflowException" and str(e).startswith("API request to ") and " failed with exception " in str(e)
-
-
-def _tracking_uri() -> str:
-    from dvfs_mlops import tracking
-
-    return tracking.tracking_uri()
 
 
 def _one_line_error(message: str) -> None:

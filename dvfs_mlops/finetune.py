@@ -121,13 +121,13 @@ def finetune(
 
     `task_kind="causal_lm"`: train the causal LM on `train.response_start`'s response tokens (else a classifier)."""
     causal = task_kind == "causal_lm"
+    metric = "eval_token_accuracy" if causal else "eval_pearson" if is_regression else "eval_accuracy"
     if not run_training:
-        return profile_only([len(x) for x in train.ids], config, is_regression=is_regression, session=session, trace_for=trace_for,
-                            on_step=on_step, torch_device=torch_device, task_kind=task_kind)
+        return profile_only([len(x) for x in train.ids], config, metric, session=session, trace_for=trace_for, on_step=on_step,
+                            torch_device=torch_device)
     steps = num_steps(config, len(train))
     batches = plan_batches(len(train), steps, config.batch_size, config.seed)
     lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
-    metric = eval_metric_name(task_kind, is_regression)
 
     import torch
 
@@ -185,16 +185,12 @@ def _lm_batch_labels(data: Encoded, idx: Any, width: int) -> np.ndarray:
     return lm_labels([data.ids[i] for i in idx], [data.response_start[i] for i in idx], width)
 
 
-def eval_metric_name(task_kind: str | None, is_regression: bool) -> str:
-    return "eval_token_accuracy" if task_kind == "causal_lm" else "eval_pearson" if is_regression else "eval_accuracy"
-
-
-def profile_only(train_lengths: list[int], config: FinetuneConfig, *, is_regression: bool, session: Any = None,
+def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, *, session: Any = None,
                  trace_for: Callable[[int], Any] | None = None, on_step: Callable[[int, float | None], None] | None = None,
-                 torch_device: str = "cpu", task_kind: str | None = None) -> FinetuneResult:
+                 torch_device: str = "cpu") -> FinetuneResult:
     """The twin's profile-only job: the batches `finetune` would train, planned from the examples' token lengths and
-    charged step by step, nothing computed. It needs no data, tokenizer, model config or torch: a warm sweep of
-    profile-only points imports none of them."""
+    charged step by step, nothing computed (`metric` names the evaluation that is not run). It needs no data,
+    tokenizer, model config or torch: a warm sweep of profile-only points imports none of them."""
     steps = num_steps(config, len(train_lengths))
     batches = plan_batches(len(train_lengths), steps, config.batch_size, config.seed)
     lengths = [padded_length([train_lengths[i] for i in b]) for b in batches]
@@ -204,8 +200,7 @@ def profile_only(train_lengths: list[int], config: FinetuneConfig, *, is_regress
             _charge(session, trace_for, n)
             if on_step is not None:
                 on_step(step, None)
-    return FinetuneResult(steps, steps * config.batch_size, None, eval_metric_name(task_kind, is_regression), None, lengths,
-                          time.monotonic() - t0)
+    return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
 
 
 @contextlib.contextmanager

@@ -39,18 +39,24 @@ TRANSIENT_ERROR_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", 
                                    "ABORTED", "IO_ERROR"})
 
 
+def is_connection_failure(e: BaseException) -> bool:
+    """MLflow's client gave up on an HTTP request (connection refused or cut): the server is down, not a bug here."""
+    text = str(e)
+    return any(cls.__name__ == "MlflowException" for cls in type(e).__mro__) and text.startswith("API request to ") \
+        and " failed with exception " in text
+
+
 def is_store_outage(e: BaseException) -> bool:
     """The tracking store did not answer (connection refused or cut, a 5xx after MLflow's retries, a database that is
     restarting or locked), as opposed to refusing the request (a bad value, a missing run): only the first is worth
     trying again."""
-    if isinstance(e, OSError):  # requests' connection errors
+    if isinstance(e, OSError) or is_connection_failure(e):  # OSError: requests' connection errors
         return True
     if not any(cls.__name__ == "MlflowException" for cls in type(e).__mro__):
         return False
     text = str(e)
-    if text.startswith("API request to ") and (" failed with exception " in text or " failed with error code 5" in text):
-        return True
-    return getattr(e, "error_code", None) in TRANSIENT_ERROR_CODES or "database is locked" in text
+    return (text.startswith("API request to ") and " failed with error code 5" in text) \
+        or getattr(e, "error_code", None) in TRANSIENT_ERROR_CODES or "database is locked" in text
 
 
 def tracking_uri() -> str:

@@ -311,4 +311,5 @@ def test_a_warm_profile_only_sweep_imports_neither_torch_nor_transformers_and_me
         return {r.data.tags["dvfs.point"]: (r.data.metrics["energy_j"], r.data.metrics["energy_expected_j"], r.data.metrics["time_s"])
                 for r in runs}
 
-    assert len(measured("profile-cold")) == 12 and measured("profile-warm") == measured("profile-cold")
+    cold_points = measured("profile-cold")
+    assert len(cold_points) == 12 and measured("profile-warm") == cold_points

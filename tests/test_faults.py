@@ -228,14 +228,13 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
     spec = build_spec(JetsonDevice(), "smoke", models="bert-tiny", tasks="sst2", freqs="408,510,816,1300.5", steps=3, train_size=32,
                       dev_size=16)
     assert len(spec.points()) > STORE_FAILURES_PER_POINT + 1  # the budget is over points, not per point
-    fault = [_cut_connection]
-    calls = _arm_store_cuts(monkeypatch, set(range(2, 1000)), lambda: fault[0]())
-    for claims, fault[0], tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _cut_connection, STORE_FAILURES_PER_POINT + 1),
-                                    (NoClaims(), _cut_connection, 1),
-                                    (open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _refused_request, 1)):
-        calls.clear()
-        with pytest.raises(TrackingStoreError, match="re-run the same sweep"):
-            run_sweep(spec, JetsonDevice(), announce=lambda m: None, claims=claims)
+    for claims, fault, tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _cut_connection, STORE_FAILURES_PER_POINT + 1),
+                                 (NoClaims(), _cut_connection, 1),
+                                 (open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _refused_request, 1)):
+        with monkeypatch.context() as m:  # armed afresh each time, not wrapped around the last arming
+            calls = _arm_store_cuts(m, set(range(2, 1000)), fault)
+            with pytest.raises(TrackingStoreError, match="re-run the same sweep"):
+                run_sweep(spec, JetsonDevice(), announce=lambda m: None, claims=claims)
         assert len(calls) - 1 == tries  # the parent's tags, then one (failed) store call per try
         _assert_restored(orin6, state_dir)
 
@@ -309,6 +308,7 @@ def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_d
 
     from dvfs_mlops.claims import open_claims
     from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.sweep import run_sweep
     from dvfs_mlops.workloads import prepare
 
     def broken(*a, **k):
@@ -317,13 +317,8 @@ def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_d
     monkeypatch.setattr(prepare, "prepare_workload", broken)
     claims = open_claims(None, os.environ["MLFLOW_TRACKING_URI"])
     with pytest.raises(DvfsError, match="has no label"):
-        _run_tiny_sweep(claims)
+        run_sweep(_tiny_sweep_spec(JetsonDevice()), JetsonDevice(), announce=lambda m: None, claims=claims)
     table = json.loads(claims.path.read_text()) if claims.path.exists() else {}
     assert claims.kind == "file" and not [k for k, row in table.items() if not row.get("done")]
     _assert_restored(orin6, state_dir)
 
-
-def _run_tiny_sweep(claims):
-    from dvfs_mlops.sweep import run_sweep
-
-    return run_sweep(_tiny_sweep_spec(JetsonDevice()), JetsonDevice(), announce=lambda m: None, claims=claims)

@@ -162,13 +162,12 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
             answered = claim_and_run(point)
         except TrackingStoreError as e:
             store_failures_in_a_row += 1
-            in_a_row = store_failures_in_a_row
             failures = store_failures[point.key] = store_failures.get(point.key, 0) + 1
-            if claims.kind == "none" or not e.transient or max(in_a_row, failures) > STORE_FAILURES_PER_POINT:
+            if claims.kind == "none" or not e.transient or max(store_failures_in_a_row, failures) > STORE_FAILURES_PER_POINT:
                 raise
             say(f"{point.key}: the tracking store failed ({e.cause}); clocks restored, point released, "
-                f"trying it again in {STORE_BACKOFF_S * in_a_row:.0f} s")
-            time.sleep(STORE_BACKOFF_S * in_a_row)
+                f"trying it again in {STORE_BACKOFF_S * store_failures_in_a_row:.0f} s")
+            time.sleep(STORE_BACKOFF_S * store_failures_in_a_row)
             return False
         if answered:  # the store answered for this point (a held one asked it nothing)
             store_failures_in_a_row = 0

@@ -10,8 +10,7 @@ from typing import Any
 from dvfs_mlops import records, tracking
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import TrackingStoreError
-from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune
-from dvfs_mlops.finetune import profile_only as profile_only_job
+from dvfs_mlops.finetune import FinetuneConfig, FinetuneResult, finetune, profile_only
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.sweep.spec import Point, SweepSpec
 
@@ -47,12 +46,12 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
     another worker took the point over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned."""
     cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed,
                          precision=spec.precision, peft=spec.peft)
-    profile_only = spec.steps == 0
-    replay = spec.replay and not profile_only and point.repeat in trained
+    profiling = spec.steps == 0
+    replay = spec.replay and not profiling and point.repeat in trained
     tags = {
         tracking.TAG_PARENT: parent_id, tracking.TAG_SWEEP: spec.sweep_id, tracking.TAG_POINT: point.key,
         tracking.TAG_WORKLOAD: point.workload, tracking.TAG_SIMULATED: str(device.simulated).lower(),
-        tracking.TAG_REPLAY: str(replay).lower(), tracking.TAG_PROFILE_ONLY: str(profile_only).lower(),
+        tracking.TAG_REPLAY: str(replay).lower(), tracking.TAG_PROFILE_ONLY: str(profiling).lower(),
     }
     run = tracked(lambda: c.create_run(exp_id, run_name=point.key, tags=tags), point)
     run_id = run.info.run_id
@@ -66,9 +65,9 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
                     for n in source.padded_lengths:
                         session.step(trace_for(n))
                 result = dataclasses.replace(source, model=None, wall_time_s=0.0)
-            elif profile_only:  # from the cached token lengths: no data, tokenizer, model config or torch
-                result = profile_only_job(prepared.train_lengths, cfg, is_regression=prepared.task.is_regression, session=session,
-                                          trace_for=trace_for, torch_device=torch_device, task_kind=prepared.task.kind)
+            elif profiling:  # from the cached token lengths: no data, tokenizer, model config or torch
+                result = profile_only(prepared.train_lengths, cfg, prepared.task.metric, session=session, trace_for=trace_for,
+                                      torch_device=torch_device)
             else:
                 result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                                   is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
