@@ -388,8 +388,10 @@ class Lease:
             self._thread.join(timeout=5)
 
     def still_mine(self) -> bool:
-        """Renew once more, right before the point's result is committed: False when another worker took it over."""
-        self.stop()
+        """Renew once more, right before the point's result is committed: False when another worker took it over.
+        The heartbeat keeps beating until `stop`: committing the result can itself outlast a TTL (MLflow's client
+        retrying through a server or database restart), and a lease let lapse there would let another worker kill
+        this run and measure the point again while the late commit still marks this one FINISHED."""
         if self.lost:
             return False
         return self.claims.renew(self.sweep_id, self.point_key, self.worker, self.ttl_s)
