@@ -28,6 +28,7 @@ from dvfs_mlops.errors import DvfsError
 
 # The twin's (and the JetPack 6 AGX Orin's) voltage shape: V(f) = 0.63 + 0.27 (f/f_max)^2 -> r = 0.27 / 0.63.
 ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
+DEFAULT_NOISE = (0.01, 0.02)  # relative time and power noise of one window when nothing better is known
 
 __all__ = [
     "ORIN_VOLTAGE_SHAPE",
@@ -37,6 +38,7 @@ __all__ = [
     "fit_curve",
     "fit_voltage_shape",
     "next_clock",
+    "noise_for",
     "read_measurements_csv",
     "select_clocks",
     "voltage_shape_for",
@@ -82,6 +84,17 @@ def voltage_shape_for(device: object) -> float:
     if isinstance(v0, (int, float)) and isinstance(v1, (int, float)) and v0 > 0 and v1 >= 0:
         return float(v1) / float(v0)
     return ORIN_VOLTAGE_SHAPE
+
+
+def noise_for(device: object) -> tuple[float, float]:
+    """The relative run-to-run noise (time, power) of one measurement window on a device's board: the twin's
+    profile states its own; a real board's is not known beforehand, so the twin's defaults (1 %, 2 %), a floor
+    under what the fits estimate from their residuals."""
+    params = getattr(device, "params", None)
+    nt, np_ = getattr(params, "noise_time", None), getattr(params, "noise_power", None)
+    if isinstance(nt, (int, float)) and isinstance(np_, (int, float)) and nt > 0 and np_ > 0:
+        return float(nt), float(np_)
+    return DEFAULT_NOISE
 
 
 def _nnls2(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -180,6 +193,21 @@ class CurveFit:
     def optimum(self, frequencies_mhz: Sequence[float]) -> CurvePoint:
         """The clock of the table with the lowest predicted energy."""
         return min(self.predict(frequencies_mhz), key=lambda pt: pt.energy_j)
+
+    def gain(self, from_mhz: float, to_mhz: float) -> tuple[float, float]:
+        """Predicted energy saved by moving from one clock to another (E(from) - E(to)) and its standard deviation.
+
+        The deviation of the DIFFERENCE (delta method on both fits' parameter covariances): the two
+        predictions share the fitted parameters, so it is much smaller than either one's own; 0 when
+        the fit has no covariance."""
+        bt, bp = self._bases(np.asarray([float(from_mhz), float(to_mhz)]))
+        t, p = bt @ self._time.beta, bp @ self._power.beta
+        ut, up = p[0] * bt[0] - p[1] * bt[1], t[0] * bp[0] - t[1] * bp[1]
+        var = 0.0
+        for u, lin in ((ut, self._time), (up, self._power)):
+            if lin.cov is not None:
+                var += float(u @ lin.cov @ u)
+        return float(t[0] * p[0] - t[1] * p[1]), math.sqrt(max(var, 0.0))
 
     def energy_residuals(self) -> list[float]:
         """Relative energy error of the fit at each measured clock (prediction / measurement - 1)."""

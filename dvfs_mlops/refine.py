@@ -3,10 +3,17 @@ choice, the curve model (`curve.py`) fitted to them, and the rest of the job at 
 
 It drives an open `FreqSession` from the training loop's per-step hook (`on_step`): after a few
 warm-up steps at the starting clock, each probe clock gets its own metered window
-("probe@<MHz>") of an equal share of the step budget, read while the session is still open; then
-`repin` moves the clock to the predicted optimum for the remaining steps. The probes are part of
-the job: their time and energy stay in the "train" window's totals. The session's journal keeps
-the clock found before the session, so the restore is the one it would be without refining.
+("probe@<MHz>") of `MIN_PROBE_STEPS` steps (more when the budget allows more than `MAX_PROBE_CLOCKS`
+windows), read while the session is still open. The probing is sequential (`ProbePlan`): the start
+and the clocks two table steps either side of it; then the curve model, fitted to every probe so far,
+may move the clock ONE table step, and only where its predicted saving exceeds `MOVE_Z` standard
+deviations of that saving (the fit's own uncertainty, with the board's per-window noise as a floor:
+`curve.noise_for`). After a move, the new clock's unprobed neighbours are probed and the same test
+is made from there, while the budget lasts; once it says stay, `repin` keeps the clock for the
+remaining steps. Probing costs energy at clocks off the optimum, so it stops as soon as the test
+says stay: the budget is a ceiling, not a quota. The probes are part of the job: their time and
+energy stay in the "train" window's totals. The session's journal keeps the clock found before the
+session, so the restore is the one it would be without refining.
 numpy only (through curve.py); nothing here imports torch or MLflow.
 """
 from __future__ import annotations
@@ -17,13 +24,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dvfs_mlops.curve import CurvePoint, Measurement, fit_curve, voltage_shape_for
+from dvfs_mlops.curve import CurvePoint, Measurement, fit_curve, noise_for, voltage_shape_for
 from dvfs_mlops.errors import DvfsError
 
 log = logging.getLogger(__name__)
 
 MIN_PROBE_STEPS = 4  # below this a window says more about the meter than about the clock
-MAX_PROBE_CLOCKS = 5
+MAX_PROBE_CLOCKS = 7
+FIRST_STRIDE = 2  # the first probes: the start and the clocks this many table steps either side
+MOVE_Z = 0.5  # move one table step only on a predicted saving above this many of its standard deviations
 WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-step costs: allocation, autotuning)
 
 
@@ -76,7 +85,7 @@ class RefineResult:
                 f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
 
 
-def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride: int = 2) -> list[float]:
+def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride: int = FIRST_STRIDE) -> list[float]:
     """The start clock, then clocks `stride` table steps apart on both sides (filled inward at the table's edges)."""
     freqs = sorted(float(f) for f in table)
     i = min(range(len(freqs)), key=lambda k: abs(freqs[k] - start_mhz))
@@ -95,78 +104,150 @@ def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride
 
 
 def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[float], int]:
-    """(probe clocks, steps per probe) for a budget of probe steps; no clocks when the budget is too small."""
-    n = min(MAX_PROBE_CLOCKS, budget // MIN_PROBE_STEPS, len(table))
-    if n < 2:
+    """(the first probe clocks, steps per probe window) for a budget of probe steps; no clocks when it is too small.
+
+    At most `budget // steps` windows in all (`ProbePlan.windows`); the first round is the start and
+    its neighbours `FIRST_STRIDE` steps away, the later ones (after a move) are decided by the fit."""
+    per = max(MIN_PROBE_STEPS, budget // MAX_PROBE_CLOCKS)
+    windows = min(budget // per, len(table))
+    if windows < 2:
         return [], 0
-    return probe_clocks(start_mhz, table, n), budget // n
+    return probe_clocks(start_mhz, table, min(3, windows)), per
+
+
+class ProbePlan:
+    """The sequential probe design, apart from any session (the benchmark and `Refiner` both drive it).
+
+    `next_clock()` says which clock to probe next, or None once settled (`chosen_mhz`); `record()` takes
+    each probe's per-step measurement, in the order asked."""
+
+    def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
+                 noise: tuple[float, float], max_windows: int | None = None):
+        self.table = sorted(float(f) for f in table)
+        self.voltage_shape, self.noise = voltage_shape, noise
+        self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
+        first, self.per_probe = plan(budget, start_mhz, self.table)
+        self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
+                                                 max_windows if max_windows is not None else len(self.table))
+        self.queue: list[float] = first[:self.windows]
+        self.measured: dict[float, Measurement] = {}
+        self.order: list[float] = []
+        self.moves = 0
+        self.predicted: list[CurvePoint] = []
+        self.chosen_mhz: float | None = None if self.queue else self.table[self.center]
+        self.reason = "" if self.queue else "no probes"
+
+    def next_clock(self) -> float | None:
+        while self.chosen_mhz is None:
+            if self.queue:
+                return self.queue[0]
+            self._decide()
+        return None
+
+    def record(self, m: Measurement) -> None:
+        f = self.queue.pop(0)
+        self.measured[f] = Measurement(f, m.time_s, m.energy_j)
+        self.order.append(f)
+
+    def _decide(self) -> None:
+        """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
+        here = self.table[self.center]
+        try:
+            fit = fit_curve(list(self.measured.values()), voltage_shape=self.voltage_shape, f_max_mhz=self.table[-1], noise=self.noise)
+        except DvfsError as e:
+            self.chosen_mhz, self.reason = here, f"no fit ({e}); staying at {here:g} MHz"
+            return
+        self.predicted = fit.predict(self.table)
+        best, best_gain, best_z = self.center, 0.0, 0.0
+        for j in (self.center - 1, self.center + 1):
+            if 0 <= j < len(self.table):
+                g, sd = fit.gain(here, self.table[j])
+                z = g / sd if sd > 0 else 0.0
+                if g > 0 and z > MOVE_Z and g > best_gain:
+                    best, best_gain, best_z = j, g, z
+        if best == self.center:
+            moved = f"after {self.moves} move(s)" if self.moves else "the start"
+            self.chosen_mhz = here
+            self.reason = f"the curve model predicts no significant saving one table step from {moved} (z <= {MOVE_Z:g})"
+            return
+        self.center, self.moves = best, self.moves + 1
+        left = self.windows - len(self.order)
+        fresh = [self.table[j] for j in (best - 1, best + 1, best - 2, best + 2)
+                 if 0 <= j < len(self.table) and self.table[j] not in self.measured]
+        self.queue = fresh[:min(2, left)]
+        if not self.queue and left > 0:
+            return  # its neighbours are probed already: the same test from the new clock
+        if not self.queue:
+            self.chosen_mhz = self.table[best]
+            self.reason = (f"moved {self.moves} table step(s) on the curve model's predicted saving "
+                           f"(last z = {best_z:.2f}); probe budget spent")
 
 
 class Refiner:
     """Call `on_step(step, loss)` after every charged training step of a session opened at `start_mhz`."""
 
     def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float | None = None,
-                 warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
+                 noise: tuple[float, float] | None = None, warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
         self.session = session
         self.table = sorted(float(f) for f in session.device.frequencies_mhz)
         self.start_mhz = float(session.freq)
         self.voltage_shape = voltage_shape_for(session.device) if voltage_shape is None else voltage_shape
+        self.noise = noise_for(session.device) if noise is None else noise
         self.warmup = warmup
         self.say = say or log.info
-        self.clocks, self.per_probe = plan(budget, self.start_mhz, self.table)
+        _, per = plan(budget, self.start_mhz, self.table)
+        fits = (total_steps - warmup - 1) // per if per else 0  # windows the job's length leaves room for
+        self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
+                              max_windows=max(fits, 0))
+        self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
+        self.per_probe = self.plan.per_probe
         self.result: RefineResult | None = None
         self._probes: list[Probe] = []
-        self._k = -1  # index of the probe running, -1 before the first
+        self._clock: float | None = None  # the clock of the probe running, None before the first
         self._in_probe = 0
         self._done = False
-        if not self.clocks:
+        if not per:
             self._finish(self.start_mhz, [], f"a budget of {budget} steps is too small to probe (needs {2 * MIN_PROBE_STEPS})")
-        elif total_steps < warmup + self.per_probe * len(self.clocks) + 1:
-            self._finish(self.start_mhz, [], f"the job's {total_steps} steps leave nothing after {self.per_probe * len(self.clocks)} probe steps")
+        elif len(self.clocks) < 2:
+            self._finish(self.start_mhz, [], f"the job's {total_steps} steps leave nothing after {2 * per} probe steps")
 
     @property
     def active(self) -> bool:
         return not self._done
 
-    def _window(self, k: int) -> str:
-        return f"probe@{self.clocks[k]:g}"
-
-    def _begin(self, k: int) -> None:
-        self._k, self._in_probe = k, 0
-        if self.clocks[k] != float(self.session.freq):
-            self.session.repin(self.clocks[k])
-        self.session.begin_window(self._window(k))
+    def _begin(self, clock: float) -> None:
+        self._clock, self._in_probe = clock, 0
+        if clock != float(self.session.freq):
+            self.session.repin(clock)
+        self.session.begin_window(f"probe@{clock:g}")
 
     def on_step(self, step: int, loss: float | None = None) -> None:
         if self._done:
             return
-        if self._k < 0:
+        if self._clock is None:
             if step + 1 >= self.warmup:
-                self._begin(0)
+                self._begin(self.plan.queue[0])
             return
         self._in_probe += 1
         if self._in_probe < self.per_probe:
             return
-        name = self._window(self._k)
+        name = f"probe@{self._clock:g}"
         self.session.end_window(name)
         r = self.session.window_report(name)
-        self._probes.append(Probe(self.clocks[self._k], self._in_probe, r.duration_s, r.energy_j))
-        if self._k + 1 < len(self.clocks):
-            self._begin(self._k + 1)
+        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j)
+        self._probes.append(probe)
+        self.plan.record(probe.per_step())
+        nxt = self.plan.next_clock()
+        if nxt is not None:
+            self._begin(nxt)
         else:
             self._settle()
 
     def _settle(self) -> None:
-        try:
-            fit = fit_curve([p.per_step() for p in self._probes], voltage_shape=self.voltage_shape, f_max_mhz=max(self.table))
-        except DvfsError as e:
-            self._finish(float(self.session.freq), [], f"no fit ({e}); staying at the last probe's clock")
-            return
-        predicted = fit.predict(self.table)
-        best = min(predicted, key=lambda p: p.energy_j)
-        if best.freq_mhz != float(self.session.freq):
-            self.session.repin(best.freq_mhz)
-        self._finish(best.freq_mhz, predicted, "the curve model's predicted optimum")
+        chosen = float(self.plan.chosen_mhz if self.plan.chosen_mhz is not None else self.session.freq)
+        if chosen != float(self.session.freq):
+            self.session.repin(chosen)
+        self._finish(chosen, self.plan.predicted, self.plan.reason)
 
     def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
         self._done = True

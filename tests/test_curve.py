@@ -192,3 +192,24 @@ def test_voltage_shape_is_the_twin_profiles_own_and_the_orins_on_a_board():
     assert voltage_shape_for(JetsonDevice.__new__(JetsonDevice)) == ORIN_VOLTAGE_SHAPE  # a board: nothing to read
     with measured.session(816.0, noise_key="shape") as s:
         assert Refiner(s, 20, 100, say=lambda m: None).voltage_shape == pytest.approx(0.20 / 0.60)
+
+
+def test_gain_is_the_predicted_saving_with_the_deviation_of_the_difference():
+    rng = np.random.default_rng(5)
+    pts = _measure((408, 612, 816), rng, (0.01, 0.02))
+    fit = fit_curve(pts, f_max_mhz=1300.5, noise=(0.01, 0.02))
+    by = {pt.freq_mhz: pt for pt in fit.predict((612.0, 714.0))}
+    g, sd = fit.gain(612.0, 714.0)
+    assert g == pytest.approx(by[612.0].energy_j - by[714.0].energy_j, rel=1e-9)
+    # the two predictions share the fit's parameters: their difference is far surer than either one
+    assert 0 < sd < by[714.0].energy_std_j
+    assert fit.gain(714.0, 612.0) == pytest.approx((-g, sd))
+    # noise-free and no stated noise on two clocks: no covariance, no deviation
+    assert fit_curve(_measure((306, 1300.5))).gain(612.0, 816.0)[1] == 0.0
+
+
+def test_noise_for_reads_the_twins_profile_and_falls_back_for_boards():
+    from dvfs_mlops.curve import DEFAULT_NOISE, noise_for
+    from dvfs_mlops.device.sim import SimDevice
+
+    assert noise_for(SimDevice()) == (0.01, 0.02) and noise_for(object()) == DEFAULT_NOISE

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dvfs_mlops.refine import Refiner, plan, probe_clocks
+from dvfs_mlops.curve import Measurement
+from dvfs_mlops.refine import ProbePlan, Refiner, plan, probe_clocks
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -15,8 +16,59 @@ TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0
 def test_probe_clocks_spread_around_the_start_and_fill_inward_at_the_edges():
     assert probe_clocks(816.0, TABLE, 5) == [816.0, 612.0, 1020.0, 408.0, 1224.0]
     assert probe_clocks(1300.5, TABLE, 3) == [1300.5, 1122.0, 1224.0]
-    assert plan(30, 816.0, TABLE) == ([816.0, 612.0, 1020.0, 408.0, 1224.0], 6)
+    assert plan(30, 816.0, TABLE) == ([816.0, 612.0, 1020.0], 4)  # the first round; up to 7 windows of 4 steps in all
+    assert plan(8, 816.0, TABLE) == ([816.0, 612.0], 4)
+    assert plan(70, 816.0, TABLE) == ([816.0, 612.0, 1020.0], 10)  # a larger budget: longer windows, not more of them
     assert plan(7, 816.0, TABLE) == ([], 0)  # too small a budget probes nothing
+
+
+def _orin_like(f: float, opt: float) -> Measurement:
+    """Per-step time and energy of a workload with the curve model's shape whose optimum is near `opt` MHz."""
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+
+    g, v = f / 1000.0, 1 + ORIN_VOLTAGE_SHAPE * (f / 1300.5) ** 2
+    t = 0.05 + 0.04 / g
+    c = 12.0 * (opt / 1000.0) ** 2  # static power that puts the optimum roughly at `opt`
+    return Measurement(f, t, t * (c + 10.0 * v * v * g))
+
+
+def _drive(p: ProbePlan, truth) -> list[float]:
+    asked = []
+    while (f := p.next_clock()) is not None:
+        asked.append(f)
+        p.record(truth(f))
+    return asked
+
+
+def test_probe_plan_walks_one_step_at_a_time_towards_a_far_optimum_and_stays_when_there_is_nothing_to_gain():
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+
+    def truth(opt_clock):
+        return lambda f: _orin_like(f, opt_clock)
+
+    energies = {f: _orin_like(f, 600.0).energy_j for f in TABLE}
+    opt = min(energies, key=energies.__getitem__)
+    # started at the optimum, noise-free: the first round (the start and two steps either side) and it stays
+    p = ProbePlan(opt, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
+    assert _drive(p, truth(600.0)) == probe_clocks(opt, TABLE, 3) and p.chosen_mhz == opt and p.moves == 0
+    # started three steps above it: moves down one step per decision, probing the new neighbours, within 7 windows
+    start = TABLE[TABLE.index(opt) + 3]
+    p = ProbePlan(start, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
+    asked = _drive(p, truth(600.0))
+    assert len(asked) <= 7 and len(set(asked)) == len(asked) and asked[:3] == probe_clocks(start, TABLE, 3)
+    assert p.chosen_mhz == opt and p.moves == 3
+    # a budget of 12 steps: the first round only, then at most one step without probing around it
+    p = ProbePlan(start, TABLE, 12, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
+    assert len(_drive(p, truth(600.0))) == 3 and p.chosen_mhz in (start, TABLE[TABLE.index(start) - 1])
+
+
+def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+
+    # a flat curve (energy the same at every clock up to 0.1 %): no move is worth its uncertainty
+    flat = lambda f: Measurement(f, 1.0, 10.0 * (1 + 0.001 * ((f - 816.0) / 500.0)))  # noqa: E731
+    p = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
+    assert _drive(p, flat) == [816.0, 612.0, 1020.0] and p.chosen_mhz == 816.0 and "no significant saving" in p.reason
 
 
 def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes():
@@ -34,9 +86,12 @@ def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes(
         finetune(None, _Split(), _Split(), 0, FinetuneConfig(steps=steps, batch_size=4), is_regression=False, session=session,
                  trace_for=lambda n: trace, run_training=False, on_step=refiner.on_step)
     res = refiner.result
-    assert res is not None and [p.freq_mhz for p in res.probes] == [612.0, 408.0, 816.0, 306.0, 1020.0]
+    probed = [p.freq_mhz for p in res.probes]
+    assert res is not None and probed[:3] == [612.0, 408.0, 816.0] and len(probed) <= 5 and len(set(probed)) == len(probed)
     assert all(p.steps == 4 for p in res.probes)
-    assert res.chosen_mhz == min(res.predicted, key=lambda p: p.energy_j).freq_mhz
+    # settled where the plan settled: the start or a clock reached one table step per significant move
+    assert res.chosen_mhz == refiner.plan.chosen_mhz and abs(TABLE.index(res.chosen_mhz) - TABLE.index(612.0)) <= refiner.plan.moves
+    assert len(res.predicted) == len(TABLE)
     assert session.freq == res.chosen_mhz and session.effective_mhz == res.chosen_mhz  # the rest ran at the choice
     curve, _ = dev.curve(trace)
     train = session.report()
