@@ -93,13 +93,13 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
                 cost_ref[s].append((probe_j - ps * e[chosen]) / emin)
                 gain_ref[s].append((e[first[s]] - e[chosen]) / emin)
             # (c) adaptive: from the governor's clock (a sweep with a production governor) and from mid-table (a first sweep)
-            for s in ad_ok:
+            for s, oks in ad_ok.items():
                 got: list[Measurement] = []
                 while (f := next_clock(got, table, first[s], voltage_shape=shape)) is not None:
                     got.append(draw(e, t, f))
                 ad_clocks[s].append(len(got))
-                ad_ok[s].append(e[fit_curve(got, voltage_shape=shape, f_max_mhz=table[-1]).optimum(table).freq_mhz] / emin - 1 <= 0.002)
-    pct = lambda xs: f"{100 * float(np.mean(xs)):.3f} %"  # noqa: E731
+                oks.append(e[fit_curve(got, voltage_shape=shape, f_max_mhz=table[-1]).optimum(table).freq_mhz] / emin - 1 <= 0.002)
+    pct = lambda xs: f"{100 * float(np.mean(xs)):.3f} %"
 
     def breakeven(s: str) -> str:
         # the job length where refine's expected energy equals staying at the start, over all draws of all workloads
@@ -119,11 +119,11 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
     ]
     for s in starts:
         target = "<= 0.2 %" if s == "governor" else "- (robustness)"
-        rows.append((f"[{profile}] (b) refine {budget} probe steps, {job_steps}-step job, from {s}: regret incl. probes "
-                     f"(mean probe steps {np.mean(steps_ref[s]):.1f}); break-even vs staying at the start", f"{pct(reg_ref[s])}; {breakeven(s)}",
-                     target))
-    for s in ad_ok:
-        rows.append((f"[{profile}] (c) adaptive from {s}: pinned clocks per workload (+ maxn); share within 0.2 % of the expected "
-                     f"optimum ({len(ad_ok[s])} draws, +- one standard error)", f"{np.mean(ad_clocks[s]):.2f}; {share(ad_ok[s])}",
-                     "<= 4; >= 95 %"))
+        what = (f"[{profile}] (b) refine {budget} probe steps, {job_steps}-step job, from {s}: regret incl. probes "
+                f"(mean probe steps {np.mean(steps_ref[s]):.1f}); break-even vs staying at the start")
+        rows.append((what, f"{pct(reg_ref[s])}; {breakeven(s)}", target))
+    for s, oks in ad_ok.items():
+        what = (f"[{profile}] (c) adaptive from {s}: pinned clocks per workload (+ maxn); share within 0.2 % of the expected "
+                f"optimum ({len(oks)} draws, +- one standard error)")
+        rows.append((what, f"{np.mean(ad_clocks[s]):.2f}; {share(oks)}", "<= 4; >= 95 %"))
     return rows

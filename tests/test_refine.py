@@ -66,7 +66,7 @@ def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
     from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
 
     # a flat curve (energy the same at every clock up to 0.1 %): no move is worth its uncertainty
-    flat = lambda f: Measurement(f, 1.0, 10.0 * (1 + 0.001 * ((f - 816.0) / 500.0)))  # noqa: E731
+    flat = lambda f: Measurement(f, 1.0, 10.0 * (1 + 0.001 * ((f - 816.0) / 500.0)))
     p = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
     assert _drive(p, flat) == [816.0, 612.0, 1020.0] and p.chosen_mhz == 816.0 and "no significant saving" in p.reason
 
