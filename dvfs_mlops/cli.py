@@ -354,6 +354,7 @@ def sweep(preset: str, models: str, tasks: str, freqs: str, steps: int | None, p
                         "`dvfs-mlops finetune --observe` or `dvfs-mlops run --observe -- CMD`")
     peft = _peft(peft_method, lora_r, lora_alpha, lora_targets)
     twin = _twin(twin_profile, twin_params)
+    sweep_mod.check_names(preset, models=models, tasks=tasks, strategy=strategy, precision=precision)  # a typo: at once
     tracking.check_reachable()  # before the device is even opened
     claims = open_claims(claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = _open(device_name, sample_hz, quiet=True, gpu_index=gpu_index, twin=twin, device_id=device_id)

@@ -18,6 +18,17 @@ from tests.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch/OpenMP compute thread per test process and per CLI it starts (they inherit the environment).
+
+    `make test` runs two xdist workers on two cores, and each may start CLIs that train: with torch's
+    default of one thread per core, its spinning thread pools fight over the cores (two smoke sweeps
+    side by side: 41 s each; with one thread each, 20 s). Set before anything imports torch; a value
+    the caller exported is kept."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
+
 # The modules that take longest (wall seconds on 2 cores, `--durations=0`), heaviest first. `make test` runs
 # `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first,
 # no long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,18 +154,29 @@ def test_parent_has_plots_and_summary_csv(smoke_store):
 
 
 def test_rerun_adds_no_runs(smoke_store):
+    from urllib.parse import urlparse
+
+    from mlflow.tracking import MlflowClient
+
     tmp, _ = smoke_store
+    children, _ = _runs(tmp)
+    parent = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db").get_run(children[0].data.tags["mlflow.parentRunId"])
+    artifacts = Path(urlparse(parent.info.artifact_uri).path)
+    before = {f.relative_to(artifacts): f.stat().st_mtime_ns for f in artifacts.rglob("*") if f.is_file()}
+    assert Path("summary.csv") in before and len(before) == SMOKE_WORKLOADS + 1
     r = run_cli("sweep", "--preset", "smoke", env=_env(tmp), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "ran 0 points" in r.stdout
     children, _ = _runs(tmp)
     assert len(children) == SMOKE_POINTS
+    after = {f.relative_to(artifacts): f.stat().st_mtime_ns for f in artifacts.rglob("*") if f.is_file()}
+    assert after == before  # nothing ran: the parent's plots and summary are kept, not drawn again
 
 
 ALL_CLOCKS = "306,408,510,612,714,816,918,1020,1122,1224,1300.5"
 
 
-def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
+def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path, empty_store):
     env = _env(tmp_path)
     # 12 points (maxn + every clock), killed just after the first one is reported: a twin point takes
     # ~0.15 s, so the kill lands with most points still to run however the machine is loaded.
@@ -187,6 +199,12 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     assert len(keys) == 12 and len(set(keys)) == 12
     running, _ = _runs(tmp_path, "RUNNING")
     assert running == []  # a point the kill cut short was closed (KILLED), not left dangling
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    parent = re.search(r"parent run (\w+)", r.stdout).group(1)  # the resume's parent describes the whole sweep
+    summary = Path(c.download_artifacts(parent, "summary.csv", str(tmp_path)))
+    assert len(summary.read_text().strip().splitlines()) == 12 + 1
 
 
 @pytest.mark.parametrize("args, message", [
@@ -196,14 +214,14 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     (["--preset", "smoke", "--freqs", "700"], "unknown frequency '700'"),
     (["--preset", "smoke", "--steps", "x"], "--steps must be a whole number"),
 ])
-def test_bad_input_is_one_line(tmp_path, args, message):
+def test_bad_input_is_one_line(tmp_path, empty_store, args, message):
     r = run_cli("sweep", *args, env=_env(tmp_path))
     assert r.returncode == 2
     err = [l for l in r.stderr.splitlines() if l.startswith("Error")]
     assert len(err) == 1 and message in err[0] and "Traceback" not in r.stderr
 
 
-def test_data_dir_missing_files(tmp_path):
+def test_data_dir_missing_files(tmp_path, empty_store):
     r = run_cli("sweep", "--preset", "smoke", "--tasks", "sst2", "--data-dir", str(tmp_path), env=_env(tmp_path))
     assert r.returncode == 2 and "has no SST-2/ folder" in r.stderr and "Traceback" not in r.stderr
 

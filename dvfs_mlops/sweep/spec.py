@@ -145,12 +145,10 @@ def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
     return [s.strip() for s in items if s.strip()]
 
 
-def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
-               steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
-               seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
-               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
-               strategy: str = "grid", precision: str = "fp32", peft: PeftSpec = FULL) -> SweepSpec:
-    """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
+def check_names(preset: str = "quick", *, models: Any = None, tasks: Any = None, strategy: str = "grid",
+                precision: str = "fp32") -> None:
+    """The names a sweep is given (preset, models, tasks, strategy, precision), checked from the command line alone:
+    no store, device, config build or network, so a misspelt name is refused at once. `build_spec` checks the rest."""
     if preset not in PRESETS:
         raise unknown("preset", preset, list(PRESETS))
     if strategy not in STRATEGIES:
@@ -159,6 +157,19 @@ def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks:
 
     if precision not in PRECISIONS:
         raise unknown("precision", precision, list(PRECISIONS))
+    for text in _split_list(models) or []:
+        model_entry(text)
+    for t in _split_list(tasks) or []:
+        get_task(t)
+
+
+def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
+               steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
+               seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
+               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
+               strategy: str = "grid", precision: str = "fp32", peft: PeftSpec = FULL) -> SweepSpec:
+    """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
+    check_names(preset, strategy=strategy, precision=precision)
     p = PRESETS[preset]
     entries = _model_entries(_split_list(models) or list(p.models))
     model_list = [e.name for e in entries]
