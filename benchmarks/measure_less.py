@@ -95,7 +95,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
             # (c) adaptive: from the governor's clock (a sweep with a production governor) and from mid-table (a first sweep)
             for s, oks in ad_ok.items():
                 got: list[Measurement] = []
-                while (f := next_clock(got, table, first[s], voltage_shape=shape)) is not None:
+                while (f := next_clock(got, table, first[s], voltage_shape=shape, noise=noise)) is not None:
                     got.append(draw(e, t, f))
                 ad_clocks[s].append(len(got))
                 oks.append(e[fit_curve(got, voltage_shape=shape, f_max_mhz=table[-1]).optimum(table).freq_mhz] / emin - 1 <= 0.002)

@@ -316,13 +316,42 @@ def select_clocks(points: Sequence[Measurement], clocks: Sequence[float]) -> lis
     return chosen
 
 
+def _information(basis: np.ndarray, y: np.ndarray, noise: float) -> np.ndarray:
+    """Fisher information of a relative-residual linear fit: sum of (basis / y)(basis / y)^T / noise^2."""
+    xw = basis / y[:, None]
+    return xw.T @ xw / noise ** 2
+
+
+def _decision_variance(fit: CurveFit, freqs: np.ndarray, info_t: np.ndarray, info_p: np.ndarray) -> float:
+    """Variance of the predicted energy differences between the fitted optimum and each table neighbour (summed),
+    for the given information of the time and power fits (delta method, as `CurveFit.gain`)."""
+    bt, bp = fit._bases(freqs)
+    t, p = bt @ np.array([fit.a, fit.b]), bp @ np.array([fit.c, fit.d])
+    try:
+        ct, cp = np.linalg.inv(info_t), np.linalg.inv(info_p)
+    except np.linalg.LinAlgError:
+        return math.inf
+    o = int(np.argmin(t * p))
+    var = 0.0
+    for j in (o - 1, o + 1):
+        if 0 <= j < len(freqs):
+            ut, up = p[o] * bt[o] - p[j] * bt[j], t[o] * bp[o] - t[j] * bp[j]
+            var += float(ut @ ct @ ut + up @ cp @ up)
+    return var
+
+
 def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mhz: float, *, max_clocks: int = 4,
-               voltage_shape: float = ORIN_VOLTAGE_SHAPE) -> float | None:
+               voltage_shape: float = ORIN_VOLTAGE_SHAPE, noise: tuple[float, float] = DEFAULT_NOISE) -> float | None:
     """The clock an adaptive sweep measures next for one workload, or None when the optimum is pinned down.
 
     The start (the governor's choice), then the table's two ends (the leverage both fits need), then
-    the curve model's predicted optimum; once that is measured, its cheaper unmeasured neighbour,
-    unless the model already puts that neighbour more than two standard deviations above it.
+    the clock whose measurement best pins the optimum: the one that leaves the least variance in the
+    predicted energy differences between the fitted optimum and its two table neighbours (a c-optimal
+    design on the linearised fits, with the board's per-window `noise`; it does not depend on what the
+    measurement will read). That is often a clock next to an end (leverage on both fits' slopes), not
+    the predicted optimum: with 1-2 % noise per window, one more draw at the optimum says less about
+    which of two neighbours is cheaper than one more far from it. It stops early when the fit already
+    puts both neighbours more than two standard deviations (of the difference) above the optimum.
     At most `max_clocks` clocks.
     """
     freqs = sorted(float(f) for f in table)
@@ -334,16 +363,24 @@ def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mh
     for end in (freqs[-1], freqs[0]):
         if round(end, 3) not in have:
             return end
-    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1])
+    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1], noise=noise)
     pred = fit.predict(freqs)
-    best = min(pred, key=lambda p: p.energy_j)
-    if round(best.freq_mhz, 3) not in have:
-        return best.freq_mhz
-    i = freqs.index(best.freq_mhz)
-    neighbours = [pred[j] for j in (i - 1, i + 1) if 0 <= j < len(freqs) and round(freqs[j], 3) not in have]
-    if not neighbours:
+    o = min(range(len(freqs)), key=lambda i: pred[i].energy_j)
+    if all(fit.gain(freqs[j], freqs[o])[0] > 2 * fit.gain(freqs[j], freqs[o])[1] > 0
+           for j in (o - 1, o + 1) if 0 <= j < len(freqs)):
         return None
-    n = min(neighbours, key=lambda p: p.energy_j)
-    if n.energy_std_j is not None and n.energy_j - best.energy_j > 2 * n.energy_std_j:
-        return None
-    return n.freq_mhz
+    f = np.asarray(freqs)
+    mf = np.asarray([m.freq_mhz for m in measured])
+    bt, bp = fit._bases(mf)
+    info_t = _information(bt, np.asarray([m.time_s for m in measured]), noise[0])
+    info_p = _information(bp, np.asarray([m.power_w for m in measured]), noise[1])
+    cbt, cbp = fit._bases(f)
+    best: tuple[float, float] | None = None
+    for k, cand in enumerate(freqs):
+        if round(cand, 3) in have:
+            continue
+        xt, xp = cbt[k] / pred[k].time_s, cbp[k] / pred[k].power_w
+        v = _decision_variance(fit, f, info_t + np.outer(xt, xt) / noise[0] ** 2, info_p + np.outer(xp, xp) / noise[1] ** 2)
+        if best is None or v < best[0]:
+            best = (v, cand)
+    return None if best is None else best[1]

@@ -19,7 +19,7 @@ from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.clocks import MAXN
-from dvfs_mlops.curve import Measurement, fit_curve, next_clock, voltage_shape_for
+from dvfs_mlops.curve import Measurement, fit_curve, next_clock, noise_for, voltage_shape_for
 from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
@@ -64,7 +64,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     ran: list[str] = []
     found: list[str] = []
     predicted_rows: list[str] = []
-    shape = voltage_shape_for(device)
+    shape, noise = voltage_shape_for(device), noise_for(device)
     completed = False
     try:
         for model, task in workloads:
@@ -101,7 +101,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
                 start = start_clock(feats)
             start = table[len(table) // 2] if start is None else float(start)
             measured: list[Measurement] = []
-            while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape)) is not None:
+            while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape, noise=noise)) is not None:
                 rows = measure(f)
                 measured.append(Measurement(f, sum(r["time_s"] for r in rows) / len(rows), sum(r["energy_j"] for r in rows) / len(rows)))
             predicted_rows += _predicted_rows(f"{model}/{task}{spec.variant}", measured, table, shape)
