@@ -153,7 +153,8 @@ EXPECTED = sorted(f"{m}/sst2@{f}#0" for m in ("bert-tiny", "pythia-14m") for f i
 @pytest.mark.slow
 def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
     """A worker died holding a point (its claim, its RUNNING run): the next worker waits out the claim, kills the run,
-    and runs the point itself."""
+    and runs the point itself. The claim is kept alive (renewed, as its live worker would) until the new worker has
+    run every other point, however slow its start-up, and then left to expire: the worker's death."""
     from mlflow.tracking import MlflowClient
 
     exp, sid = f"fleet-{uuid.uuid4().hex[:6]}", f"sweep-dead-{uuid.uuid4().hex[:6]}"
@@ -161,14 +162,39 @@ def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
     exp_id = c.create_experiment(exp)
     key = "bert-tiny/sst2@816#0"
     dead = c.create_run(exp_id, run_name=key, tags={"dvfs.sweep_id": sid, "dvfs.point": key})
+    scope, holder = claim_scope(sid, exp_id, fleet_server.uri), "dead-board@gone:1"
     store = PostgresClaims(fleet_pg.uri)
-    assert store.claim(claim_scope(sid, exp_id, fleet_server.uri), key, "dead-board@gone:1", 20) is Claim.TAKEN  # outlives start-up
-    store.close()
+    assert store.claim(scope, key, holder, 5) is Claim.TAKEN
+    died = threading.Event()
+
+    def heartbeat() -> None:
+        while not died.wait(1.0):
+            assert store.renew(scope, key, holder, 5)
+
+    beating = threading.Thread(target=heartbeat)
+    beating.start()
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
-    r = subprocess.run(_sweep(exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "waiting for 1 point(s) other workers hold" in r.stderr
+    proc = subprocess.Popen(_sweep(exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if line.startswith("[7/8]"):  # every point but the held one is done: the holder dies now
+                died.set()
+                beating.join()
+        out = proc.stdout.read()
+        proc.wait(timeout=300)
+    finally:
+        died.set()
+        beating.join()
+        store.close()
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(err)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "ran 8 points" in out
+    assert "waiting for 1 point(s) other workers hold" in stderr
     runs = _point_runs(fleet_server.uri, exp)
     assert sorted(x.data.tags["dvfs.point"] for x in runs if x.info.status == "FINISHED") == EXPECTED
     assert c.get_run(dead.info.run_id).info.status == "KILLED"
