@@ -18,8 +18,8 @@ def _runs(uri: str):
     return c, [r for r in runs if "dvfs.point" in r.data.tags], [r for r in runs if "dvfs.point" not in r.data.tags]
 
 
-def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_resumes(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_resumes(tmp_path, monkeypatch, empty_store):
+    uri = empty_store
     env = {"MLFLOW_TRACKING_URI": uri}
     args = ("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2,rte", "--steps", "2", "--strategy", "adaptive")
     r = run_cli(*args, env=env, timeout=600)

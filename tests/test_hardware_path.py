@@ -31,9 +31,9 @@ def test_each_backend_names_its_torch_device(orin6):
     assert SimDevice().torch_device == "cpu"
 
 
-def test_cuda_missing_stops_before_any_clock_is_touched(orin6, state_dir, tmp_path):
+def test_cuda_missing_stops_before_any_clock_is_touched(orin6, state_dir, tmp_path, empty_store):
     before = _files(orin6)
-    env = {"DVFS_SYSFS_ROOT": str(orin6.root), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db", "DVFS_TORCH_DEVICE": ""}
+    env = {"DVFS_SYSFS_ROOT": str(orin6.root), "MLFLOW_TRACKING_URI": empty_store, "DVFS_TORCH_DEVICE": ""}
     r = run_cli("sweep", "--preset", "smoke", "--device", "jetson", env=env)
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip().splitlines()[-1]
@@ -207,12 +207,12 @@ def test_eio_on_a_real_rail_file_is_counted(orin6):
 
 
 # -- a sweep on hardware -----------------------------------------------------------------------------
-def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, tmp_path, monkeypatch):
+def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, tmp_path, monkeypatch, empty_store):
     import mlflow
 
     from dvfs_mlops import sweep as sweep_mod
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
     dev = JetsonDevice(sample_hz=100)
     spec = sweep_mod.build_spec(dev, "smoke", models="bert-tiny", tasks="rte", freqs="408,612,1020", steps=2, repeats=3,
                                 train_size=32, dev_size=16)

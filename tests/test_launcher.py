@@ -125,9 +125,9 @@ def _error_line(r) -> str:
     return errors[0]
 
 
-def test_no_production_says_how_to_make_one(tmp_path):
+def test_no_production_says_how_to_make_one(tmp_path, empty_store):
     r = run_cli("finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--dry-run", "--probe-steps", "0",
-                "--train-size", "32", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+                "--train-size", "32", env={"MLFLOW_TRACKING_URI": empty_store})
     line = _error_line(r)
     assert line.startswith("Error: no dvfs-governor version has alias 'production'; register one with `dvfs-mlops train`")
     assert "registry bootstrap" in line and "dvfs-mlops registry promote VERSION" in line
@@ -273,10 +273,10 @@ def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split
     c.set_terminated(run.info.run_id, "FINISHED")
 
 
-def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path):
+def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path, empty_store):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = empty_store
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment("dvfs-sweep")
     # energies at maxn, 612, 816 (J), time (s)
@@ -310,11 +310,11 @@ def test_evaluate_on_hand_made_sweep_gives_hand_computed_savings(tmp_path):
     assert {a.path for a in c.list_artifacts(runs[0].info.run_id)} >= {"evaluation.csv", "summary.csv", "savings.png"}
 
 
-def test_evaluate_judges_against_the_expected_oracle_where_logged(tmp_path):
+def test_evaluate_judges_against_the_expected_oracle_where_logged(tmp_path, empty_store):
     """A twin sweep with expected (noise-free) values: the oracle is the expected one, the measured one is a lucky draw."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = empty_store
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment("dvfs-sweep")
     # (measured, expected) energy per clock; time 1 s everywhere
@@ -337,10 +337,10 @@ def test_evaluate_judges_against_the_expected_oracle_where_logged(tmp_path):
     assert s["ffg"]["saving"] == pytest.approx(1 - 130 / 200)  # savings on the expected curve
 
 
-def test_evaluate_unknown_policy(tmp_path):
+def test_evaluate_unknown_policy(tmp_path, empty_store):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = empty_store
     r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": uri})
     assert _error_line(r) == "Error: experiment 'dvfs-sweep' does not exist; run a sweep first (dvfs-mlops sweep)"
     c = MlflowClient(tracking_uri=uri)  # with a sweep, the policy name itself is what is refused

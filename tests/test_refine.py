@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 
 import pytest
 
@@ -124,8 +125,10 @@ class _Fixed:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path_factory.mktemp('refine')}/mlflow.db"}
+def store(tmp_path_factory, store_template):
+    db = tmp_path_factory.mktemp("refine") / "mlflow.db"
+    shutil.copy2(store_template, db)  # migrated already
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
 
 
 @pytest.fixture(autouse=True)
