@@ -123,6 +123,21 @@ def kernel6(orin6: FakeJetson) -> FakeKernel:
     return FakeKernel(orin6)
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_follows_the_environment() -> Iterator[None]:
+    """Every test starts and ends with MLflow's process-wide tracking URI unset, so its fluent API follows
+    MLFLOW_TRACKING_URI: a test (or library code it calls) that sets the URI must not send a later test's runs to
+    its own store. Nothing is imported here that the test did not import."""
+    def unset() -> None:
+        utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+        if utils is not None:
+            utils._tracking_uri = None
+
+    unset()
+    yield
+    unset()
+
+
 @pytest.fixture(scope="session")
 def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty MLflow SQLite store, its schema already migrated: creating one costs ~2.5 s of CPU (MLflow's
@@ -143,9 +158,45 @@ def empty_store(tmp_path: Path, store_template: Path) -> str:
     return f"sqlite:///{db}"
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """`dvfs-mlops ARGS` with `env` over this process's environment, from the checkout: its exit code, stdout, stderr.
+
+    In this process by default (click's CliRunner): a new interpreter costs 3-6 s of CPU importing mlflow and torch,
+    and the suite makes well over a hundred CLI calls. `process=True` where the test is about the process itself
+    (its imports, warnings, signals, start-up time). The environment, working directory and MLflow's tracking URI
+    are the call's own and put back after it; an exception that escapes the CLI is a traceback on stderr and exit
+    code 1, as Python's would be, so "no traceback" assertions mean what they say."""
+    merged = {**os.environ, **(env or {})}
+    if process:
+        return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True, env=merged,
+                              timeout=timeout, cwd=REPO)
+    return _cli_in_process(list(args), merged)
+
+
+def _cli_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    import traceback
+
+    from click.testing import CliRunner
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    from dvfs_mlops.cli import main
+
+    saved_env, saved_cwd, saved_uri = dict(os.environ), os.getcwd(), tracking_utils._tracking_uri
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO)
+    try:
+        result = CliRunner().invoke(main, args, prog_name="dvfs-mlops", catch_exceptions=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        tracking_utils._tracking_uri = saved_uri
+    stderr, code = result.stderr, result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+        code = 1
+    return subprocess.CompletedProcess(["dvfs-mlops", *args], code, result.stdout, stderr)
 
 
 def production_store(root: Path, **env: str) -> dict[str, str]:

@@ -58,7 +58,7 @@ def test_main_loop_prints_no_warnings_and_ends_with_ui_links(tmp_path):
         ("evaluate", ["evaluate"], r"experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning"),
     ]
     for name, args, tail in steps:
-        r = run_cli(*args, env=env, timeout=300)
+        r = run_cli(*args, env=env, timeout=300, process=True)  # warnings are a process's
         assert r.returncode == 0, (name, r.stderr[-3000:])
         noise += _noise(name, r)
         link = _link(name, r, store)
