@@ -77,7 +77,11 @@ def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
             freq = rng.choice(table)
             proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", "run", "--freq", f"{freq:g}", "--device", "jetson",
                                      "--", "sleep", "5"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.0, 0.8))  # before, during or after pinning (the child pins ~0.2 s after start)
+            if rng.random() < 0.75:  # most signals: once the child has pinned the clock (~0.2 s after start on a quiet machine)
+                deadline = time.monotonic() + 20
+                while orin6.range_hz == DEFAULT and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.3))  # then at a random moment: before pinning, while pinning, or while pinned
             pinned_when_signalled += orin6.range_hz != DEFAULT
             proc.send_signal(sig)
             proc.wait(timeout=30)

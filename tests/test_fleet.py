@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dvfs_mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 
 def _race(make, n: int = 12) -> list[Claim]:
@@ -217,11 +217,6 @@ def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store):
     assert Path(empty_store[len("sqlite:///"):] + ".claims.json").exists()
 
 
-def _cli(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.mark.slow
 def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fleet_pg):
     """Two boards, two sweeps, one governor (never across device profiles unless told); two `train` processes on one
@@ -245,7 +240,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     sweep_of = {r.data.tags["dvfs.device_id"]: r.data.tags["dvfs.sweep_id"] for r in runs}
     assert len(set(sweep_of.values())) == 3
 
-    mixed = _cli("train", "--experiment", exp, "--sweep-id", f"{sweep_of['orin-a']},{sweep_of['orin-m']}", "--trials", "2",
+    mixed = run_cli("train", "--experiment", exp, "--sweep-id", f"{sweep_of['orin-a']},{sweep_of['orin-m']}", "--trials", "2",
                  "--no-register", env=env)
     assert mixed.returncode == 2 and "mix 2 device profiles" in mixed.stderr and "Traceback" not in mixed.stderr, mixed.stderr[-2000:]
 
@@ -432,8 +427,7 @@ def test_bad_or_unreachable_claims_are_one_line_errors(empty_store):
     env = {"MLFLOW_TRACKING_URI": empty_store}
     base = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "816", "--steps", "0", "--device", "sim"]
     for claims, words in (("mysql://db/x", "give a postgresql:// URL"), (f"postgresql://nobody@127.0.0.1:{free_port()}/x", "unreachable")):
-        r = subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *base, "--claims", claims], cwd=REPO, env={**os.environ, **env},
-                           capture_output=True, text=True, timeout=120)
+        r = run_cli(*base, "--claims", claims, env=env)
         errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
         assert r.returncode == 2 and len(errors) == 1 and words in errors[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert "[1/" not in r.stderr  # nothing ran

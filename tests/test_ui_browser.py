@@ -96,7 +96,8 @@ def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
                     close.click()
 
             # 1. nested runs are collapsed under the sweep's parent run: expand it, the four points appear
-            names = _rows(driver, NAME_ROWS)
+            # (the "5 matching runs" count can be drawn before the grid's rows: wait for the rows themselves)
+            names = _wait(lambda: _rows(driver, NAME_ROWS), "the sweep's parent run, alone in the runs table", ok=len)
             assert len(names) == 1 and "sweep sweep-" in next(iter(names.values())), names
             driver.find_element("css selector", EXPANDER).click()
             names = _wait(lambda: _rows(driver, NAME_ROWS), "the sweep's child runs after expanding it",
