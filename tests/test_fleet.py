@@ -322,8 +322,7 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     assert len(runs) == len(expected)  # and no second run of any point, whatever its state
     assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1  # the device id is not the sweep's identity
     assert {r.data.tags["dvfs.device_id"] for r in runs} <= {"1421023000000", "1421023000001"}
-    r = subprocess.run(cli + shlex.split(ours(train_line))[1:] + ["--trials", "3", "--outer-trials", "2", "--no-register"], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=400)
+    r = run_cli(*shlex.split(ours(train_line))[1:], "--trials", "3", "--outer-trials", "2", "--no-register", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out regret" in r.stdout
 

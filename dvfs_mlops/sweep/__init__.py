@@ -25,7 +25,7 @@ from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.finetune import FinetuneResult
 from dvfs_mlops.records import point_metrics
 from dvfs_mlops.runs import sweep_frame
-from dvfs_mlops.sweep.artifacts import has_sweep_artifacts, log_sweep_artifacts
+from dvfs_mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.sweep.points import POWER_SERIES_MAX_POINTS, run_point, tracked
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.resume import check_same_profile, finished_points, point_runs, resolve_parent
@@ -199,9 +199,7 @@ def run_sweep(spec: SweepSpec, device: Any, announce: Callable[[str], None] | No
     finally:
         progress.close()
         claims.close()
-        # plots and CSV describe a complete sweep; an interrupted one gets them on resume, a rerun that found every point
-        # finished keeps the ones it has (redrawing them cost ~0.5 s a workload and changed nothing)
-        if completed and (ran or others or created or not has_sweep_artifacts(c, parent_id)):
+        if completed:  # plots and CSV describe a complete sweep; an interrupted one gets them on resume
             log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
         if created:
             try:

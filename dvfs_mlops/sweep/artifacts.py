@@ -9,14 +9,6 @@ from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.runs import sweep_frame
 
 
-def has_sweep_artifacts(c: Any, parent_id: str) -> bool:
-    """Whether the parent run already carries the sweep's summary.csv (logged after its plots)."""
-    try:
-        return any(f.path == "summary.csv" for f in c.list_artifacts(parent_id))
-    except Exception:  # noqa: BLE001 - an artifact store we cannot list: log them again
-        return False
-
-
 def log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simulated: bool) -> None:
     from dvfs_mlops.plots import plot_workload_curves
 
@@ -27,12 +19,12 @@ def log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simu
         cols = [k for k in df.columns if k.startswith(("params.", "metrics.", "tags.dvfs"))] + ["run_id", "status"]
         summary = df[cols].rename(columns=lambda k: k.split(".", 1)[1] if k.startswith(("params.", "metrics.")) else k)
         summary = summary.sort_values(["model", "task", "repeat", "freq_mhz"], key=lambda s: s.map(_sort_key))
+        summary.to_csv(Path(tmp) / "summary.csv", index=False)
+        c.log_artifact(parent_id, str(Path(tmp) / "summary.csv"))
         plots = Path(tmp) / "plots"
         plots.mkdir()
         plot_workload_curves(summary, plots, simulated)
         c.log_artifacts(parent_id, str(plots), artifact_path="plots")
-        summary.to_csv(Path(tmp) / "summary.csv", index=False)
-        c.log_artifact(parent_id, str(Path(tmp) / "summary.csv"))  # last: its presence says both are there
 
 
 def _sort_key(v: Any) -> Any:
