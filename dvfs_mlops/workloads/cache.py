@@ -7,6 +7,7 @@ by task, data source and its inputs, tokenizer and split) and `traces` (which tw
 workload's classifier config maps to, for a torch and transformers version). Every key carries the
 versions of the libraries and a digest of the source files that produce the value, so a changed
 input, library or producing code is a miss, never a stale hit.
+`plots.py` keeps drawn sweep figures (PNG) under `figures/` with the same keys (`digest`, `code_digest`).
 
 Location: the twin's trace cache convention. `$DVFS_CACHE_DIR/workloads/<kind>/` when that is set
 (the traces themselves are in `$DVFS_CACHE_DIR`), else `~/.cache/dvfs-mlops/workloads/<kind>/`
