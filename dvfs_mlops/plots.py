@@ -31,18 +31,26 @@ def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[P
         key = digest(["figure/1", code_digest("plots"), dist_version("matplotlib"), title,
                       g[[c for c in PLOTTED if c in g.columns]].to_csv(index=False)])
         cached = cache_dir("figures") / f"{key}.png"
-        if cached.is_file():
-            shutil.copyfile(cached, path)
-        else:
+        if not _copy(cached, path):
             _draw(title, g, path)
             _keep(path, cached)
         paths.append(path)
     return paths
 
 
+def _copy(cached: Path, path: Path) -> bool:
+    """The cached figure copied to `path`; False when there is none (or it cannot be read: it is drawn instead)."""
+    try:
+        shutil.copyfile(cached, path)
+        return True
+    except OSError:
+        return False
+
+
 def _keep(path: Path, cached: Path) -> None:
     """Store a drawn figure in the cache (atomically: a reader never sees half a PNG); a cache that cannot be
     written is skipped."""
+    tmp = None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".tmp")
@@ -51,6 +59,8 @@ def _keep(path: Path, cached: Path) -> None:
         os.replace(tmp, cached)
     except OSError as e:
         log.debug("figure cache not written (%s)", e)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _draw(title: str, g: Any, path: Path) -> None:

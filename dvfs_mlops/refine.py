@@ -8,7 +8,8 @@ windows), read while the session is still open. The probing is sequential (`Prob
 and the clocks two table steps either side of it; then the curve model, fitted to every probe so far,
 may move the clock ONE table step, and only where its predicted saving exceeds `MOVE_Z` standard
 deviations of that saving (the fit's own uncertainty, with the board's per-window noise as a floor:
-`curve.noise_for`). After a move, the new clock's unprobed neighbours are probed and the same test
+`curve.noise_for`). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
+clock itself may go unprobed: the fit speaks for it) and the same test
 is made from there, while the budget lasts; once it says stay, `repin` keeps the clock for the
 remaining steps. Probing costs energy at clocks off the optimum, so it stops as soon as the test
 says stay: the budget is a ceiling, not a quota. The probes are part of the job: their time and

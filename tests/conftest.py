@@ -133,9 +133,14 @@ def _mlflow_follows_the_environment() -> Iterator[None]:
         if utils is not None:
             utils._tracking_uri = None
 
+    saved = os.environ.get("MLFLOW_TRACKING_URI")  # mlflow.set_tracking_uri writes the variable too
     unset()
     yield
     unset()
+    if saved is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +170,10 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, process: 
     and the suite makes well over a hundred CLI calls. `process=True` where the test is about the process itself
     (its imports, warnings, signals, start-up time). The environment, working directory and MLflow's tracking URI
     are the call's own and put back after it; an exception that escapes the CLI is a traceback on stderr and exit
-    code 1, as Python's would be, so "no traceback" assertions mean what they say."""
+    code 1, as Python's would be, so "no traceback" assertions mean what they say. What a process would show and this
+    does not: Python warnings (pytest records them) and WARNING log records (pytest's handlers take them), so a test
+    that counts every stderr line, or looks for warnings, runs with `process=True`; `timeout` applies to processes
+    only (pytest-timeout bounds the rest)."""
     merged = {**os.environ, **(env or {})}
     if process:
         return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True, env=merged,

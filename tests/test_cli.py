@@ -96,7 +96,7 @@ def test_run_passes_arguments_verbatim_no_shell(cli, tmp_path):
     (["devices", "--device", "jetson"], "no Jetson GPU devfreq node"),
 ])
 def test_errors_are_one_line_exit_2_no_traceback(args, message):
-    r = run_cli(*args)
+    r = run_cli(*args, process=True)  # every stderr line counts: a warning or a logged line would show here
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("device:")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr

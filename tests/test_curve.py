@@ -209,9 +209,14 @@ def test_gain_is_the_predicted_saving_with_the_deviation_of_the_difference():
 
 
 def test_noise_for_reads_the_twins_profile_and_falls_back_for_boards():
+    import dataclasses
+
     from dvfs_mlops.curve import DEFAULT_NOISE, noise_for
     from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
 
+    noisy = dataclasses.replace(BUILTIN_PROFILES["sim-orin"], noise_time=0.03, noise_power=0.05)
+    assert noise_for(SimDevice(noisy)) == (0.03, 0.05)  # the profile's own, not the board default
     assert noise_for(SimDevice()) == (0.01, 0.02) and noise_for(object()) == DEFAULT_NOISE
 
 

@@ -163,8 +163,10 @@ def test_rerun_adds_no_runs(smoke_store):
     children, _ = _runs(tmp)
     assert len(children) == SMOKE_POINTS
     parent = re.search(r"parent run (\w+)", r.stdout).group(1)  # the rerun's own parent run describes the whole sweep
-    summary = Path(MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db").download_artifacts(parent, "summary.csv", str(tmp)))
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    summary = Path(c.download_artifacts(parent, "summary.csv", str(tmp)))
     assert len(summary.read_text().strip().splitlines()) == SMOKE_POINTS + 1
+    assert len([a for a in c.list_artifacts(parent, "plots") if a.path.endswith(".png")]) == SMOKE_WORKLOADS  # the figures too
 
 
 ALL_CLOCKS = "306,408,510,612,714,816,918,1020,1122,1224,1300.5"
