@@ -14,6 +14,7 @@ import pytest
 
 from dvfs_mlops.device.guard import list_journals
 from tests.conftest import REPO
+from tests.fakes.pgserver import SERVER_ENV
 
 # 4 workers, one sweep each, at once; 8 workers sharing sweeps under server and database restarts: test_fleet.py
 WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")]
@@ -33,7 +34,7 @@ class Server:
         self.proc = subprocess.Popen(
             [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{root}/server.db", "--artifacts-destination", str(root / "artifacts"),
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2"],
-            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True, env={**os.environ, **SERVER_ENV})
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:

@@ -124,6 +124,11 @@ class Postgres:
         self.start()
 
 
+# MLflow 3's server starts a Huey job runner beside its workers (eight more Python processes, each importing mlflow)
+# for GenAI jobs (scorers, trace roll-ups) that dvfs-mlops never submits: the test servers run without it.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 class MlflowServer:
     """`mlflow server` on a backend store, with a local artifact destination served through the server."""
 
@@ -141,7 +146,8 @@ class MlflowServer:
         self.proc = subprocess.Popen(
             [mlflow_bin, "server", "--backend-store-uri", self.backend_uri, "--artifacts-destination", str(self.root / "artifacts"),
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
-            stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "ab"), start_new_session=True, cwd=self.root)
+            stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "ab"), start_new_session=True, cwd=self.root,
+            env={**os.environ, **SERVER_ENV})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
