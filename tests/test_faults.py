@@ -81,7 +81,7 @@ def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
                 deadline = time.monotonic() + 20
                 while orin6.range_hz == DEFAULT and proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.3))  # then at a random moment: before pinning, while pinning, or while pinned
+            time.sleep(rng.uniform(0.0, 0.15))  # then at a random moment: before pinning, while pinning, or while pinned
             pinned_when_signalled += orin6.range_hz != DEFAULT
             proc.send_signal(sig)
             proc.wait(timeout=30)
