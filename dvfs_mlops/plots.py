@@ -1,14 +1,9 @@
 """Figures for sweeps: energy, time and power against the GPU clock, MAXN marked."""
 from __future__ import annotations
 
-import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 PLOTTED = ["freq_mhz", "energy_j", "time_s", "avg_power_w"]
 
@@ -22,7 +17,7 @@ def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[P
     whose plotted rows are unchanged (a rerun, the untouched workloads of a resumed sweep) is copied from
     `$DVFS_CACHE_DIR/workloads/figures/` (keyed by those rows, this module's code and matplotlib's
     version), and matplotlib is not even imported when nothing needs drawing."""
-    from dvfs_mlops.workloads.cache import cache_dir, code_digest, digest, dist_version
+    from dvfs_mlops.workloads.cache import cache_dir, code_digest, digest, dist_version, store_file
 
     paths = []
     for (model, task), g in summary.groupby(["model", "task"]):
@@ -31,10 +26,9 @@ def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[P
         title = f"{model} / {task}" + (f"  (SIMULATED: {profile} twin)" if simulated else "")
         key = digest(["figure/1", code_digest("plots"), dist_version("matplotlib"), title,
                       g[[c for c in PLOTTED if c in g.columns]].to_csv(index=False)])
-        cached = cache_dir("figures") / f"{key}.png"
-        if not _copy(cached, path):
+        if not _copy(cache_dir("figures") / f"{key}.png", path):
             _draw(title, g, path)
-            _keep(path, cached)
+            store_file("figures", f"{key}.png", path)
         paths.append(path)
     return paths
 
@@ -46,22 +40,6 @@ def _copy(cached: Path, path: Path) -> bool:
         return True
     except OSError:
         return False
-
-
-def _keep(path: Path, cached: Path) -> None:
-    """Store a drawn figure in the cache (atomically: a reader never sees half a PNG); a cache that cannot be
-    written is skipped."""
-    tmp = None
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".tmp")
-        os.close(fd)
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, cached)
-    except OSError as e:
-        log.debug("figure cache not written (%s)", e)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def _draw(title: str, g: Any, path: Path) -> None:

@@ -123,16 +123,16 @@ class ProbePlan:
     each probe's per-step measurement, in the order asked."""
 
     def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
-                 noise: tuple[float, float], max_windows: int | None = None):
+                 noise: tuple[float, float], max_steps: int | None = None):
+        """`max_steps`: the probe steps the job leaves room for (None: no limit beside the budget)."""
         self.table = sorted(float(f) for f in table)
         self.voltage_shape, self.noise = voltage_shape, noise
         self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
         first, self.per_probe = plan(budget, start_mhz, self.table)
         self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
-                                                 max_windows if max_windows is not None else len(self.table))
+                                                 max_steps // self.per_probe if max_steps is not None else len(self.table))
         self.queue: list[float] = first[:self.windows]
-        self.measured: dict[float, Measurement] = {}
-        self.order: list[float] = []
+        self.measured: dict[float, Measurement] = {}  # each probed clock once, in the order probed
         self.moves = 0
         self.predicted: list[CurvePoint] = []
         self.chosen_mhz: float | None = None if self.queue else self.table[self.center]
@@ -148,7 +148,6 @@ class ProbePlan:
     def record(self, m: Measurement) -> None:
         f = self.queue.pop(0)
         self.measured[f] = Measurement(f, m.time_s, m.energy_j)
-        self.order.append(f)
 
     def _decide(self) -> None:
         """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
@@ -172,7 +171,7 @@ class ProbePlan:
             self.reason = f"the curve model predicts no significant saving one table step from {moved} (z <= {MOVE_Z:g})"
             return
         self.center, self.moves = best, self.moves + 1
-        left = self.windows - len(self.order)
+        left = self.windows - len(self.measured)
         fresh = [self.table[j] for j in (best - 1, best + 1, best - 2, best + 2)
                  if 0 <= j < len(self.table) and self.table[j] not in self.measured]
         self.queue = fresh[:min(2, left)]
@@ -196,12 +195,10 @@ class Refiner:
         self.noise = noise_for(session.device) if noise is None else noise
         self.warmup = warmup
         self.say = say or log.info
-        _, per = plan(budget, self.start_mhz, self.table)
-        fits = (total_steps - warmup - 1) // per if per else 0  # windows the job's length leaves room for
         self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
-                              max_windows=max(fits, 0))
+                              max_steps=max(total_steps - warmup - 1, 0))  # at least one step left at the settled clock
         self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
-        self.per_probe = self.plan.per_probe
+        self.per_probe = per = self.plan.per_probe
         self.result: RefineResult | None = None
         self._probes: list[Probe] = []
         self._clock: float | None = None  # the clock of the probe running, None before the first

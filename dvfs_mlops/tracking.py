@@ -39,11 +39,15 @@ TRANSIENT_ERROR_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", 
                                    "ABORTED", "IO_ERROR"})
 
 
+def _is_mlflow_exception(e: BaseException) -> bool:
+    """By class name, so that asking imports nothing of mlflow."""
+    return any(cls.__name__ == "MlflowException" for cls in type(e).__mro__)
+
+
 def is_connection_failure(e: BaseException) -> bool:
     """MLflow's client gave up on an HTTP request (connection refused or cut): the server is down, not a bug here."""
     text = str(e)
-    return any(cls.__name__ == "MlflowException" for cls in type(e).__mro__) and text.startswith("API request to ") \
-        and " failed with exception " in text
+    return _is_mlflow_exception(e) and text.startswith("API request to ") and " failed with exception " in text
 
 
 def is_store_outage(e: BaseException) -> bool:
@@ -52,7 +56,7 @@ def is_store_outage(e: BaseException) -> bool:
     trying again."""
     if isinstance(e, OSError) or is_connection_failure(e):  # OSError: requests' connection errors
         return True
-    if not any(cls.__name__ == "MlflowException" for cls in type(e).__mro__):
+    if not _is_mlflow_exception(e):
         return False
     text = str(e)
     return (text.startswith("API request to ") and " failed with error code 5" in text) \

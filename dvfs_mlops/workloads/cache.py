@@ -21,6 +21,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +87,34 @@ def read(kind: str, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _replace_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """Write `path` through a temporary file beside it, renamed over it: a reader never sees half an entry, and a
+    write that fails leaves no temporary file behind. OSError goes to the caller."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write(kind: str, key: str, value: dict[str, Any], described: Any = None) -> None:
     """Store `value` under `key` atomically; `described` (what the key was made of) is kept for people reading the file."""
-    folder = cache_dir(kind)
-    path = folder / f"{key}.json"
+    path = cache_dir(kind) / f"{key}.json"
+    blob = json.dumps({"format": CACHE_FORMAT, "key": key, "of": described, "value": value}, default=str)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "key": key, "of": described, "value": value}, default=str))
-        os.replace(tmp, path)
+        _replace_atomically(path, lambda tmp: tmp.write_text(blob))
     except OSError as e:
         log.warning("could not write the %s cache entry %s (%s); the next decision computes it again", kind, path, e)
+
+
+def store_file(kind: str, name: str, source: Path) -> None:
+    """Keep a copy of `source` in the cache as `name`, atomically (a figure, say); a cache that cannot be written is
+    skipped, logged at debug level: the file itself was made, only its reuse is lost."""
+    path = cache_dir(kind) / name
+    try:
+        _replace_atomically(path, lambda tmp: shutil.copyfile(source, tmp))
+    except OSError as e:
+        log.debug("could not keep %s in the %s cache (%s)", source.name, kind, e)
