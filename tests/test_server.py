@@ -2,60 +2,29 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from dvfs_mlops.device.guard import list_journals
 from tests.conftest import REPO
-from tests.fakes.pgserver import SERVER_ENV
+from tests.fakes.pgserver import MlflowServer
 
 # 4 workers, one sweep each, at once; 8 workers sharing sweeps under server and database restarts: test_fleet.py
 WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, root: Path):
-        self.port = _free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        mlflow_bin = str(Path(sys.executable).parent / "mlflow")
-        self.proc = subprocess.Popen(
-            [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{root}/server.db", "--artifacts-destination", str(root / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2"],
-            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True, env={**os.environ, **SERVER_ENV})
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+def sqlite_server(root: Path) -> MlflowServer:
+    """`mlflow server` on a SQLite store in `root`, two workers (the fleet's server class, another backend)."""
+    return MlflowServer(root, f"sqlite:///{root}/server.db", start_timeout=90)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server for the module (a start costs ~10-20 s of a loaded machine); the test that kills it runs last."""
-    s = Server(tmp_path_factory.mktemp("sqlite-server"))
+    s = sqlite_server(tmp_path_factory.mktemp("sqlite-server"))
     yield s
     s.stop()
 

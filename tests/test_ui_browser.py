@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_server import Server
+from tests.test_server import sqlite_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -71,7 +71,7 @@ def _rows(driver, selector: str) -> dict[str, str]:
 
 
 def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
-    server = Server(tmp_path)
+    server = sqlite_server(tmp_path)
     try:
         env = {"MLFLOW_TRACKING_URI": server.uri}
         r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--steps", "2", env=env, timeout=300)

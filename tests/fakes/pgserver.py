@@ -132,14 +132,14 @@ SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 class MlflowServer:
     """`mlflow server` on a backend store, with a local artifact destination served through the server."""
 
-    def __init__(self, root: Path, backend_uri: str, port: int | None = None, workers: int = 2):
+    def __init__(self, root: Path, backend_uri: str, port: int | None = None, workers: int = 2, start_timeout: float = 180):
         self.root = root
         self.backend_uri = backend_uri
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        self.start(start_timeout)
 
     def start(self, timeout: float = 180) -> None:
         mlflow_bin = str(Path(sys.executable).parent / "mlflow")
