@@ -71,7 +71,8 @@ def paper_curves(repeats: int = 1, seed: int = 0, profile: str = "sim-orin") -> 
                 mt.append(maxn.time_s * steps * s.time_factor)
             feats = p.features.with_gpu_util(100.0 * maxn.gpu_util)
             curves.append(WorkloadCurve(workload, get_task(task).split, feats, e_meas, t_meas, statistics.mean(me), statistics.mean(mt),
-                                        {}, e_exp, t_exp, maxn.energy_j * steps, maxn.time_s * steps))
+                                        {}, e_exp, t_exp, maxn.energy_j * steps, maxn.time_s * steps,
+                                        {f: 100.0 * curve[f].gpu_util for f in freqs}))  # the twin's busy share is the same in every draw
     return curves, [float(f) for f in freqs]
 
 
@@ -98,10 +99,11 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
             got.append(Measurement(f, c.time_s[f], c.energy_j[f]))
         energy = {m.freq_mhz: m.energy_j for m in got}
         time_s = {m.freq_mhz: m.time_s for m in got}
-        gaps.append((energy, time_s))
+        util = {m.freq_mhz: c.gpu_util_pct[m.freq_mhz] for m in got if m.freq_mhz in c.gpu_util_pct}
+        gaps.append((energy, time_s, util))
         counts.append(len(got))
-        out.append(dataclasses.replace(c, energy_j=energy, time_s=time_s))
-    fill_from_curves(gaps, gaps, table)  # in place: `out` holds these dicts
+        out.append(dataclasses.replace(c, energy_j=energy, time_s=time_s, gpu_util_pct=util))
+    fill_from_curves(gaps, table, range(len(gaps)))  # in place: `out` holds these dicts
     return out, statistics.mean(counts)
 
 

@@ -14,6 +14,15 @@ parameter covariance from the residual variance (dof = clocks - 2), or from a st
 level when there are too few clocks to estimate it (`noise=`), propagated to each clock's prediction
 and to energy assuming the time and power errors are independent. It says how well the fitted
 shape is pinned by these measurements; it does not cover a board whose curves are not of this shape.
+With a board prior (`PowerPrior`, fitted across a sweep's other workloads by power_prior.py) and
+the GPU utilisation u measured at each clock, power is written as
+    power(f) = c * (1 + k * V(f)^2 * f * (s + (1 - s) * u(f)))
+(a GPU busy u of the time draws the full dynamic power, an idle one the share s of it), and the
+ratio k of dynamic to static power, the only thing in the power curve that moves the optimum, is a
+maximum a posteriori estimate under the board's spread of k across workloads: with 2 % power noise
+per window, four clocks alone pin k poorly, and a board's workloads share most of it once their
+different utilisations are accounted for. u at unmeasured clocks comes from a fit of GPU busy time,
+busy(f) = alpha + beta / f, like time's.
 Standard library and numpy only.
 """
 from __future__ import annotations
@@ -35,10 +44,13 @@ __all__ = [
     "CurveFit",
     "CurvePoint",
     "Measurement",
+    "PowerPrior",
     "fit_curve",
     "fit_voltage_shape",
+    "load_basis",
     "next_clock",
     "noise_for",
+    "power_ratio",
     "read_measurements_csv",
     "select_clocks",
     "voltage_shape_for",
@@ -47,15 +59,31 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """One measured clock: time and energy of the same work (power = energy / time)."""
+    """One measured clock: time and energy of the same work (power = energy / time), and the GPU's busy share
+    of that time (0..1) where the meter read it."""
 
     freq_mhz: float
     time_s: float
     energy_j: float
+    gpu_util: float | None = None
 
     @property
     def power_w(self) -> float:
         return self.energy_j / self.time_s
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerPrior:
+    """What a board's other workloads say about one workload's power curve (power_prior.py fits it).
+
+    Power = c (1 + k V(f)^2 f (s + (1 - s) u)): `idle_share` is s, the share of dynamic power an idle GPU
+    still draws (clock tree, leakage that follows the clock); log k across the board's workloads has
+    mean `log_ratio_mean` and spread `log_ratio_sd`, from `workloads` workloads."""
+
+    idle_share: float
+    log_ratio_mean: float
+    log_ratio_sd: float
+    workloads: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +198,22 @@ class CurveFit:
     f_max_mhz: float
     _time: _Linear = dataclasses.field(repr=False)
     _power: _Linear = dataclasses.field(repr=False)
+    prior: PowerPrior | None = None  # set when power was fitted with the board's prior and measured utilisation
+    busy: tuple[float, float] | None = None  # GPU busy time = busy[0] + busy[1] / f (f in GHz), with `prior`
 
     def _bases(self, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _time_basis(freqs), _power_basis(freqs, self.voltage_shape, self.f_max_mhz)
+        bt = _time_basis(freqs)
+        if self.prior is None or self.busy is None:
+            return bt, _power_basis(freqs, self.voltage_shape, self.f_max_mhz)
+        util = np.clip((bt @ np.asarray(self.busy)) / (bt @ np.array([self.a, self.b])), 0.0, 1.0)
+        return bt, load_basis(freqs, util, self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
+
+    def utilisation(self, frequencies_mhz: Sequence[float]) -> list[float] | None:
+        """The GPU busy share the fit predicts at each clock (None without the board prior)."""
+        if self.busy is None:
+            return None
+        bt = _time_basis(np.asarray([float(x) for x in frequencies_mhz], dtype=float))
+        return [float(u) for u in np.clip((bt @ np.asarray(self.busy)) / (bt @ np.array([self.a, self.b])), 0.0, 1.0)]
 
     def predict(self, frequencies_mhz: Sequence[float]) -> list[CurvePoint]:
         """Time, power and energy (with their standard deviations) at each clock."""
@@ -226,13 +267,89 @@ def _power_basis(f_mhz: np.ndarray, shape: float, f_max_mhz: float) -> np.ndarra
     return np.column_stack([np.ones_like(g), v * v * g])
 
 
+def load_basis(f_mhz: np.ndarray, util: np.ndarray, idle_share: float, shape: float, f_max_mhz: float) -> np.ndarray:
+    """The power basis [1, V(f)^2 f (s + (1 - s) u)] of the prior's model (see the module doc)."""
+    basis = _power_basis(f_mhz, shape, f_max_mhz)
+    basis[:, 1] *= idle_share + (1.0 - idle_share) * np.asarray(util, dtype=float)
+    return basis
+
+
+def _golden(fn: object, lo: float, hi: float, iterations: int = 40) -> float:
+    """The minimum of a unimodal scalar function on [lo, hi] (golden-section search)."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    x1, x2 = b - g * (b - a), a + g * (b - a)
+    f1, f2 = fn(x1), fn(x2)  # type: ignore[operator]
+    for _ in range(iterations):
+        if f1 <= f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - g * (b - a)
+            f1 = fn(x1)  # type: ignore[operator]
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + g * (b - a)
+            f2 = fn(x2)  # type: ignore[operator]
+    return (a + b) / 2.0
+
+
+_LOG_RATIO_GRID = np.linspace(-8.0, 6.0, 561)  # log k: from practically all-static to practically all-dynamic power
+
+
+def power_ratio(load: np.ndarray, power: np.ndarray, *, sigma: float = 1.0, prior: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(log k, c) of power = c (1 + k load) by least squares on relative residuals, or, with `prior` = (mean,
+    sd) of log k and the relative power noise `sigma`, the maximum a posteriori log k. c is the closed-form
+    least-squares scale for each k; log k is searched on a grid, then refined (golden section)."""
+    x, p = np.asarray(load, dtype=float), np.asarray(power, dtype=float)
+
+    def objective(lk: np.ndarray | float) -> np.ndarray:
+        g = (1.0 + np.exp(np.atleast_1d(lk))[:, None] * x[None, :]) / p[None, :]
+        c = g.sum(axis=1) / (g * g).sum(axis=1)
+        out = ((1.0 - c[:, None] * g) ** 2).sum(axis=1) / sigma ** 2
+        if prior is not None:
+            out = out + ((np.atleast_1d(lk) - prior[0]) / prior[1]) ** 2
+        return out
+
+    grid = objective(_LOG_RATIO_GRID)
+    i = int(np.argmin(grid))
+    step = float(_LOG_RATIO_GRID[1] - _LOG_RATIO_GRID[0])
+    lo, hi = float(_LOG_RATIO_GRID[max(i - 1, 0)]), float(_LOG_RATIO_GRID[min(i + 1, len(_LOG_RATIO_GRID) - 1)])
+    lk = _golden(lambda v: float(objective(v)[0]), lo, hi) if hi - lo > step / 2 else float(_LOG_RATIO_GRID[i])
+    g = (1.0 + math.exp(lk) * x) / p
+    return lk, float(g.sum() / (g * g).sum())
+
+
+def _fit_power_with_prior(f: np.ndarray, p: np.ndarray, util: np.ndarray, prior: PowerPrior, shape: float, fmax: float,
+                          noise: float | None) -> _Linear:
+    """Power = c + d load(f, u) with d = c k, log k a posteriori under the board's prior (module doc).
+
+    The covariance of (c, d) is the linearised posterior's: the data's information plus the prior's on
+    log(d / c); its residual scale has `noise` (or the default) as its floor, as `_fit_linear`'s."""
+    basis = load_basis(f, util, prior.idle_share, shape, fmax)
+    sigma = noise if noise is not None else DEFAULT_NOISE[1]
+    lk, c = power_ratio(basis[:, 1], p, sigma=sigma, prior=(prior.log_ratio_mean, prior.log_ratio_sd))
+    beta = np.array([c, c * math.exp(lk)])
+    w = 1.0 / p
+    rel_res = (p - basis @ beta) * w
+    if len(p) > 2:
+        sigma = max(sigma, float(math.sqrt(np.sum(rel_res ** 2) / (len(p) - 2))))
+    xw = basis * w[:, None]
+    jac = np.array([-1.0 / beta[0], 1.0 / beta[1]])  # d log(d / c) / d(c, d)
+    info = xw.T @ xw / sigma ** 2 + np.outer(jac, jac) / prior.log_ratio_sd ** 2
+    try:
+        cov: np.ndarray | None = np.linalg.inv(info)
+    except np.linalg.LinAlgError:
+        cov = None
+    return _Linear(beta, cov, sigma)
+
+
 def fit_curve(points: Sequence[Measurement], *, voltage_shape: float = ORIN_VOLTAGE_SHAPE, f_max_mhz: float | None = None,
-              noise: tuple[float, float] | None = None) -> CurveFit:
+              noise: tuple[float, float] | None = None, prior: PowerPrior | None = None) -> CurveFit:
     """Fit both curves to the measured clocks (at least two distinct ones).
 
     `f_max_mhz` is the top of the board's table (the voltage curve is written against it; default: the
     highest measured clock). `noise` = (relative time noise, relative power noise): a floor under the
-    residual scale, and the scale itself when there are too few clocks to estimate it.
+    residual scale, and the scale itself when there are too few clocks to estimate it. `prior`: the
+    board's power prior (module doc), used when every measurement carries its GPU utilisation.
     """
     pts = sorted(points, key=lambda m: m.freq_mhz)
     if len({round(m.freq_mhz, 3) for m in pts}) < 2:
@@ -246,6 +363,13 @@ def fit_curve(points: Sequence[Measurement], *, voltage_shape: float = ORIN_VOLT
     t = np.asarray([m.time_s for m in pts])
     p = np.asarray([m.power_w for m in pts])
     tl = _fit_linear(_time_basis(f), t, None if noise is None else noise[0])
+    util = [m.gpu_util for m in pts]
+    if prior is not None and all(u is not None and math.isfinite(u) for u in util):
+        u = np.clip(np.asarray(util, dtype=float), 0.0, 1.0)
+        busy, _ = _nnls2(_time_basis(f), np.maximum(u * t, 1e-12 * t), 1.0 / t)
+        pl = _fit_power_with_prior(f, p, u, prior, voltage_shape, fmax, None if noise is None else noise[1])
+        return CurveFit(tuple(pts), float(tl.beta[0]), float(tl.beta[1]), float(pl.beta[0]), float(pl.beta[1]), voltage_shape, fmax, tl, pl,
+                        prior, (float(busy[0]), float(busy[1])))
     pl = _fit_linear(_power_basis(f, voltage_shape, fmax), p, None if noise is None else noise[1])
     return CurveFit(tuple(pts), float(tl.beta[0]), float(tl.beta[1]), float(pl.beta[0]), float(pl.beta[1]), voltage_shape, fmax, tl, pl)
 

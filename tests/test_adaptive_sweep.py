@@ -39,6 +39,7 @@ def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_
     # predictions live on the parent, marked as such; every measured clock is flagged measured, no other
     parent = parents[0]
     assert parent.data.tags["dvfs.strategy"] == "adaptive" and "curve model" in parent.data.tags["dvfs.predictions"]
+    assert parent.data.tags["dvfs.power_prior"].startswith("none (")  # two workloads: too few for a board prior
     local = c.download_artifacts(parent.info.run_id, "predicted.csv", str(tmp_path))
     rows = list(csv.DictReader(io.StringIO(open(local).read())))
     assert len(rows) == 2 * len(TABLE)
@@ -61,6 +62,8 @@ def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_
         for p in points:
             if p.data.tags["dvfs.workload"] == curve.workload and p.data.params["freq_mhz"] != "maxn":
                 assert curve.energy_j[float(p.data.params["freq_mhz"])] == p.data.metrics["energy_j"]
+                assert curve.gpu_util_pct[float(p.data.params["freq_mhz"])] == p.data.metrics["gpu_util_pct"]  # for the power prior
+        assert len(curve.gpu_util_pct) == len(by_workload[curve.workload]) - 1  # measured clocks only, never a fill-in
 
     # resume: the same choices from the finished points, nothing run twice
     r = run_cli(*args, env=env, timeout=600)

@@ -155,11 +155,11 @@ def test_adaptive_fill_ins_use_the_voltage_shape_fitted_across_the_sweep():
     gaps = []
     for kw in kinds:
         ms = _measure(four, r=r, **kw)
-        gaps.append(({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}))
-    shape = fill_from_curves(gaps, gaps, TABLE)
+        gaps.append(({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}, {}))
+    shape = fill_from_curves(gaps, TABLE, range(len(gaps)))
     assert shape == pytest.approx(r, abs=0.02)
     worst = 0.0
-    for (energy, time), kw in zip(gaps, kinds):
+    for (energy, time, _), kw in zip(gaps, kinds):
         assert sorted(energy) == sorted(TABLE) and sorted(time) == sorted(TABLE)
         for f in TABLE:
             t, p = _truth(f, r=r, **kw)
@@ -174,8 +174,8 @@ def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
     from dvfs_mlops.governor.dataset import fill_from_curves
 
     ms = _measure((306.0, 1300.5))
-    gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms})
-    assert fill_from_curves([gap], [gap], TABLE) == ORIN_VOLTAGE_SHAPE
+    gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}, {})
+    assert fill_from_curves([gap], TABLE, [0]) == ORIN_VOLTAGE_SHAPE
     assert len(gap[0]) == len(TABLE)
 
 

@@ -24,7 +24,7 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "clocks", "paths"),
     ("meter",),
-    ("twin", "curve"),
+    ("twin", "curve", "power_prior"),
     ("device",),
     ("workloads",),
     ("finetune", "calibration", "refine"),

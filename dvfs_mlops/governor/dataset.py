@@ -37,6 +37,7 @@ class WorkloadCurve:
     time_expected_s: dict[float, float] = dataclasses.field(default_factory=dict)
     maxn_energy_expected_j: float | None = None
     maxn_time_expected_s: float | None = None
+    gpu_util_pct: dict[float, float] = dataclasses.field(default_factory=dict)  # mean over repeats, per measured pinned clock
 
     @property
     def model(self) -> str:
@@ -162,22 +163,32 @@ def _adaptive(g: Any) -> bool:
     return "tags.dvfs.strategy" in g and bool((g["tags.dvfs.strategy"] == "adaptive").all())
 
 
-def fill_from_curves(gaps: Sequence[tuple[dict[float, float], dict[float, float]]],
-                     measured: Sequence[tuple[dict[float, float], dict[float, float]]], freqs: Sequence[float]) -> float:
-    """Predict the clocks adaptive-sweep workloads did not measure (`gaps`: their energy and time by clock, filled
-    in place) from their own curve fits (curve.py). The board's voltage-curve shape is fitted across every
-    workload of the sweep (`measured`, the gaps' included): a profile whose curve is not the Orin's default
-    would otherwise bias every fill-in, and with it the clock a workload's curve calls best. Returns the shape."""
+Curves = tuple[dict[float, float], dict[float, float], dict[float, float]]  # energy, time and GPU util % by clock
+
+
+def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int]) -> float:
+    """Predict the clocks the adaptive-sweep workloads `measured[i]` (i in `gaps`) did not measure (their energy,
+    time and GPU utilisation by clock; energy and time filled in place) from their own curve fits (curve.py).
+    The board's voltage-curve shape is fitted across every workload of the sweep (`measured`): a profile whose curve
+    is not the Orin's default would otherwise bias every fill-in, and with it the clock a workload's curve calls
+    best. Where the utilisation was logged, each gap's power curve also leans on the board's power prior from
+    the sweep's other workloads (power_prior.py), as the sweep's own predictions do. Returns the shape."""
     from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape
+    from dvfs_mlops.power_prior import leave_one_out_priors
+
+    def points(energy: dict[float, float], time: dict[float, float], util: dict[float, float]) -> list[Measurement]:
+        return [Measurement(f, time[f], energy[f], util[f] / 100.0 if f in util else None) for f in energy]
 
     f_max = max(freqs)
-    points = [[Measurement(f, time[f], energy[f]) for f in energy] for energy, time in measured]
+    every = [points(*w) for w in measured]
     try:
-        shape = fit_voltage_shape(points, f_max)
+        shape = fit_voltage_shape(every, f_max)
     except DvfsError:  # no workload has three clocks: the Orin's shape
         shape = ORIN_VOLTAGE_SHAPE
-    for energy, time in gaps:
-        fit = fit_curve([Measurement(f, time[f], energy[f]) for f in energy], voltage_shape=shape, f_max_mhz=f_max)
+    priors = leave_one_out_priors(every, voltage_shape=shape, f_max_mhz=f_max)
+    for i in gaps:
+        energy, time, _ = measured[i]
+        fit = fit_curve(every[i], voltage_shape=shape, f_max_mhz=f_max, prior=priors[i])
         for pt in fit.predict([f for f in freqs if f not in energy]):
             energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
     return shape
@@ -202,8 +213,8 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     freqs = sorted({_num(f) for f in pinned["params.freq_mhz"]})
     curves: list[WorkloadCurve] = []
     missing: list[str] = []
-    measured: list[tuple[dict[float, float], dict[float, float]]] = []
-    gaps: list[tuple[dict[float, float], dict[float, float]]] = []
+    measured: list[Curves] = []
+    gaps: list[int] = []  # adaptive workloads among `measured`
     for workload, g in df.groupby("_workload", sort=True):
         gp = g[g["params.freq_mhz"] != "maxn"].assign(_f=lambda x: x["params.freq_mhz"].map(_num))
         m = g[g["params.freq_mhz"] == "maxn"]
@@ -214,9 +225,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         time = _mean_by_clock(gp, "metrics.time_s")
         e_exp = _mean_by_clock(gp, "metrics.energy_expected_j")
         t_exp = _mean_by_clock(gp, "metrics.time_expected_s")
-        measured.append((energy, time))
+        util = {f: u for f, u in _mean_by_clock(gp, "metrics.gpu_util_pct").items() if f in energy}
+        measured.append((energy, time, util))
         if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
-            gaps.append((energy, time))  # filled below, once the sweep's voltage shape is known
+            gaps.append(len(measured) - 1)  # filled below, once the sweep's voltage shape and power prior are known
         r0 = g.iloc[0]
         feats = WorkloadFeatures(
             model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),
@@ -230,9 +242,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
 
         curves.append(WorkloadCurve(workload, str(r0.get("params.split", "train")), feats, energy, time,
                                     float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc,
-                                    e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s")))
+                                    e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s"),
+                                    dict(util)))
     if gaps:
-        shape = fill_from_curves(gaps, measured, freqs)
+        shape = fill_from_curves(measured, freqs, gaps)
         log.info("sweep %s: %d adaptive workload(s) filled from their curve fits (voltage shape %.2f, fitted across the sweep)",
                  sweep_id or "?", len(gaps), shape)
     if missing:

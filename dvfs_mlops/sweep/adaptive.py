@@ -6,7 +6,9 @@ then whatever `curve.next_clock` asks for until the optimum is pinned down: at m
 `MAX_PINNED` pinned clocks. Each measured clock is an ordinary point run (every repeat), tagged
 `dvfs.strategy=adaptive`; no unmeasured clock is ever logged as a run. The parent run gets
 `predicted.csv`: every clock of every workload as the curve model predicts it, with a `measured`
-column, the predicted optimum marked. Resume: points already FINISHED are read back from the store,
+column, the predicted optimum marked. Those predictions are made once every workload is measured, with
+the board's power prior (power_prior.py: what the sweep's other workloads say about each one's power
+curve, from their GPU utilisation) where at least five others have three clocks. Resume: points already FINISHED are read back from the store,
 and the same choices are made again from them, so an interrupted sweep continues where it stopped.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 from dvfs_mlops import tracking
 from dvfs_mlops.clocks import MAXN
-from dvfs_mlops.curve import Measurement, fit_curve, next_clock, noise_for, voltage_shape_for
+from dvfs_mlops.curve import Measurement, PowerPrior, fit_curve, next_clock, noise_for, voltage_shape_for
 from dvfs_mlops.finetune import FinetuneResult
+from dvfs_mlops.power_prior import MIN_CLOCKS, MIN_WORKLOADS, leave_one_out_priors
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.spec import Point, SweepSpec
@@ -63,7 +66,7 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     progress = Progress(len(workloads) * (MAX_PINNED + 1) * spec.repeats, 0, say)
     ran: list[str] = []
     found: list[str] = []
-    predicted_rows: list[str] = []
+    workload_points: list[tuple[str, list[Measurement]]] = []
     shape, noise = voltage_shape_for(device), noise_for(device)
     completed = False
     try:
@@ -102,14 +105,13 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
             start = table[len(table) // 2] if start is None else float(start)
             measured: list[Measurement] = []
             while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape, noise=noise)) is not None:
-                rows = measure(f)
-                measured.append(Measurement(f, sum(r["time_s"] for r in rows) / len(rows), sum(r["energy_j"] for r in rows) / len(rows)))
-            predicted_rows += _predicted_rows(f"{model}/{task}{spec.variant}", measured, table, shape)
+                measured.append(_mean_measurement(f, measure(f)))
+            workload_points.append((f"{model}/{task}{spec.variant}", measured))
         completed = True
     finally:
         progress.close()
         if completed:
-            _log_predictions(c, parent_id, predicted_rows, device.simulated)
+            _log_predictions(c, parent_id, workload_points, table, shape, noise, device.simulated)
             log_sweep_artifacts(c, exp_id, parent_id, spec.sweep_id, device.simulated)
         if created:
             try:
@@ -120,8 +122,16 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     return ran, sorted(set(found))
 
 
-def _predicted_rows(workload: str, measured: list[Measurement], table: list[float], shape: float) -> list[str]:
-    fit = fit_curve(measured, voltage_shape=shape, f_max_mhz=table[-1])
+def _mean_measurement(freq: float, rows: list[dict[str, Any]]) -> Measurement:
+    """One clock's repeats as one measurement; its GPU utilisation only where every repeat has one."""
+    utils = [r.get("gpu_util_pct") for r in rows]
+    util = sum(utils) / len(utils) / 100.0 if all(u is not None for u in utils) else None  # type: ignore[operator, arg-type]
+    return Measurement(freq, sum(r["time_s"] for r in rows) / len(rows), sum(r["energy_j"] for r in rows) / len(rows), util)
+
+
+def _predicted_rows(workload: str, measured: list[Measurement], table: list[float], shape: float, noise: tuple[float, float],
+                    prior: PowerPrior | None) -> list[str]:
+    fit = fit_curve(measured, voltage_shape=shape, f_max_mhz=table[-1], noise=noise, prior=prior)
     pred = fit.predict(table)
     best = min(pred, key=lambda p: p.energy_j).freq_mhz
     have = {m.freq_mhz for m in measured}
@@ -129,8 +139,20 @@ def _predicted_rows(workload: str, measured: list[Measurement], table: list[floa
             f"{int(p.freq_mhz in have)},{int(p.freq_mhz == best)}" for p in pred]
 
 
-def _log_predictions(c: Any, parent_id: str, rows: list[str], simulated: bool) -> None:
-    """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were run."""
+def _log_predictions(c: Any, parent_id: str, workloads: list[tuple[str, list[Measurement]]], table: list[float], shape: float,
+                     noise: tuple[float, float], simulated: bool) -> None:
+    """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were run.
+    Each workload's power curve leans on the board prior from the others where there is one (tag dvfs.power_prior)."""
+    priors = leave_one_out_priors([m for _, m in workloads], voltage_shape=shape, f_max_mhz=table[-1])
+    rows = [row for (name, measured), prior in zip(workloads, priors) for row in _predicted_rows(name, measured, table, shape, noise, prior)]
+    with_prior = [p for p in priors if p is not None]
+    if with_prior:
+        p0 = with_prior[0]
+        said = (f"{len(with_prior)} of {len(priors)} workloads; idle share {p0.idle_share:g}, "
+                f"log dynamic/static ratio {p0.log_ratio_mean:.3f} +- {p0.log_ratio_sd:.3f} over the others")
+    else:
+        said = (f"none (it needs the GPU utilisation of at least {MIN_WORKLOADS + 1} workloads measured at {MIN_CLOCKS} or more "
+                "clocks)")
     buf = io.StringIO()
     buf.write("workload,freq_mhz,predicted_time_s,predicted_power_w,predicted_energy_j,predicted_energy_std_j,measured,predicted_optimum\n")
     buf.write("\n".join(rows) + "\n")
@@ -139,4 +161,4 @@ def _log_predictions(c: Any, parent_id: str, rows: list[str], simulated: bool) -
         path.write_text(buf.getvalue())
         c.log_artifact(parent_id, str(path))
     tracking.log_run_batch(c, parent_id, tags={TAG_STRATEGY: "adaptive", "dvfs.predictions": "predicted.csv (curve model"
-                                               + (", SIMULATED points" if simulated else "") + ")"})
+                                               + (", SIMULATED points" if simulated else "") + ")", "dvfs.power_prior": said})
