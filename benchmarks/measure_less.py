@@ -9,12 +9,15 @@ adaptive share's standard error is about 1.1 points, as large as its distance to
 Refine and the adaptive sweep start where the product starts them: at the production governor's
 choice for the workload. The governor is trained here as `python -m benchmarks governor` trains it
 (on the paper preset's 36 train-split workloads of the same profile, DVFS_BENCH_TRIALS trials, default
-60) and never sees the eval workloads. Robustness rows start refine from the middle of the table (no
+60) and never sees the eval workloads; refine runs with and without the power prior that `train` stores
+on the governor's version (from the same 36 train-split workloads' clocks and GPU utilisation), as
+`finetune --refine` uses it. Robustness rows start refine from the middle of the table (no
 governor) and from two table steps off the optimum (below it where the table allows, else above).
 """
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +30,12 @@ def run() -> list[tuple[str, str, str]]:
     return [row for name in names for row in run_profile(name.strip())]
 
 
-def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]], list[dict[float, float]], list[dict[float, float]], list[float]]:
+def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]], list[dict[float, float]], list[dict[float, float]],
+                                            list[float], Any]:
     """(clock table, eval workloads' expected per-step energy, time and GPU utilisation (0..1), the production governor's
-    choice for each)."""
+    choice for each, the power prior its version would carry: `train`'s, from the train-split workloads only)."""
     from benchmarks.governor_quality import paper_curves
-    from dvfs_mlops.governor.dataset import GovernorDataset
+    from dvfs_mlops.governor.dataset import GovernorDataset, board_power_prior
     from dvfs_mlops.governor.objectives import parse_objective
     from dvfs_mlops.governor.search import run_search
 
@@ -41,7 +45,8 @@ def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]
     gov = run_search(ds, parse_objective("energy"), trials=trials, seed=0, storage="sqlite:///:memory:", outer_trials=1).policy
     evals = ds.split("eval").curves
     return (sorted(freqs), [dict(c.energy_expected_j) for c in evals], [dict(c.time_expected_s) for c in evals],
-            [{f: u / 100.0 for f, u in c.gpu_util_pct.items()} for c in evals], [float(c.nearest(gov.choose(c.features, freqs))) for c in evals])
+            [{f: u / 100.0 for f, u in c.gpu_util_pct.items()} for c in evals], [float(c.nearest(gov.choose(c.features, freqs))) for c in evals],
+            board_power_prior(ds.split("train")))
 
 
 def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
@@ -53,7 +58,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
 
     p = BUILTIN_PROFILES[profile]
     rng = np.random.default_rng(0)
-    table, energies, times, utils, gov = _governor_starts(profile)
+    table, energies, times, utils, gov, prior = _governor_starts(profile)
     dev = SimDevice(p)
     shape, noise = voltage_shape_for(dev), noise_for(dev)  # the profile's own voltage curve and window noise, as refine uses them
 
@@ -61,7 +66,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
         tf, pf = 1 + p.noise_time * rng.standard_normal(), 1 + p.noise_power * rng.standard_normal()
         return Measurement(f, t[f] * tf, e[f] * tf * pf, None if u is None else u[f])
 
-    starts = ("governor", "mid-table", "two off")
+    starts = ("governor", "governor, with its power prior", "mid-table", "two off")
     err, reg4, reg11, reg_gov = [], [], [], []
     reg_ref: dict[str, list[float]] = {s: [] for s in starts}
     steps_ref: dict[str, list[int]] = {s: [] for s in starts}
@@ -74,7 +79,8 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
     for e, t, u, g in zip(energies, times, utils, gov):
         emin = min(e.values())
         iopt = table.index(min(e, key=e.__getitem__))
-        first = {"governor": g, "mid-table": table[len(table) // 2], "two off": table[iopt - 2 if iopt >= 2 else iopt + 2]}
+        first = {"governor": g, "governor, with its power prior": g, "mid-table": table[len(table) // 2],
+                 "two off": table[iopt - 2 if iopt >= 2 else iopt + 2]}
         reg_gov.append(e[g] / emin - 1)
         for rep in range(repeats):
             meas = {f: draw(e, t, f) for f in table}
@@ -84,10 +90,11 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
             reg11.append(e[min(meas, key=lambda f: meas[f].energy_j)] / emin - 1)
             # (b) refine: the job's warm-up at the start, the probes (one draw each) and the rest at the settled clock
             for s in starts:
-                plan = ProbePlan(first[s], table, budget, voltage_shape=shape, noise=noise)
+                leaning = prior if s == "governor, with its power prior" else None  # what `finetune --refine` uses
+                plan = ProbePlan(first[s], table, budget, voltage_shape=shape, noise=noise, prior=leaning)
                 probed = []
                 while (f := plan.next_clock()) is not None:
-                    plan.record(draw(e, t, f))
+                    plan.record(draw(e, t, f, u))
                     probed.append(f)
                 chosen, per = plan.chosen_mhz, plan.per_probe
                 ps, probe_j = per * len(probed), sum(per * e[f] for f in probed)
@@ -108,7 +115,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
     ad_prior_ok: dict[str, list[bool]] = {s: [] for s in ad_ok}
     for s, sweeps in ad_sweeps.items():
         for sweep in sweeps:
-            priors = leave_one_out_priors([got for got, _ in sweep], voltage_shape=shape, f_max_mhz=table[-1])
+            priors = leave_one_out_priors([got for got, _ in sweep], voltage_shape=shape, f_max_mhz=table[-1], noise=noise[1])
             for (got, e), prior in zip(sweep, priors):
                 best = fit_curve(got, voltage_shape=shape, f_max_mhz=table[-1], noise=noise, prior=prior).optimum(table).freq_mhz
                 ad_prior_ok[s].append(e[best] / min(e.values()) - 1 <= 0.002)
@@ -131,7 +138,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
         (f"[{profile}] (b) the production governor alone (no probes): regret", pct(reg_gov), "-"),
     ]
     for s in starts:
-        target = "<= 0.2 %" if s == "governor" else "- (robustness)"
+        target = "<= 0.2 %" if s.startswith("governor") else "- (robustness)"
         what = (f"[{profile}] (b) refine {budget} probe steps, {job_steps}-step job, from {s}: regret incl. probes "
                 f"(mean probe steps {np.mean(steps_ref[s]):.1f}); break-even vs staying at the start")
         rows.append((what, f"{pct(reg_ref[s])}; {breakeven(s)}", target))

@@ -84,6 +84,28 @@ class PowerPrior:
     log_ratio_mean: float
     log_ratio_sd: float
     workloads: int
+    voltage_shape: float | None = None  # the V(f) shape and table top the ratios were fitted with, where the prior
+    f_max_mhz: float | None = None  # travels apart from its sweep (a governor version carries it to refine)
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PowerPrior:
+        """The prior `to_json` wrote; a DvfsError naming what is wrong otherwise."""
+        import json
+
+        try:
+            data = json.loads(text)
+            prior = cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+            numbers = (prior.idle_share, prior.log_ratio_mean, prior.log_ratio_sd)
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers) or prior.log_ratio_sd <= 0:
+                raise ValueError("non-finite or non-positive spread")
+        except (ValueError, TypeError) as e:
+            raise DvfsError(f"not a power prior ({e}): {text[:200]!r}") from None
+        return prior
 
 
 @dataclasses.dataclass(frozen=True)

@@ -280,9 +280,10 @@ def run_finetune(device: Any, prepared: Any, cfg: FinetuneConfig, *, governor_ur
         refiner = None
         with session:
             if budget:
-                from dvfs_mlops.refine import Refiner
+                from dvfs_mlops.refine import Refiner, prior_from_governor
 
-                refiner = Refiner(session, budget, num_steps(cfg, prepared.n_train), say=say)
+                refiner = Refiner(session, budget, num_steps(cfg, prepared.n_train), say=say,
+                                  prior=prior_from_governor(decision.governor, device.profile))
             result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
                               is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
                               pretrained=pretrained, torch_device=where, on_step=refiner.on_step if refiner else None,

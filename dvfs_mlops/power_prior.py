@@ -28,7 +28,7 @@ MIN_CLOCKS = 3  # a workload's own k is only told apart from its noise with a th
 MIN_SPREAD = 0.03  # log k: no two workloads switch the same share of their power per cycle
 IDLE_SHARES = tuple(round(0.05 * i, 2) for i in range(11))  # 0 .. 0.5 of the dynamic power while idle
 
-__all__ = ["MIN_CLOCKS", "MIN_WORKLOADS", "fit_idle_share", "leave_one_out_priors", "log_ratio", "usable"]
+__all__ = ["MIN_CLOCKS", "MIN_WORKLOADS", "board_prior", "fit_idle_share", "leave_one_out_priors", "log_ratio", "usable"]
 
 
 def usable(points: Sequence[Measurement]) -> bool:
@@ -68,6 +68,16 @@ def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: fl
     return min(spread, key=lambda s: (spread[s], s))
 
 
+def _prior(own: Sequence[tuple[float, float]], share: float) -> PowerPrior | None:
+    """The prior the workloads' own (log k, its fit variance) make: their median, and their spread less the fits' noise."""
+    if len(own) < MIN_WORKLOADS:
+        return None
+    ratios = np.asarray([r for r, _ in own])
+    fit_var = float(np.mean([min(v, 1e6) for _, v in own]))
+    spread = math.sqrt(max(0.0, float(np.var(ratios, ddof=1)) - fit_var))
+    return PowerPrior(share, float(np.median(ratios)), max(MIN_SPREAD, spread), len(own))
+
+
 def leave_one_out_priors(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: float, f_max_mhz: float,
                          noise: float = DEFAULT_NOISE[1]) -> list[PowerPrior | None]:
     """A prior for each workload from the others (None where there are too few usable others); `noise` is the
@@ -76,14 +86,14 @@ def leave_one_out_priors(workloads: Sequence[Sequence[Measurement]], *, voltage_
     if share is None:
         return [None] * len(workloads)
     own = [_own_ratio(w, share, voltage_shape, f_max_mhz, noise) if usable(w) else None for w in workloads]
-    out: list[PowerPrior | None] = []
-    for i in range(len(workloads)):
-        others = [r for j, r in enumerate(own) if j != i and r is not None]
-        if len(others) < MIN_WORKLOADS:
-            out.append(None)
-            continue
-        ratios = np.asarray([r for r, _ in others])
-        fit_var = float(np.mean([min(v, 1e6) for _, v in others]))
-        spread = math.sqrt(max(0.0, float(np.var(ratios, ddof=1)) - fit_var))
-        out.append(PowerPrior(share, float(np.median(ratios)), max(MIN_SPREAD, spread), len(others)))
-    return out
+    return [_prior([r for j, r in enumerate(own) if j != i and r is not None], share) for i in range(len(workloads))]
+
+
+def board_prior(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: float, f_max_mhz: float,
+                noise: float = DEFAULT_NOISE[1]) -> PowerPrior | None:
+    """The prior every workload of a sweep makes, for a workload the sweep never saw (refine at launch: the
+    governor's version carries the one of the sweep it was trained on)."""
+    share = fit_idle_share(workloads, voltage_shape, f_max_mhz)
+    if share is None:
+        return None
+    return _prior([_own_ratio(w, share, voltage_shape, f_max_mhz, noise) for w in workloads if usable(w)], share)

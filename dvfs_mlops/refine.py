@@ -15,6 +15,10 @@ remaining steps. Probing costs energy at clocks off the optimum, so it stops as 
 says stay: the budget is a ceiling, not a quota. The probes are part of the job: their time and
 energy stay in the "train" window's totals. The session's journal keeps the clock found before the
 session, so the restore is the one it would be without refining.
+With the board's power prior (`curve.PowerPrior`: what the governor's training sweep says about this
+board's power curves; `dvfs-mlops train` stores it on the version as the tag `power_prior`) and the GPU
+utilisation each probe window measured, the fit leans on it (curve.py): the probes then mostly have to
+pin the time curve, whose noise per window is half the power's.
 numpy only (through curve.py); nothing here imports torch or MLflow.
 """
 from __future__ import annotations
@@ -25,7 +29,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dvfs_mlops.curve import CurvePoint, Measurement, fit_curve, noise_for, voltage_shape_for
+from dvfs_mlops.curve import CurvePoint, Measurement, PowerPrior, fit_curve, noise_for, voltage_shape_for
 from dvfs_mlops.errors import DvfsError
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,7 @@ MAX_PROBE_CLOCKS = 7
 FIRST_STRIDE = 2  # the first probes: the start and the clocks this many table steps either side
 MOVE_Z = 0.5  # move one table step only on a predicted saving above this many of its standard deviations
 WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-step costs: allocation, autotuning)
+PRIOR_TAG = "power_prior"  # the governor version's tag holding its training sweep's power prior (JSON)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +50,10 @@ class Probe:
     steps: int
     time_s: float
     energy_j: float
+    gpu_util: float | None = None  # the GPU's busy share of the window (0..1), where the meter read it
 
     def per_step(self) -> Measurement:
-        return Measurement(self.freq_mhz, self.time_s / self.steps, self.energy_j / self.steps)
+        return Measurement(self.freq_mhz, self.time_s / self.steps, self.energy_j / self.steps, self.gpu_util)
 
 
 @dataclasses.dataclass
@@ -57,6 +63,7 @@ class RefineResult:
     probes: list[Probe]
     predicted: list[CurvePoint]  # per training step, at every clock of the table
     reason: str  # why the job settled where it did
+    prior: PowerPrior | None = None  # the board prior the fits leaned on
 
     @property
     def probe_steps(self) -> int:
@@ -65,25 +72,32 @@ class RefineResult:
     def tags(self) -> dict[str, str]:
         return {"refine.start_mhz": f"{self.start_mhz:g}", "refine.chosen_mhz": f"{self.chosen_mhz:g}",
                 "refine.probes": ",".join(f"{p.freq_mhz:g}x{p.steps}" for p in self.probes),
-                "refine.probe_steps": str(self.probe_steps), "refine.reason": self.reason}
+                "refine.probe_steps": str(self.probe_steps), "refine.reason": self.reason,
+                "refine.power_prior": self.prior.to_json() if self.prior is not None else "none"}
 
     def to_csv(self) -> str:
         """refine.csv: the probes as measured, then every clock as predicted (per step), the choice marked."""
         out = io.StringIO()
-        out.write("kind,freq_mhz,steps,time_s,energy_j,time_per_step_s,energy_per_step_j,energy_per_step_std_j,chosen\n")
+        out.write("kind,freq_mhz,steps,time_s,energy_j,time_per_step_s,energy_per_step_j,energy_per_step_std_j,chosen,gpu_util\n")
         for p in self.probes:
             m = p.per_step()
+            util = "" if p.gpu_util is None else repr(p.gpu_util)
             out.write(f"probe,{p.freq_mhz:g},{p.steps},{p.time_s!r},{p.energy_j!r},{m.time_s!r},{m.energy_j!r},,"
-                      f"{int(p.freq_mhz == self.chosen_mhz)}\n")
+                      f"{int(p.freq_mhz == self.chosen_mhz)},{util}\n")
         for pt in self.predicted:
             sd = "" if pt.energy_std_j is None else repr(pt.energy_std_j)
-            out.write(f"predicted,{pt.freq_mhz:g},,,,{pt.time_s!r},{pt.energy_j!r},{sd},{int(pt.freq_mhz == self.chosen_mhz)}\n")
+            out.write(f"predicted,{pt.freq_mhz:g},,,,{pt.time_s!r},{pt.energy_j!r},{sd},{int(pt.freq_mhz == self.chosen_mhz)},\n")
         return out.getvalue()
 
     def lines(self) -> list[str]:
         probes = ", ".join(f"{p.freq_mhz:g} MHz {p.per_step().energy_j:.4g} J/step" for p in self.probes)
-        return [f"refine: probed {probes} ({self.probe_steps} steps)",
-                f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
+        out = [f"refine: probed {probes} ({self.probe_steps} steps)",
+               f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
+        if self.prior is not None:
+            p = self.prior
+            out.append(f"refine: power curve fitted with the board's power prior from {p.workloads} workloads of the governor's sweep "
+                       f"(idle share {p.idle_share:g}, log dynamic/static ratio {p.log_ratio_mean:.3f} +- {p.log_ratio_sd:.3f})")
+        return out
 
 
 def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride: int = FIRST_STRIDE) -> list[float]:
@@ -123,10 +137,11 @@ class ProbePlan:
     each probe's per-step measurement, in the order asked."""
 
     def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
-                 noise: tuple[float, float], max_steps: int | None = None):
-        """`max_steps`: the probe steps the job leaves room for (None: no limit beside the budget)."""
+                 noise: tuple[float, float], max_steps: int | None = None, prior: PowerPrior | None = None):
+        """`max_steps`: the probe steps the job leaves room for (None: no limit beside the budget); `prior`: the
+        board's power prior (used where the probes carry their GPU utilisation)."""
         self.table = sorted(float(f) for f in table)
-        self.voltage_shape, self.noise = voltage_shape, noise
+        self.voltage_shape, self.noise, self.prior = voltage_shape, noise, prior
         self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
         first, self.per_probe = plan(budget, start_mhz, self.table)
         self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
@@ -147,13 +162,14 @@ class ProbePlan:
 
     def record(self, m: Measurement) -> None:
         f = self.queue.pop(0)
-        self.measured[f] = Measurement(f, m.time_s, m.energy_j)
+        self.measured[f] = Measurement(f, m.time_s, m.energy_j, m.gpu_util)
 
     def _decide(self) -> None:
         """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
         here = self.table[self.center]
         try:
-            fit = fit_curve(list(self.measured.values()), voltage_shape=self.voltage_shape, f_max_mhz=self.table[-1], noise=self.noise)
+            fit = fit_curve(list(self.measured.values()), voltage_shape=self.voltage_shape, f_max_mhz=self.table[-1], noise=self.noise,
+                            prior=self.prior)
         except DvfsError as e:
             self.chosen_mhz, self.reason = here, f"no fit ({e}); staying at {here:g} MHz"
             return
@@ -187,16 +203,26 @@ class Refiner:
     """Call `on_step(step, loss)` after every charged training step of a session opened at `start_mhz`."""
 
     def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float | None = None,
-                 noise: tuple[float, float] | None = None, warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
+                 noise: tuple[float, float] | None = None, warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None,
+                 prior: PowerPrior | None = None):
+        """`prior`: the board's power prior (`prior_from_governor`); its ratios were fitted with its own voltage
+        shape and table top, so it is used only on a table with that top, and its shape then replaces the default."""
         self.session = session
         self.table = sorted(float(f) for f in session.device.frequencies_mhz)
         self.start_mhz = float(session.freq)
+        if prior is not None and prior.f_max_mhz is not None and abs(prior.f_max_mhz - self.table[-1]) > 0.5:
+            log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
+                     prior.f_max_mhz, self.table[-1])
+            prior = None
+        self.prior = prior
+        if voltage_shape is None and prior is not None and prior.voltage_shape is not None:
+            voltage_shape = prior.voltage_shape
         self.voltage_shape = voltage_shape_for(session.device) if voltage_shape is None else voltage_shape
         self.noise = noise_for(session.device) if noise is None else noise
         self.warmup = warmup
         self.say = say or log.info
         self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
-                              max_steps=max(total_steps - warmup - 1, 0))  # at least one step left at the settled clock
+                              max_steps=max(total_steps - warmup - 1, 0), prior=prior)  # at least one step left at the settled clock
         self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
         self.per_probe = per = self.plan.per_probe
         self.result: RefineResult | None = None
@@ -232,7 +258,8 @@ class Refiner:
         name = f"probe@{self._clock:g}"
         self.session.end_window(name)
         r = self.session.window_report(name)
-        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j)
+        util = None if r.gpu_util_pct is None else r.gpu_util_pct / 100.0
+        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util)
         self._probes.append(probe)
         self.plan.record(probe.per_step())
         nxt = self.plan.next_clock()
@@ -249,6 +276,23 @@ class Refiner:
 
     def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
         self._done = True
-        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason)
+        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.prior)
         for line in self.result.lines():
             self.say(line)
+
+
+def prior_from_governor(meta: dict[str, Any], device_profile: str) -> PowerPrior | None:
+    """The power prior a governor version carries (tag `power_prior`), where it was trained on this device
+    profile's sweep; None otherwise (another board's power curves say nothing about this one's)."""
+    tags = meta.get("tags") or {}
+    text = tags.get(PRIOR_TAG)
+    if not text:
+        return None
+    if tags.get("device_profile") != device_profile:
+        log.info("refine: governor's power prior is of %s, this device is %s; not used", tags.get("device_profile"), device_profile)
+        return None
+    try:
+        return PowerPrior.from_json(text)
+    except DvfsError as e:
+        log.warning("refine: the governor's %s tag is unreadable (%s); refining without it", PRIOR_TAG, e)
+        return None

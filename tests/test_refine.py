@@ -227,3 +227,74 @@ def test_refine_needs_a_pinned_session():
 
     with SimDevice().session(612.0, observe=True) as s, pytest.raises(DvfsError, match="observing session"):
         s.repin(816.0)
+
+
+def test_refine_leans_on_the_governors_power_prior_and_logs_it(store, monkeypatch):
+    """A governor version trained on this board's sweep carries its power prior (tag power_prior): refine's fits use it
+    with each probe's GPU utilisation, and the run says so (tag refine.power_prior, the printed lines)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
+    from dvfs_mlops import launcher
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.workloads.prepare import prepare_workload
+
+    prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
+    meta = {"uri": "test:fixed-612", "name": "fixed", "version": 1, "alias": None,
+            "tags": {"device_profile": "sim-orin", "power_prior": prior.to_json()}}
+    monkeypatch.setattr(launcher, "resolve_governor", lambda uri=None: (_Fixed(), meta))
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    said: list[str] = []
+    out = launcher.run_finetune(SimDevice(), w, FinetuneConfig(steps=20, batch_size=8), probe_steps=0, refine=12, say=said.append,
+                                save_model=False)
+    run, rows = _logged(out["run_id"])
+    assert PowerPrior.from_json(run.data.tags["refine.power_prior"]) == prior
+    assert any("board's power prior from 36 workloads" in line for line in said)
+    assert all(0 < p["gpu_util"] <= 1 for p in out["refine"]["probes"])  # each window's own utilisation, for the fit
+    assert [float(x["gpu_util"]) for x in rows if x["kind"] == "probe"] == [p["gpu_util"] for p in out["refine"]["probes"]]
+
+
+def test_a_governors_power_prior_is_used_only_on_its_own_board():
+    from dvfs_mlops.curve import PowerPrior
+    from dvfs_mlops.device.sim import SimDevice
+    from dvfs_mlops.refine import prior_from_governor
+
+    prior = PowerPrior(0.15, 0.27, 0.03, 36, 0.43, 1300.5)
+    tags = {"device_profile": "sim-orin", "power_prior": prior.to_json()}
+    assert prior_from_governor({"tags": tags}, "sim-orin") == prior
+    assert prior_from_governor({"tags": tags}, "jetson-agx-orin") is None  # another board's power curves
+    assert prior_from_governor({"tags": {"device_profile": "sim-orin"}}, "sim-orin") is None  # a version without one
+    assert prior_from_governor({"tags": {**tags, "power_prior": "{not json"}}, "sim-orin") is None  # unreadable: refine without
+    assert prior_from_governor({}, "sim-orin") is None
+    # fitted against another table's top: its ratios mean something else here
+    with SimDevice().session(612.0, noise_key="p") as s:
+        assert Refiner(s, 20, 100, say=lambda m: None, prior=prior).prior == prior
+        other = PowerPrior(0.15, 0.27, 0.03, 36, 0.43, 1600.0)
+        assert Refiner(s, 20, 100, say=lambda m: None, prior=other).prior is None
+
+
+def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
+    """Noise-free probes of a workload of the prior's own form: the plan's fit predicts every clock, and a prior
+    without the probes' utilisation is not used (the fit is the plain one)."""
+    import math
+
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+
+    k, idle = 0.8, 0.15
+
+    def truth(f: float, util: bool = True) -> Measurement:
+        g, v = f / 1000.0, 1 + ORIN_VOLTAGE_SHAPE * (f / 1300.5) ** 2
+        t = 0.01 + 0.03 / g
+        u = (0.002 + 0.03 / g) / t
+        return Measurement(f, t, t * 12.0 * (1 + k * v * v * g * (idle + (1 - idle) * u)), u if util else None)
+
+    prior = PowerPrior(idle, math.log(k), 0.03, 20)
+    p = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02), prior=prior)
+    _drive(p, truth)
+    for pt in p.predicted:
+        assert pt.energy_j == pytest.approx(truth(pt.freq_mhz).energy_j, rel=1e-3)
+    plain = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
+    _drive(plain, lambda f: truth(f, util=False))
+    no_util = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02), prior=prior)
+    _drive(no_util, lambda f: truth(f, util=False))
+    assert [pt.energy_j for pt in no_util.predicted] == [pt.energy_j for pt in plain.predicted]

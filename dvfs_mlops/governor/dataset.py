@@ -194,6 +194,32 @@ def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: S
     return shape
 
 
+def board_power_prior(dataset: GovernorDataset) -> Any:
+    """The board's power prior (power_prior.py) from every workload's measured clocks with their GPU utilisation,
+    for refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage
+    shape and table top it was fitted with travel with it: a built-in twin profile's own, else the shape fitted
+    across the sweep and its highest clock. None without enough workloads that logged utilisation."""
+    import dataclasses as dc
+
+    from dvfs_mlops.curve import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape
+    from dvfs_mlops.power_prior import board_prior
+    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
+
+    points = [[Measurement(f, c.time_s[f], c.energy_j[f], c.gpu_util_pct[f] / 100.0) for f in sorted(c.gpu_util_pct)
+               if f in c.energy_j and f in c.time_s] for c in dataset.curves]
+    params = BUILTIN_PROFILES.get(dataset.device_profile)
+    if params is not None:
+        shape, f_max, noise = params.volt_v1 / params.volt_v0, float(params.max_mhz), params.noise_power
+    else:
+        f_max, noise = max(dataset.frequencies), DEFAULT_NOISE[1]
+        try:
+            shape = fit_voltage_shape(points, f_max)
+        except DvfsError:
+            shape = ORIN_VOLTAGE_SHAPE
+    prior = board_prior(points, voltage_shape=shape, f_max_mhz=f_max, noise=noise)
+    return None if prior is None else dc.replace(prior, voltage_shape=shape, f_max_mhz=f_max)
+
+
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
     """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset.
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dvfs_mlops import tracking
-from dvfs_mlops.governor.dataset import load_sweep_dataset
+from dvfs_mlops.governor.dataset import board_power_prior, load_sweep_dataset
 from dvfs_mlops.governor.objectives import parse_objective
 from dvfs_mlops.governor.search import SearchResult, importance_plot, run_search
 
@@ -48,6 +48,11 @@ def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
                           run_name=None if env_run else f"governor {_short(dataset.sweep_id)} {obj.name}") as run:
         tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id[:4900],
                 "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
+        prior = board_power_prior(dataset)
+        if prior is not None:  # for refine at launch (refine.prior_from_governor)
+            from dvfs_mlops.refine import PRIOR_TAG
+
+            tags[PRIOR_TAG] = prior.to_json()
         mlflow.set_tags(tags)
         result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, study_name=study_name, mlflow_client=c,
                             parent_run_id=run.info.run_id, experiment_id=run.info.experiment_id, cv_split=cv_split,

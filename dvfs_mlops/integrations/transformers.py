@@ -163,7 +163,7 @@ class DvfsCallback(TrainerCallback):
             feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
         self.features = feats
         if self.freq_override is not None:
-            freq, path, meta = self.freq_override, f"fixed by the caller: {self.freq_override}", {"uri": None}
+            freq, path, meta = self.freq_override, f"fixed by the caller: {self.freq_override}", {"uri": None, "tags": {}}
         else:
             from dvfs_mlops.launcher import check_profile, decide
             from dvfs_mlops.registry import resolve
@@ -180,9 +180,10 @@ class DvfsCallback(TrainerCallback):
         self.session = session
         session.begin_window("train")
         if self.refine and not self.observe:
-            from dvfs_mlops.refine import Refiner
+            from dvfs_mlops.refine import Refiner, prior_from_governor
 
-            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), say=self.announce)
+            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), say=self.announce,
+                                    prior=prior_from_governor(meta, self.device.profile))
         if not self._atexit_registered:
             atexit.register(self.close)
             self._atexit_registered = True

@@ -67,7 +67,9 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
     ran: list[str] = []
     found: list[str] = []
     workload_points: list[tuple[str, list[Measurement]]] = []
-    shape, noise = voltage_shape_for(device), noise_for(device)
+    shape = voltage_shape_for(device)
+    (noise_t, noise_p), per_mean = noise_for(device), spec.repeats ** 0.5
+    noise = (noise_t / per_mean, noise_p / per_mean)  # a clock's measurement is the mean of its repeats
     completed = False
     try:
         for model, task in workloads:
@@ -143,7 +145,7 @@ def _log_predictions(c: Any, parent_id: str, workloads: list[tuple[str, list[Mea
                      noise: tuple[float, float], simulated: bool) -> None:
     """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were run.
     Each workload's power curve leans on the board prior from the others where there is one (tag dvfs.power_prior)."""
-    priors = leave_one_out_priors([m for _, m in workloads], voltage_shape=shape, f_max_mhz=table[-1])
+    priors = leave_one_out_priors([m for _, m in workloads], voltage_shape=shape, f_max_mhz=table[-1], noise=noise[1])
     rows = [row for (name, measured), prior in zip(workloads, priors) for row in _predicted_rows(name, measured, table, shape, noise, prior)]
     with_prior = [p for p in priors if p is not None]
     if with_prior:
