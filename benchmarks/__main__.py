@@ -18,6 +18,7 @@ SUITES = {
     "optuna": ("Distributed Optuna: P train processes on one study vs one process, same total trials (SIMULATED)",
                "benchmarks.distributed_optuna"),
     "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
+    "prior": ("The board power prior on synthetic boards whose workloads differ (SIMULATED)", "benchmarks.prior_robustness"),
 }
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -223,19 +223,21 @@ class CurveFit:
     prior: PowerPrior | None = None  # set when power was fitted with the board's prior and measured utilisation
     busy: tuple[float, float] | None = None  # GPU busy time = busy[0] + busy[1] / f (f in GHz), with `prior`
 
+    def _util(self, time_basis: np.ndarray, busy: tuple[float, float]) -> np.ndarray:
+        return np.clip((time_basis @ np.asarray(busy)) / (time_basis @ np.array([self.a, self.b])), 0.0, 1.0)
+
     def _bases(self, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bt = _time_basis(freqs)
         if self.prior is None or self.busy is None:
             return bt, _power_basis(freqs, self.voltage_shape, self.f_max_mhz)
-        util = np.clip((bt @ np.asarray(self.busy)) / (bt @ np.array([self.a, self.b])), 0.0, 1.0)
-        return bt, load_basis(freqs, util, self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
+        return bt, load_basis(freqs, self._util(bt, self.busy), self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
 
     def utilisation(self, frequencies_mhz: Sequence[float]) -> list[float] | None:
         """The GPU busy share the fit predicts at each clock (None without the board prior)."""
         if self.busy is None:
             return None
         bt = _time_basis(np.asarray([float(x) for x in frequencies_mhz], dtype=float))
-        return [float(u) for u in np.clip((bt @ np.asarray(self.busy)) / (bt @ np.array([self.a, self.b])), 0.0, 1.0)]
+        return [float(u) for u in self._util(bt, self.busy)]
 
     def predict(self, frequencies_mhz: Sequence[float]) -> list[CurvePoint]:
         """Time, power and energy (with their standard deviations) at each clock."""
@@ -296,21 +298,21 @@ def load_basis(f_mhz: np.ndarray, util: np.ndarray, idle_share: float, shape: fl
     return basis
 
 
-def _golden(fn: object, lo: float, hi: float, iterations: int = 40) -> float:
+def _golden(fn: Callable[[float], float], lo: float, hi: float, iterations: int = 40) -> float:
     """The minimum of a unimodal scalar function on [lo, hi] (golden-section search)."""
     g = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo, hi
     x1, x2 = b - g * (b - a), a + g * (b - a)
-    f1, f2 = fn(x1), fn(x2)  # type: ignore[operator]
+    f1, f2 = fn(x1), fn(x2)
     for _ in range(iterations):
         if f1 <= f2:
             b, x2, f2 = x2, x1, f1
             x1 = b - g * (b - a)
-            f1 = fn(x1)  # type: ignore[operator]
+            f1 = fn(x1)
         else:
             a, x1, f1 = x1, x2, f2
             x2 = a + g * (b - a)
-            f2 = fn(x2)  # type: ignore[operator]
+            f2 = fn(x2)
     return (a + b) / 2.0
 
 
