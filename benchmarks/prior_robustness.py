@@ -21,14 +21,17 @@ IDLE = 0.15
 SPREADS = (0.0, 0.03, 0.06, 0.1, 0.2)
 
 
-def _workload(i: int, spread: float, board: int) -> dict[str, float]:
+def board_workload(i: int, spread: float, board: int) -> dict[str, float]:
+    """Workload i of a synthetic board: its own time split (fixed part, clock-bound part, GPU busy part) and static
+    power; its dynamic/static ratio k scattered around the board's (0.8) by `spread` (log)."""
     rng = np.random.default_rng(1000 * board + i)
     a, b = rng.uniform(0.002, 0.03), rng.uniform(0.01, 0.06)
     return {"a": a, "b": b, "busy_a": a * rng.uniform(0.0, 0.3), "c": rng.uniform(8.0, 20.0),
             "k": math.exp(math.log(0.8) + spread * rng.standard_normal())}
 
 
-def _truth(w: dict[str, float], f: float) -> tuple[float, float, float]:
+def truth(w: dict[str, float], f: float) -> tuple[float, float, float]:
+    """(time, power, GPU busy share) at clock f: power = c (1 + k V^2 f (s + (1 - s) u))."""
     from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
 
     g = f / 1000.0
@@ -39,7 +42,7 @@ def _truth(w: dict[str, float], f: float) -> tuple[float, float, float]:
 
 
 def run_spread(spread: float, boards: int = 6, sweeps: int = 12) -> tuple[float, float, int]:
-    """(share within 0.2 % alone, with the prior, draws)."""
+    """(share within 0.2 % alone, with the prior, draws) over boards 1..`boards`, `sweeps` adaptive sweeps each."""
     from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, next_clock
     from dvfs_mlops.power_prior import leave_one_out_priors
 
@@ -47,14 +50,14 @@ def run_spread(spread: float, boards: int = 6, sweeps: int = 12) -> tuple[float,
     n = 0
     for board in range(1, boards + 1):
         rng = np.random.default_rng(board)
-        workloads = [_workload(i, spread, board) for i in range(14)]
-        energies = [{f: _truth(w, f)[0] * _truth(w, f)[1] for f in TABLE} for w in workloads]
+        workloads = [board_workload(i, spread, board) for i in range(14)]
+        energies = [{f: truth(w, f)[0] * truth(w, f)[1] for f in TABLE} for w in workloads]
         for _ in range(sweeps):
             sweep = []
             for w in workloads:
                 got: list[Measurement] = []
                 while (f := next_clock(got, TABLE, 816.0, noise=(0.01, 0.02))) is not None:
-                    t, p, u = _truth(w, f)
+                    t, p, u = truth(w, f)
                     t *= 1 + 0.01 * rng.standard_normal()
                     got.append(Measurement(f, t, t * p * (1 + 0.02 * rng.standard_normal()), u))
                 sweep.append(got)

@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +279,24 @@ def fleet_server(fleet_pg: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield server
     finally:
         server.stop()
+
+
+def trainer_data(prepared: Any) -> tuple[Any, Callable[[list[dict[str, Any]]], dict[str, Any]]]:
+    """A prepared workload's train split as a torch Dataset and its collate function: what a user's own Trainer is given."""
+    import torch
+
+    from dvfs_mlops.workloads.tokenizer import collate as pad
+
+    class TrainSplit(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(prepared.train)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            ids = prepared.train.ids[i]
+            return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": int(prepared.train.labels[i])}
+
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        ids, mask = pad([x["input_ids"] for x in items], prepared.encoder.pad_id)
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor([x["labels"] for x in items])}
+
+    return TrainSplit(), collate

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import production_store, run_cli
+from tests.conftest import production_store, run_cli, trainer_data
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -163,7 +163,6 @@ def test_launcher_bad_input(store, args, message):
 
 def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     import mlflow
-    import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from dvfs_mlops.integrations.transformers import DvfsCallback
@@ -171,19 +170,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
 
-    class DS(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(w.train)
-
-        def __getitem__(self, i):
-            ids = w.train.ids[i]
-            return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": int(w.train.labels[i])}
-
-    def collate(items):
-        from dvfs_mlops.workloads.tokenizer import collate as pad
-
-        ids, mask = pad([x["input_ids"] for x in items], w.encoder.pad_id)
-        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor([x["labels"] for x in items])}
+    train_split, collate = trainer_data(w)
 
     seen = []
 
@@ -198,7 +185,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
                              use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
     with mlflow.start_run(experiment_id=mlflow.create_experiment("user-script")) as run:
         with DvfsCallback(device="jetson", announce=None, torch_device="cpu") as dvfs:  # the fake board has no GPU
-            Trainer(model=model, args=args, train_dataset=DS(), data_collator=collate, callbacks=[dvfs, Probe()]).train()
+            Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs, Probe()]).train()
     assert len(seen) == 3 and len(set(seen)) == 1 and seen[0][0] == seen[0][1]  # pinned for every step
     assert seen[0][0] / 1e6 == dvfs.decision["freq"]
     assert orin6.range_hz == (306000000, 1300500000)  # restored on train end

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from dvfs_mlops.cli import main
 from dvfs_mlops.workloads.adapters import FULL, PeftSpec, peft_spec, split_variant, variant_suffix
+from tests.conftest import trainer_data
 from tests.test_models import LLAMA, OPT, QWEN
 
 SMALL = ["--tasks", "sst2", "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
@@ -168,7 +169,6 @@ def test_a_tree_splitting_on_the_new_features_reads_rows_from_before_them_as_ful
 def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
     """A user's Trainer with a peft-wrapped model and bf16=True: the callback's features carry trainable_params and
     precision, and the twin charges the LoRA step in bf16."""
-    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
@@ -176,7 +176,6 @@ def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
     from dvfs_mlops.finetune import build_model
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.workloads.prepare import prepare_workload
-    from dvfs_mlops.workloads.tokenizer import collate as pad
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     with warnings.catch_warnings():  # peft on transformers 5 (the user's own call here): a deprecation they cannot act on
@@ -184,22 +183,12 @@ def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
         model = get_peft_model(build_model(w.model_config, seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
                                                                                task_type="SEQ_CLS"))
 
-    class DS(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(w.train)
-
-        def __getitem__(self, i):
-            ids = w.train.ids[i]
-            return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": int(w.train.labels[i])}
-
-    def collate(items):
-        ids, mask = pad([x["input_ids"] for x in items], w.encoder.pad_id)
-        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor([x["labels"] for x in items])}
+    train_split, collate = trainer_data(w)
 
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8, report_to=[], use_cpu=True,
                              bf16=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
     with DvfsCallback(device=SimDevice(), freq=816, announce=None) as dvfs:
-        Trainer(model=model, args=args, train_dataset=DS(), data_collator=collate, callbacks=[dvfs]).train()
+        Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs]).train()
     f = dvfs.features
     assert f.precision == "bf16" and f.num_params == w.features.num_params
     assert f.trainable_params == sum(p.numel() for p in model.parameters() if p.requires_grad) < f.num_params

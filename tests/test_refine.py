@@ -10,6 +10,7 @@ import pytest
 
 from dvfs_mlops.curve import Measurement
 from dvfs_mlops.refine import ProbePlan, Refiner, plan, probe_clocks
+from tests.conftest import trainer_data
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -303,7 +304,6 @@ def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
 def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior(tmp_path, monkeypatch):
     """DvfsCallback(refine=N) in a real Trainer on the twin: probes through the step hook, the rest at the settled clock,
     and the version's power prior in the fits (the decision comes from a resolved governor, not `freq=`)."""
-    import torch
     from transformers import Trainer, TrainingArguments
 
     from dvfs_mlops import registry
@@ -313,7 +313,6 @@ def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.launcher import PolicyModel
     from dvfs_mlops.workloads.prepare import prepare_workload
-    from dvfs_mlops.workloads.tokenizer import collate as pad
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
     meta = {"uri": "models:/dvfs-governor@production", "name": "dvfs-governor", "version": 3, "alias": "production",
@@ -321,23 +320,13 @@ def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior
     monkeypatch.setattr(registry, "resolve", lambda uri=None: (PolicyModel({"tree": {"freq_mhz": 612.0}}), meta))
     w = prepare_workload("bert-tiny", "sst2", train_size=128, dev_size=16)
 
-    class DS(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(w.train)
-
-        def __getitem__(self, i):
-            ids = w.train.ids[i]
-            return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": int(w.train.labels[i])}
-
-    def collate(items):
-        ids, mask = pad([x["input_ids"] for x in items], w.encoder.pad_id)
-        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor([x["labels"] for x in items])}
+    train_split, collate = trainer_data(w)
 
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=16, per_device_train_batch_size=8, report_to=[], use_cpu=True,
                              save_strategy="no", logging_strategy="no", disable_tqdm=True)
     said: list[str] = []
     with DvfsCallback(device=SimDevice(), refine=12, announce=said.append, gpu_util_pct=90.0) as dvfs:
-        Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=DS(), data_collator=collate, callbacks=[dvfs]).train()
+        Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs]).train()
     res = dvfs.refined
     assert res is not None and res.start_mhz == 612.0 and res.prior == prior
     assert [p.freq_mhz for p in res.probes][:2] == [612.0, 408.0] and all(p.gpu_util is not None for p in res.probes)

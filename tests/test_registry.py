@@ -22,6 +22,7 @@ def store(tmp_path_factory, smoke_sweep_master):
     r = run_cli("train", "--trials", "8", env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "registered dvfs-governor v1" in r.stdout and "held-out regret (nested CV" in r.stdout and "paper-mlg" in r.stdout
+    assert "power prior for refine: 6 workloads" in r.stderr  # progress, as the other lines of the search
     assert all(f"one {split}" in r.stdout for split in ("workload", "task", "model"))
     return tmp, env
 

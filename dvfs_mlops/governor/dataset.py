@@ -5,12 +5,15 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.governor.objectives import Objective
 from dvfs_mlops.workloads.adapters import split_variant
 from dvfs_mlops.workloads.features import NUMERIC_FEATURES, WorkloadFeatures
+
+if TYPE_CHECKING:
+    from dvfs_mlops.curve import PowerPrior
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +197,7 @@ def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: S
     return shape
 
 
-def board_power_prior(dataset: GovernorDataset) -> Any:
+def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:
     """The board's power prior (power_prior.py) from every workload's measured clocks with their GPU utilisation,
     for refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage
     shape and table top it was fitted with travel with it: a built-in twin profile's own, else the shape fitted

@@ -53,6 +53,13 @@ def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
             from dvfs_mlops.refine import PRIOR_TAG
 
             tags[PRIOR_TAG] = prior.to_json()
+            say(f"power prior for refine: {prior.workloads} workloads, idle share {prior.idle_share:g}, "
+                f"log dynamic/static ratio {prior.log_ratio_mean:.3f} +- {prior.log_ratio_sd:.3f}")
+        else:
+            from dvfs_mlops.power_prior import MIN_CLOCKS, MIN_WORKLOADS
+
+            say(f"no power prior for refine: it needs at least {MIN_WORKLOADS} workloads with {MIN_CLOCKS} or more clocks "
+                "and their GPU utilisation")
         mlflow.set_tags(tags)
         result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage, study_name=study_name, mlflow_client=c,
                             parent_run_id=run.info.run_id, experiment_id=run.info.experiment_id, cv_split=cv_split,

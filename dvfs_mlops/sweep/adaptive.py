@@ -8,8 +8,9 @@ then whatever `curve.next_clock` asks for until the optimum is pinned down: at m
 `predicted.csv`: every clock of every workload as the curve model predicts it, with a `measured`
 column, the predicted optimum marked. Those predictions are made once every workload is measured, with
 the board's power prior (power_prior.py: what the sweep's other workloads say about each one's power
-curve, from their GPU utilisation) where at least five others have three clocks. Resume: points already FINISHED are read back from the store,
-and the same choices are made again from them, so an interrupted sweep continues where it stopped.
+curve, from their GPU utilisation) where at least five others have three clocks. Resume: points
+already FINISHED are read back from the store, and the same choices are made again from them, so an
+interrupted sweep continues where it stopped.
 """
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
 
 def _mean_measurement(freq: float, rows: list[dict[str, Any]]) -> Measurement:
     """One clock's repeats as one measurement; its GPU utilisation only where every repeat has one."""
-    utils = [r.get("gpu_util_pct") for r in rows]
-    util = sum(utils) / len(utils) / 100.0 if all(u is not None for u in utils) else None  # type: ignore[operator, arg-type]
+    utils = [float(r["gpu_util_pct"]) for r in rows if r.get("gpu_util_pct") is not None]
+    util = sum(utils) / len(utils) / 100.0 if utils and len(utils) == len(rows) else None
     return Measurement(freq, sum(r["time_s"] for r in rows) / len(rows), sum(r["energy_j"] for r in rows) / len(rows), util)
 
 
@@ -149,9 +150,10 @@ def _log_predictions(c: Any, parent_id: str, workloads: list[tuple[str, list[Mea
     rows = [row for (name, measured), prior in zip(workloads, priors) for row in _predicted_rows(name, measured, table, shape, noise, prior)]
     with_prior = [p for p in priors if p is not None]
     if with_prior:
-        p0 = with_prior[0]
-        said = (f"{len(with_prior)} of {len(priors)} workloads; idle share {p0.idle_share:g}, "
-                f"log dynamic/static ratio {p0.log_ratio_mean:.3f} +- {p0.log_ratio_sd:.3f} over the others")
+        mean = sorted(p.log_ratio_mean for p in with_prior)[len(with_prior) // 2]
+        spread = sorted(p.log_ratio_sd for p in with_prior)[len(with_prior) // 2]
+        said = (f"{len(with_prior)} of {len(priors)} workloads, each from the others; idle share {with_prior[0].idle_share:g}, "
+                f"log dynamic/static ratio {mean:.3f} +- {spread:.3f} (medians)")
     else:
         said = (f"none (it needs the GPU utilisation of at least {MIN_WORKLOADS + 1} workloads measured at {MIN_CLOCKS} or more "
                 "clocks)")
