@@ -26,6 +26,7 @@ import numpy as np
 
 from dvfs_mlops.device.placement import synchronize
 from dvfs_mlops.workloads.adapters import FULL, PeftSpec
+from dvfs_mlops.workloads.tasks import eval_metric
 from dvfs_mlops.workloads.tokenizer import IGNORE_INDEX, Encoded, collate, lm_labels, padded_length
 
 # --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
@@ -121,7 +122,7 @@ def finetune(
 
     `task_kind="causal_lm"`: train the causal LM on `train.response_start`'s response tokens (else a classifier)."""
     causal = task_kind == "causal_lm"
-    metric = "eval_token_accuracy" if causal else "eval_pearson" if is_regression else "eval_accuracy"
+    metric = eval_metric(causal, is_regression)
     if not run_training:
         return profile_only([len(x) for x in train.ids], config, metric, session=session, trace_for=trace_for, on_step=on_step,
                             torch_device=torch_device)

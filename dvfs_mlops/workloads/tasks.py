@@ -52,9 +52,14 @@ class TaskSpec:
 
     @property
     def metric(self) -> str:
-        if self.causal_lm:
-            return "eval_token_accuracy"  # next-token accuracy on the response tokens
-        return "eval_pearson" if self.is_regression else "eval_accuracy"
+        return eval_metric(self.causal_lm, self.is_regression)
+
+
+def eval_metric(causal_lm: bool, is_regression: bool) -> str:
+    """The metric a task of this kind is evaluated with (the run's metric name)."""
+    if causal_lm:
+        return "eval_token_accuracy"  # next-token accuracy on the response tokens
+    return "eval_pearson" if is_regression else "eval_accuracy"
 
 
 _BIN = ("0", "1")
