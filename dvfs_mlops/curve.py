@@ -40,6 +40,7 @@ ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
 DEFAULT_NOISE = (0.01, 0.02)  # relative time and power noise of one window when nothing better is known
 
 __all__ = [
+    "LOG_RATIO_BOUNDS",
     "ORIN_VOLTAGE_SHAPE",
     "CurveFit",
     "CurvePoint",
@@ -101,8 +102,11 @@ class PowerPrior:
             data = json.loads(text)
             prior = cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
             numbers = (prior.idle_share, prior.log_ratio_mean, prior.log_ratio_sd)
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers) or prior.log_ratio_sd <= 0:
-                raise ValueError("non-finite or non-positive spread")
+            optional = tuple(x for x in (prior.voltage_shape, prior.f_max_mhz) if x is not None)
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers + optional):
+                raise ValueError("a value is not a finite number")
+            if prior.log_ratio_sd <= 0 or not 0 <= prior.idle_share <= 1 or not isinstance(prior.workloads, int):
+                raise ValueError("spread <= 0, idle share outside 0..1 or a non-integer workload count")
         except (ValueError, TypeError) as e:
             raise DvfsError(f"not a power prior ({e}): {text[:200]!r}") from None
         return prior
@@ -209,7 +213,8 @@ def _fit_linear(basis: np.ndarray, y: np.ndarray, noise: float | None) -> _Linea
 
 @dataclasses.dataclass(frozen=True)
 class CurveFit:
-    """A fitted workload: time = a + b/f, power = c + d V(f)^2 f (f in GHz inside)."""
+    """A fitted workload: time = a + b/f, power = c + d V(f)^2 f (f in GHz inside); with `prior`, d multiplies
+    V(f)^2 f (s + (1 - s) u(f)) instead, u from the `busy` fit (module doc)."""
 
     measured: tuple[Measurement, ...]
     a: float
@@ -316,7 +321,8 @@ def _golden(fn: Callable[[float], float], lo: float, hi: float, iterations: int 
     return (a + b) / 2.0
 
 
-_LOG_RATIO_GRID = np.linspace(-8.0, 6.0, 561)  # log k: from practically all-static to practically all-dynamic power
+LOG_RATIO_BOUNDS = (-8.0, 6.0)  # log k: from practically all-static to practically all-dynamic power
+_LOG_RATIO_GRID = np.linspace(*LOG_RATIO_BOUNDS, 561)
 
 
 def power_ratio(load: np.ndarray, power: np.ndarray, *, sigma: float = 1.0, prior: tuple[float, float] | None = None) -> tuple[float, float]:
@@ -349,6 +355,8 @@ def _fit_power_with_prior(f: np.ndarray, p: np.ndarray, util: np.ndarray, prior:
     The covariance of (c, d) is the linearised posterior's: the data's information plus the prior's on
     log(d / c); its residual scale has `noise` (or the default) as its floor, as `_fit_linear`'s."""
     basis = load_basis(f, util, prior.idle_share, shape, fmax)
+    # the data are weighed against the prior at the stated noise (four residuals say little about it); the
+    # covariance then uses the residuals' own scale where it is larger, as `_fit_linear` does
     sigma = noise if noise is not None else DEFAULT_NOISE[1]
     lk, c = power_ratio(basis[:, 1], p, sigma=sigma, prior=(prior.log_ratio_mean, prior.log_ratio_sd))
     beta = np.array([c, c * math.exp(lk)])

@@ -3,13 +3,18 @@
 Each workload's power is c (1 + k V(f)^2 f (s + (1 - s) u)) (curve.py): static power, plus dynamic
 power that an idle GPU draws the share s of. The board fixes s and most of k; a workload's own
 four clocks, each with ~2 % power noise, pin k poorly, and k alone (not c) moves the optimum. So:
-- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the spread of
-  log k across workloads is least (as `curve.fit_voltage_shape` fits the voltage curve);
+- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the (robust,
+  median-absolute-deviation) spread of log k across workloads is least (as `curve.fit_voltage_shape`
+  fits the voltage curve). s is a board constant: it is fitted once on all workloads;
 - the prior for workload i: the median of log k over the OTHER workloads (leave one out: a
   workload's own noise never backs itself up), and their spread with each one's own fitting noise
   taken out (the spread of the estimates is the board's spread plus the noise of each fit: its
-  variance, from the power noise per window and where the clocks were, is subtracted), under a floor.
-A board whose workloads really differ in k gets a wide prior, and each fit is then its own.
+  variance, from the power noise per window and where the clocks were, is subtracted), plus the
+  uncertainty of the median itself, under a floor.
+A workload whose own k is not pinned at all (a power that does not change with the clock: k at the
+end of its search range, or a fit deviation of log k above 0.5) says nothing about the board and is
+left out of both. A board whose workloads really differ in k gets a wide prior, and each fit is then
+its own.
 Needs the GPU utilisation at every measured clock and at least `MIN_WORKLOADS` other workloads
 with three or more clocks; otherwise there is no prior (None) and fits are per workload, as before.
 numpy only.
@@ -21,12 +26,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dvfs_mlops.curve import DEFAULT_NOISE, Measurement, PowerPrior, load_basis, power_ratio
+from dvfs_mlops.curve import DEFAULT_NOISE, LOG_RATIO_BOUNDS, Measurement, PowerPrior, load_basis, power_ratio
 
 MIN_WORKLOADS = 5  # other workloads a prior needs: fewer say too little about the board's spread
 MIN_CLOCKS = 3  # a workload's own k is only told apart from its noise with a third clock
 MIN_SPREAD = 0.03  # log k: no two workloads switch the same share of their power per cycle
 IDLE_SHARES = tuple(round(0.05 * i, 2) for i in range(11))  # 0 .. 0.5 of the dynamic power while idle
+MAX_FIT_SD = 0.5  # log k: a workload whose own fit is less sure than this tells nothing about the board
 
 __all__ = ["MIN_CLOCKS", "MIN_WORKLOADS", "board_prior", "fit_idle_share", "leave_one_out_priors", "log_ratio", "usable"]
 
@@ -59,30 +65,50 @@ def _own_ratio(points: Sequence[Measurement], idle_share: float, voltage_shape: 
     return lk, var
 
 
-def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: float, f_max_mhz: float) -> float | None:
-    """The idle share under which the usable workloads' log k spread least (None with too few of them)."""
+def _informative(log_k: float, fit_var: float) -> bool:
+    """A workload's own k that says something about the board: pinned, and not at the end of its search range."""
+    lo, hi = LOG_RATIO_BOUNDS
+    return fit_var <= MAX_FIT_SD ** 2 and lo + 0.05 < log_k < hi - 0.05
+
+
+def _robust_sd(x: Sequence[float]) -> float:
+    """The spread of x as the normal's standard deviation its median absolute deviation implies."""
+    a = np.asarray(x, dtype=float)
+    return 1.4826 * float(np.median(np.abs(a - np.median(a))))
+
+
+def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: float, f_max_mhz: float,
+                   noise: float = DEFAULT_NOISE[1]) -> float | None:
+    """The idle share under which the usable, informative workloads' log k spread least (None with too few)."""
     use = [w for w in workloads if usable(w)]
     if len(use) < MIN_WORKLOADS:
         return None
-    spread = {s: float(np.std([log_ratio(w, s, voltage_shape, f_max_mhz) for w in use], ddof=1)) for s in IDLE_SHARES}
-    return min(spread, key=lambda s: (spread[s], s))
+    spread: dict[float, float] = {}
+    for s in IDLE_SHARES:
+        ratios = [lk for lk, v in (_own_ratio(w, s, voltage_shape, f_max_mhz, noise) for w in use) if _informative(lk, v)]
+        if len(ratios) >= MIN_WORKLOADS:
+            spread[s] = _robust_sd(ratios)
+    return min(spread, key=lambda s: (spread[s], s)) if spread else None
 
 
 def _prior(own: Sequence[tuple[float, float]], share: float) -> PowerPrior | None:
-    """The prior the workloads' own (log k, its fit variance) make: their median, and their spread less the fits' noise."""
-    if len(own) < MIN_WORKLOADS:
+    """The prior the workloads' own (log k, its fit variance) make: their median, and their spread less the fits'
+    noise plus the uncertainty of that median ((pi / 2) times a mean's variance, for a normal sample)."""
+    kept = [(r, v) for r, v in own if _informative(r, v)]
+    if len(kept) < MIN_WORKLOADS:
         return None
-    ratios = np.asarray([r for r, _ in own])
-    fit_var = float(np.mean([min(v, 1e6) for _, v in own]))
-    spread = math.sqrt(max(0.0, float(np.var(ratios, ddof=1)) - fit_var))
-    return PowerPrior(share, float(np.median(ratios)), max(MIN_SPREAD, spread), len(own))
+    ratios = np.asarray([r for r, _ in kept])
+    fit_var = float(np.mean([v for _, v in kept]))
+    board_var = max(0.0, float(np.var(ratios, ddof=1)) - fit_var)
+    centre_var = math.pi / 2 * (board_var + fit_var) / len(kept)
+    return PowerPrior(share, float(np.median(ratios)), max(MIN_SPREAD, math.sqrt(board_var + centre_var)), len(kept))
 
 
 def leave_one_out_priors(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: float, f_max_mhz: float,
                          noise: float = DEFAULT_NOISE[1]) -> list[PowerPrior | None]:
     """A prior for each workload from the others (None where there are too few usable others); `noise` is the
     relative power noise of one measurement (`curve.noise_for`'s second)."""
-    share = fit_idle_share(workloads, voltage_shape, f_max_mhz)
+    share = fit_idle_share(workloads, voltage_shape, f_max_mhz, noise)
     if share is None:
         return [None] * len(workloads)
     own = [_own_ratio(w, share, voltage_shape, f_max_mhz, noise) if usable(w) else None for w in workloads]
@@ -93,7 +119,7 @@ def board_prior(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: fl
                 noise: float = DEFAULT_NOISE[1]) -> PowerPrior | None:
     """The prior every workload of a sweep makes, for a workload the sweep never saw (refine at launch: the
     governor's version carries the one of the sweep it was trained on)."""
-    share = fit_idle_share(workloads, voltage_shape, f_max_mhz)
+    share = fit_idle_share(workloads, voltage_shape, f_max_mhz, noise)
     if share is None:
         return None
     return _prior([_own_ratio(w, share, voltage_shape, f_max_mhz, noise) for w in workloads if usable(w)], share)

@@ -142,6 +142,7 @@ class ProbePlan:
         board's power prior (used where the probes carry their GPU utilisation)."""
         self.table = sorted(float(f) for f in table)
         self.voltage_shape, self.noise, self.prior = voltage_shape, noise, prior
+        self.prior_used: PowerPrior | None = None  # the prior the last fit leaned on (None: a probe lacked its utilisation)
         self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
         first, self.per_probe = plan(budget, start_mhz, self.table)
         self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
@@ -174,6 +175,7 @@ class ProbePlan:
             self.chosen_mhz, self.reason = here, f"no fit ({e}); staying at {here:g} MHz"
             return
         self.predicted = fit.predict(self.table)
+        self.prior_used = fit.prior
         best, best_gain, best_z = self.center, 0.0, 0.0
         for j in (self.center - 1, self.center + 1):
             if 0 <= j < len(self.table):
@@ -213,6 +215,10 @@ class Refiner:
         if prior is not None and prior.f_max_mhz is not None and abs(prior.f_max_mhz - self.table[-1]) > 0.5:
             log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
                      prior.f_max_mhz, self.table[-1])
+            prior = None
+        if prior is not None and prior.voltage_shape is not None and voltage_shape is not None and abs(voltage_shape - prior.voltage_shape) > 1e-9:
+            log.info("refine: the power prior was fitted with voltage shape %g, this fit is asked for %g; not used",
+                     prior.voltage_shape, voltage_shape)
             prior = None
         self.prior = prior
         if voltage_shape is None and prior is not None and prior.voltage_shape is not None:
@@ -276,7 +282,7 @@ class Refiner:
 
     def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
         self._done = True
-        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.prior)
+        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.plan.prior_used)
         for line in self.result.lines():
             self.say(line)
 

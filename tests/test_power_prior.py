@@ -37,7 +37,11 @@ def test_the_idle_share_is_the_one_under_which_the_boards_workloads_agree():
     priors = leave_one_out_priors(board, voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=1e-6)
     assert all(p is not None and p.workloads == 11 for p in priors)
     assert priors[0].log_ratio_mean == pytest.approx(math.log(0.8), abs=0.03)
-    assert priors[0].log_ratio_sd == pytest.approx(0.03, abs=0.015)  # noise-free points: the board's own spread of log k
+    # noise-free points, a board whose log k spreads 0.1: the prior's spread is that (plus its median's own uncertainty)
+    wide = [_measure(_workload(i, ratio_spread=0.1), (306.0, 612.0, 918.0, 1300.5)) for i in range(12)]
+    prior = leave_one_out_priors(wide, voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=1e-6)[0]
+    truth_sd = float(np.std([math.log(_workload(i, ratio_spread=0.1)["k"]) for i in range(1, 12)], ddof=1))
+    assert prior.log_ratio_sd == pytest.approx(truth_sd * math.sqrt(1 + math.pi / 2 / 11), rel=0.15)
 
 
 def test_each_workloads_prior_is_the_others_only():
@@ -52,6 +56,17 @@ def test_each_workloads_prior_is_the_others_only():
     assert abs(own - priors[-1].log_ratio_mean) > 1.5
     # the odd one widens every other workload's prior: a board whose workloads differ is trusted less
     assert priors[0].log_ratio_sd > 0.5
+
+
+def test_a_workload_whose_power_ignores_the_clock_says_nothing_about_the_board():
+    """One workload whose own k is not pinned (its power barely moves with the clock) must neither pull the idle
+    share to the end of its range nor, through its huge fit variance, shrink every other workload's prior."""
+    board = [_measure(_workload(i, ratio_spread=0.2), (306.0, 612.0, 918.0, 1300.5)) for i in range(12)]
+    flat = [Measurement(f, 0.05, 0.05 * 10.0 * (1 + 1e-5 * f / 1300.5), 0.5) for f in (306.0, 612.0, 918.0, 1300.5)]
+    before = leave_one_out_priors(board, voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=0.02)
+    after = leave_one_out_priors([*board, flat], voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=0.02)
+    assert after[0].idle_share == before[0].idle_share and after[0].workloads == before[0].workloads
+    assert after[0].log_ratio_sd == pytest.approx(before[0].log_ratio_sd) and before[0].log_ratio_sd > 0.1
 
 
 def test_no_prior_without_enough_usable_workloads():
@@ -106,7 +121,7 @@ def test_the_priors_spread_is_the_boards_with_each_fits_noise_taken_out():
     """The spread of the workloads' own k has two parts, the board's and each fit's noise; the prior keeps the
     board's. A board whose workloads share k gets the floor; one whose workloads differ by 20 % gets about that."""
     rng = np.random.default_rng(4)
-    for spread, lo, hi in ((0.0, MIN_SPREAD, MIN_SPREAD), (0.2, 0.12, 0.3)):
+    for spread, lo, hi in ((0.0, MIN_SPREAD, 0.05), (0.2, 0.12, 0.3)):  # 0.05: the floor, or its median's own uncertainty
         board = [_measure(_workload(i, ratio_spread=spread, seed=4), (306.0, 612.0, 918.0, 1300.5), rng, (0.01, 0.02)) for i in range(30)]
         naive = float(np.std([log_ratio(w, IDLE, ORIN_VOLTAGE_SHAPE, 1300.5) for w in board], ddof=1))
         prior = leave_one_out_priors(board, voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=0.02)[0]
@@ -140,3 +155,22 @@ def test_the_sweeps_predictions_lean_on_the_prior_and_say_so(tmp_path, empty_sto
     run = c.create_run(run.info.experiment_id)
     _log_predictions(c, run.info.run_id, workloads[:2], list(TABLE), ORIN_VOLTAGE_SHAPE, (0.01, 0.02), True)
     assert c.get_run(run.info.run_id).data.tags["dvfs.power_prior"].startswith("none (it needs the GPU utilisation of at least 6")
+
+
+def test_the_governors_fill_ins_lean_on_the_prior_with_the_utilisation_in_percent():
+    """`train`'s fill-ins of an adaptive sweep (governor/dataset.py): the runs log gpu_util_pct (0..100); each gap
+    is filled from its fit with the prior of the other workloads, the utilisation taken as a share."""
+    from dvfs_mlops.governor.dataset import fill_from_curves
+
+    rng = np.random.default_rng(6)
+    workloads = [_measure(_workload(i), (816.0, 1300.5, 306.0, 612.0), rng, (0.01, 0.02)) for i in range(8)]
+    measured = [({m.freq_mhz: m.energy_j for m in w}, {m.freq_mhz: m.time_s for m in w}, {m.freq_mhz: 100.0 * m.gpu_util for m in w})
+                for w in workloads]
+    shape = fill_from_curves(measured, TABLE, range(8), noise=0.02)  # the voltage shape fitted across the sweep
+    priors = leave_one_out_priors(workloads, voltage_shape=shape, f_max_mhz=1300.5, noise=0.02)
+    for w, (energy, _, util), prior in zip(workloads, measured, priors):
+        assert sorted(energy) == sorted(TABLE) and len(util) == 4  # filled; the utilisation stays measured-only
+        fit = fit_curve(w, voltage_shape=shape, f_max_mhz=1300.5, noise=(0.01, 0.02), prior=prior)
+        assert fit.prior is not None
+        for pt in fit.predict([408.0, 1020.0]):
+            assert energy[pt.freq_mhz] == pytest.approx(pt.energy_j, rel=1e-9)

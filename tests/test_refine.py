@@ -294,11 +294,13 @@ def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
     _drive(p, truth)
     for pt in p.predicted:
         assert pt.energy_j == pytest.approx(truth(pt.freq_mhz).energy_j, rel=1e-3)
+    assert p.prior_used == prior
     plain = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02))
     _drive(plain, lambda f: truth(f, util=False))
     no_util = ProbePlan(816.0, TABLE, 30, voltage_shape=ORIN_VOLTAGE_SHAPE, noise=(0.01, 0.02), prior=prior)
     _drive(no_util, lambda f: truth(f, util=False))
     assert [pt.energy_j for pt in no_util.predicted] == [pt.energy_j for pt in plain.predicted]
+    assert no_util.prior_used is None  # so the run does not claim it (RefineResult.prior, tag refine.power_prior)
 
 
 def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior(tmp_path, monkeypatch):

@@ -105,6 +105,7 @@ class GovernorDataset:
     sweep_id: str
     device_profile: str
     simulated: bool
+    repeats: int = 1  # runs per measured point (the median): a point's mean is that much less noisy than one run
 
     def split(self, name: str | None) -> GovernorDataset:
         if name is None:
@@ -169,14 +170,25 @@ def _adaptive(g: Any) -> bool:
 Curves = tuple[dict[float, float], dict[float, float], dict[float, float]]  # energy, time and GPU util % by clock
 
 
-def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int]) -> float:
+def power_noise(device_profile: str, repeats: int = 1) -> float:
+    """The relative power noise of a sweep point's mean: the twin profile's own per run (else the board default,
+    `curve.noise_for`'s), over the square root of the repeats, as the adaptive sweep takes it."""
+    from dvfs_mlops.curve import DEFAULT_NOISE
+    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
+
+    params = BUILTIN_PROFILES.get(device_profile)
+    return (params.noise_power if params is not None else DEFAULT_NOISE[1]) / math.sqrt(max(1, repeats))
+
+
+def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int], noise: float | None = None) -> float:
     """Predict the clocks the adaptive-sweep workloads `measured[i]` (i in `gaps`) did not measure (their energy,
     time and GPU utilisation by clock; energy and time filled in place) from their own curve fits (curve.py).
     The board's voltage-curve shape is fitted across every workload of the sweep (`measured`): a profile whose curve
     is not the Orin's default would otherwise bias every fill-in, and with it the clock a workload's curve calls
     best. Where the utilisation was logged, each gap's power curve also leans on the board's power prior from
-    the sweep's other workloads (power_prior.py), as the sweep's own predictions do. Returns the shape."""
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape
+    the sweep's other workloads (power_prior.py), as the sweep's own predictions do; `noise` is a point's relative
+    power noise (`power_noise`; default the board default). Returns the shape."""
+    from dvfs_mlops.curve import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape
     from dvfs_mlops.power_prior import leave_one_out_priors
 
     def points(energy: dict[float, float], time: dict[float, float], util: dict[float, float]) -> list[Measurement]:
@@ -188,10 +200,11 @@ def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: S
         shape = fit_voltage_shape(every, f_max)
     except DvfsError:  # no workload has three clocks: the Orin's shape
         shape = ORIN_VOLTAGE_SHAPE
-    priors = leave_one_out_priors(every, voltage_shape=shape, f_max_mhz=f_max)
+    noise_p = DEFAULT_NOISE[1] if noise is None else noise
+    priors = leave_one_out_priors(every, voltage_shape=shape, f_max_mhz=f_max, noise=noise_p)
     for i in gaps:
         energy, time, _ = measured[i]
-        fit = fit_curve(every[i], voltage_shape=shape, f_max_mhz=f_max, prior=priors[i])
+        fit = fit_curve(every[i], voltage_shape=shape, f_max_mhz=f_max, noise=(DEFAULT_NOISE[0], noise_p), prior=priors[i])
         for pt in fit.predict([f for f in freqs if f not in energy]):
             energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
     return shape
@@ -202,25 +215,24 @@ def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:
     for refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage
     shape and table top it was fitted with travel with it: a built-in twin profile's own, else the shape fitted
     across the sweep and its highest clock. None without enough workloads that logged utilisation."""
-    import dataclasses as dc
-
-    from dvfs_mlops.curve import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape
     from dvfs_mlops.power_prior import board_prior
     from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
 
     points = [[Measurement(f, c.time_s[f], c.energy_j[f], c.gpu_util_pct[f] / 100.0) for f in sorted(c.gpu_util_pct)
                if f in c.energy_j and f in c.time_s] for c in dataset.curves]
     params = BUILTIN_PROFILES.get(dataset.device_profile)
+    noise = power_noise(dataset.device_profile, dataset.repeats)
     if params is not None:
-        shape, f_max, noise = params.volt_v1 / params.volt_v0, float(params.max_mhz), params.noise_power
+        shape, f_max = params.volt_v1 / params.volt_v0, float(params.max_mhz)
     else:
-        f_max, noise = max(dataset.frequencies), DEFAULT_NOISE[1]
+        f_max = max(dataset.frequencies)
         try:
             shape = fit_voltage_shape(points, f_max)
         except DvfsError:
             shape = ORIN_VOLTAGE_SHAPE
     prior = board_prior(points, voltage_shape=shape, f_max_mhz=f_max, noise=noise)
-    return None if prior is None else dc.replace(prior, voltage_shape=shape, f_max_mhz=f_max)
+    return None if prior is None else dataclasses.replace(prior, voltage_shape=shape, f_max_mhz=f_max)
 
 
 def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
@@ -273,8 +285,9 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
                                     float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc,
                                     e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s"),
                                     dict(util)))
+    repeats = int(pinned.groupby(["_workload", "params.freq_mhz"]).size().median()) if len(pinned) else 1
     if gaps:
-        shape = fill_from_curves(measured, freqs, gaps)
+        shape = fill_from_curves(measured, freqs, gaps, power_noise(device_profile, repeats))
         log.info("sweep %s: %d adaptive workload(s) filled from their curve fits (voltage shape %.2f, fitted across the sweep)",
                  sweep_id or "?", len(gaps), shape)
     if missing:
@@ -285,7 +298,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     if partial:
         log.info("sweep %s: %d workload(s) measured only some clocks; policies are judged among the clocks each has",
                  sweep_id or "?", len(partial))
-    return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated)
+    return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated, repeats)
 
 
 def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep", *, sweeps_filter: str = "",

@@ -133,13 +133,14 @@ def _mean_measurement(freq: float, rows: list[dict[str, Any]]) -> Measurement:
 
 
 def _predicted_rows(workload: str, measured: list[Measurement], table: list[float], shape: float, noise: tuple[float, float],
-                    prior: PowerPrior | None) -> list[str]:
+                    prior: PowerPrior | None) -> tuple[list[str], PowerPrior | None]:
+    """predicted.csv's rows of one workload, and the prior its fit leaned on (None where a clock lacked utilisation)."""
     fit = fit_curve(measured, voltage_shape=shape, f_max_mhz=table[-1], noise=noise, prior=prior)
     pred = fit.predict(table)
     best = min(pred, key=lambda p: p.energy_j).freq_mhz
     have = {m.freq_mhz for m in measured}
     return [f"{workload},{p.freq_mhz:g},{p.time_s!r},{p.power_w!r},{p.energy_j!r},{'' if p.energy_std_j is None else repr(p.energy_std_j)},"
-            f"{int(p.freq_mhz in have)},{int(p.freq_mhz == best)}" for p in pred]
+            f"{int(p.freq_mhz in have)},{int(p.freq_mhz == best)}" for p in pred], fit.prior
 
 
 def _log_predictions(c: Any, parent_id: str, workloads: list[tuple[str, list[Measurement]]], table: list[float], shape: float,
@@ -147,8 +148,12 @@ def _log_predictions(c: Any, parent_id: str, workloads: list[tuple[str, list[Mea
     """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were run.
     Each workload's power curve leans on the board prior from the others where there is one (tag dvfs.power_prior)."""
     priors = leave_one_out_priors([m for _, m in workloads], voltage_shape=shape, f_max_mhz=table[-1], noise=noise[1])
-    rows = [row for (name, measured), prior in zip(workloads, priors) for row in _predicted_rows(name, measured, table, shape, noise, prior)]
-    with_prior = [p for p in priors if p is not None]
+    rows: list[str] = []
+    with_prior: list[PowerPrior] = []
+    for (name, measured), prior in zip(workloads, priors):
+        more, used = _predicted_rows(name, measured, table, shape, noise, prior)
+        rows += more
+        with_prior += [used] if used is not None else []
     if with_prior:
         mean = sorted(p.log_ratio_mean for p in with_prior)[len(with_prior) // 2]
         spread = sorted(p.log_ratio_sd for p in with_prior)[len(with_prior) // 2]
