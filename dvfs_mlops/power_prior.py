@@ -3,9 +3,10 @@
 Each workload's power is c (1 + k V(f)^2 f (s + (1 - s) u)) (curve.py): static power, plus dynamic
 power that an idle GPU draws the share s of. The board fixes s and most of k; a workload's own
 four clocks, each with ~2 % power noise, pin k poorly, and k alone (not c) moves the optimum. So:
-- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the (robust,
-  median-absolute-deviation) spread of log k across workloads is least (as `curve.fit_voltage_shape`
-  fits the voltage curve). s is a board constant: it is fitted once on all workloads;
+- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the spread of
+  log k across workloads is least (as `curve.fit_voltage_shape` fits the voltage curve; a median
+  absolute deviation, tried instead, picked s worse on the synthetic boards of
+  benchmarks/prior_robustness.py). s is a board constant: it is fitted once on all workloads;
 - the prior for workload i: the median of log k over the OTHER workloads (leave one out: a
   workload's own noise never backs itself up), and their spread with each one's own fitting noise
   taken out (the spread of the estimates is the board's spread plus the noise of each fit: its
@@ -71,12 +72,6 @@ def _informative(log_k: float, fit_var: float) -> bool:
     return fit_var <= MAX_FIT_SD ** 2 and lo + 0.05 < log_k < hi - 0.05
 
 
-def _robust_sd(x: Sequence[float]) -> float:
-    """The spread of x as the normal's standard deviation its median absolute deviation implies."""
-    a = np.asarray(x, dtype=float)
-    return 1.4826 * float(np.median(np.abs(a - np.median(a))))
-
-
 def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: float, f_max_mhz: float,
                    noise: float = DEFAULT_NOISE[1]) -> float | None:
     """The idle share under which the usable, informative workloads' log k spread least (None with too few)."""
@@ -87,7 +82,7 @@ def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: fl
     for s in IDLE_SHARES:
         ratios = [lk for lk, v in (_own_ratio(w, s, voltage_shape, f_max_mhz, noise) for w in use) if _informative(lk, v)]
         if len(ratios) >= MIN_WORKLOADS:
-            spread[s] = _robust_sd(ratios)
+            spread[s] = float(np.std(ratios, ddof=1))
     return min(spread, key=lambda s: (spread[s], s)) if spread else None
 
 
