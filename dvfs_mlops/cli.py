@@ -543,15 +543,21 @@ def curve_fit(file: str | None, clocks: str, sweep_id: str, workload: str, exper
 
     if bool(file) == bool(sweep_id):
         raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --sweep-id ID --workload MODEL/TASK")
+    sweep = None
     if sweep_id:
         if not workload:
             raise DvfsError("--sweep-id needs --workload MODEL/TASK")
-        from dvfs_mlops.runs import sweep_measurements
+        from dvfs_mlops.runs import sweep_points
 
-        points = sweep_measurements(experiment, sweep_id, workload)
+        sweep = sweep_points(experiment, sweep_id)
+        if workload not in sweep.workloads:
+            raise DvfsError(f"sweep {sweep.sweep_id!r} has no pinned points of workload {workload!r}; "
+                            f"it has {', '.join(sorted(sweep.workloads))}")
+        points = sweep.workloads[workload]
     else:
         points = cm.read_measurements_csv(file or "")
     table = sorted({m.freq_mhz for m in points})
+    shape = cm.ORIN_VOLTAGE_SHAPE if voltage_shape is None else voltage_shape
     chosen = points
     if clocks.strip():
         try:
@@ -559,7 +565,16 @@ def curve_fit(file: str | None, clocks: str, sweep_id: str, workload: str, exper
         except ValueError:
             raise DvfsError(f"--clocks must be comma-separated numbers in MHz, got {clocks!r}") from None
         chosen = cm.select_clocks(points, wanted)
-    fit = cm.fit_curve(chosen, voltage_shape=cm.ORIN_VOLTAGE_SHAPE if voltage_shape is None else voltage_shape, f_max_mhz=max(table))
+    prior = None
+    if sweep is not None:  # the board's power prior from the sweep's other workloads, as the adaptive sweep's predicted.csv
+        from dvfs_mlops.governor.dataset import power_noise
+        from dvfs_mlops.power_prior import leave_one_out_priors
+
+        names = sorted(sweep.workloads)
+        others = [chosen if n == workload else sweep.workloads[n] for n in names]
+        prior = leave_one_out_priors(others, voltage_shape=shape, f_max_mhz=max(table),
+                                     noise=power_noise(sweep.device_profile))[names.index(workload)]
+    fit = cm.fit_curve(chosen, voltage_shape=shape, f_max_mhz=max(table), prior=prior)
     pred = fit.predict(table)
     best = min(pred, key=lambda p: p.energy_j)
     fitted_on = sorted({m.freq_mhz for m in chosen})
@@ -569,10 +584,15 @@ def curve_fit(file: str | None, clocks: str, sweep_id: str, workload: str, exper
                         "energy_std_j": p.energy_std_j, "measured": p.freq_mhz in fitted_on} for p in pred],
             "optimal_freq_mhz": best.freq_mhz, "fitted_on_mhz": fitted_on,
             "params": {"a_s": fit.a, "b_s_ghz": fit.b, "c_w": fit.c, "d_w_per_ghz": fit.d, "voltage_shape": fit.voltage_shape},
+            "power_prior": None if fit.prior is None else json.loads(fit.prior.to_json()),
         }, indent=2))
         return
+    load = "V(f)^2 f[GHz]" if fit.prior is None else f"V(f)^2 f[GHz] ({fit.prior.idle_share:g} + {1 - fit.prior.idle_share:g} u(f))"
     click.echo(f"fitted on {', '.join(f'{f:g}' for f in fitted_on)} MHz: time = {fit.a:.4g} + {fit.b:.4g}/f[GHz] s, "
-               f"power = {fit.c:.4g} + {fit.d:.4g} V(f)^2 f[GHz] W")
+               f"power = {fit.c:.4g} + {fit.d:.4g} {load} W")
+    if fit.prior is not None:
+        click.echo(f"power prior from {fit.prior.workloads} other workloads of the sweep: log dynamic/static ratio "
+                   f"{fit.prior.log_ratio_mean:.3f} +- {fit.prior.log_ratio_sd:.3f} (as the adaptive sweep's predicted.csv)")
     click.echo(f"{'freq_mhz':>9} {'time_s':>10} {'power_w':>9} {'energy_j':>10} {'+/- J':>8}")
     for p in pred:
         sd = f"{p.energy_std_j:8.3g}" if p.energy_std_j is not None else "     n/a"

@@ -4,6 +4,7 @@ It sits beside `tracking.py`: it knows the tag names, nothing about how a point 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dvfs_mlops import tracking
@@ -63,8 +64,19 @@ def latest_sweep_id(c: Any, experiment: str) -> str:
     return runs[0].data.tags[tracking.TAG_SWEEP]
 
 
-def sweep_measurements(experiment: str, sweep_id: str, workload: str) -> list[Any]:
-    """One workload's pinned points of a sweep as curve-model measurements (`curve.Measurement`, one per run)."""
+@dataclasses.dataclass(frozen=True)
+class SweepPoints:
+    """A sweep's pinned points as curve-model measurements (`curve.Measurement`, one per run), by workload MODEL/TASK."""
+
+    sweep_id: str
+    device_profile: str
+    workloads: dict[str, list[Any]]
+
+
+def sweep_points(experiment: str, sweep_id: str) -> SweepPoints:
+    """Every workload's pinned points of a sweep (default: the experiment's latest), with each run's GPU utilisation."""
+    import math
+
     from dvfs_mlops.curve import Measurement
 
     c = tracking.check_reachable()
@@ -75,8 +87,12 @@ def sweep_measurements(experiment: str, sweep_id: str, workload: str) -> list[An
     df = sweep_frame([exp.experiment_id], sid)
     if not len(df):
         raise DvfsError(f"no FINISHED runs of sweep {sid!r} in experiment {experiment!r}")
-    names = df["params.model"] + "/" + df["params.task"]
-    rows = df[(names == workload) & (df["params.freq_mhz"] != "maxn")]
-    if not len(rows):
-        raise DvfsError(f"sweep {sid!r} has no pinned points of workload {workload!r}; it has {', '.join(sorted(set(names)))}")
-    return [Measurement(float(r["params.freq_mhz"]), float(r["metrics.time_s"]), float(r["metrics.energy_j"])) for _, r in rows.iterrows()]
+    df = df[df["params.freq_mhz"] != "maxn"]
+    out: dict[str, list[Any]] = {}
+    for _, r in df.iterrows():
+        pct = r.get("metrics.gpu_util_pct")
+        util = None if pct is None or math.isnan(float(pct)) else float(pct) / 100.0
+        out.setdefault(f"{r['params.model']}/{r['params.task']}", []).append(
+            Measurement(float(r["params.freq_mhz"]), float(r["metrics.time_s"]), float(r["metrics.energy_j"]), util))
+    profiles = df["params.device_profile"].dropna().unique() if "params.device_profile" in df else []
+    return SweepPoints(sid, str(profiles[0]) if len(profiles) == 1 else "", out)

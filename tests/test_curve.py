@@ -279,3 +279,43 @@ def test_adaptive_design_stops_once_both_neighbours_are_clearly_dearer():
     got = _measure([min(e, key=e.__getitem__), 1300.5, 306.0])
     f = next_clock(got, TABLE, got[0].freq_mhz, noise=(0.01, 0.02))
     assert f in TABLE and f not in {m.freq_mhz for m in got}
+
+
+def test_curve_fit_reads_a_sweeps_workload_with_the_boards_power_prior(tmp_path, smoke_sweep_master):
+    """`curve fit --sweep-id ID --workload M/T` on the smoke sweep (6 workloads x 3 clocks, with GPU utilisation): the
+    workload's points, its power curve leaning on the prior of the other 5, as the adaptive sweep's predicted.csv."""
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.power_prior import leave_one_out_priors
+    from tests.conftest import run_cli, smoke_sweep_copy
+
+    smoke_sweep_copy(smoke_sweep_master, tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = MlflowClient(tracking_uri=uri)
+    runs = c.search_runs([c.get_experiment_by_name("dvfs-sweep").experiment_id], filter_string="tags.`dvfs.point` != ''", max_results=500)
+    sid = runs[0].data.tags["dvfs.sweep_id"]
+    env = {"MLFLOW_TRACKING_URI": uri}
+    r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/rte", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert [p["freq_mhz"] for p in out["points"]] == [510.0, 816.0, 1300.5] and out["power_prior"]["workloads"] == 5
+
+    # the same fit by hand: every workload's pinned runs, the leave-one-out prior, the fit with it
+    by = {}
+    for run in runs:
+        if run.data.params["freq_mhz"] != "maxn":
+            m = run.data.metrics
+            by.setdefault(f"{run.data.params['model']}/{run.data.params['task']}", []).append(
+                Measurement(float(run.data.params["freq_mhz"]), m["time_s"], m["energy_j"], m["gpu_util_pct"] / 100.0))
+    names = sorted(by)
+    prior = leave_one_out_priors([by[n] for n in names], voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=0.02)[names.index("bert-tiny/rte")]
+    fit = fit_curve(by["bert-tiny/rte"], f_max_mhz=1300.5, prior=prior)
+    assert out["power_prior"]["log_ratio_mean"] == pytest.approx(prior.log_ratio_mean)
+    assert [p["energy_j"] for p in out["points"]] == pytest.approx([p.energy_j for p in fit.predict([510.0, 816.0, 1300.5])])
+    assert out["optimal_freq_mhz"] == fit.optimum([510.0, 816.0, 1300.5]).freq_mhz
+
+    r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/rte", env=env)
+    assert r.returncode == 0 and "power prior from 5 other workloads of the sweep" in r.stdout
+    r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/squad", env=env)
+    assert r.returncode != 0 and "has no pinned points of workload 'bert-tiny/squad'; it has bert-tiny/mrpc" in r.stderr
+    assert "Traceback" not in r.stderr
