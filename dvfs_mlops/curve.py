@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -303,24 +303,6 @@ def load_basis(f_mhz: np.ndarray, util: np.ndarray, idle_share: float, shape: fl
     return basis
 
 
-def _golden(fn: Callable[[float], float], lo: float, hi: float, iterations: int = 40) -> float:
-    """The minimum of a unimodal scalar function on [lo, hi] (golden-section search)."""
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = lo, hi
-    x1, x2 = b - g * (b - a), a + g * (b - a)
-    f1, f2 = fn(x1), fn(x2)
-    for _ in range(iterations):
-        if f1 <= f2:
-            b, x2, f2 = x2, x1, f1
-            x1 = b - g * (b - a)
-            f1 = fn(x1)
-        else:
-            a, x1, f1 = x1, x2, f2
-            x2 = a + g * (b - a)
-            f2 = fn(x2)
-    return (a + b) / 2.0
-
-
 LOG_RATIO_BOUNDS = (-8.0, 6.0)  # log k: from practically all-static to practically all-dynamic power
 _LOG_RATIO_GRID = np.linspace(*LOG_RATIO_BOUNDS, 561)
 
@@ -328,7 +310,8 @@ _LOG_RATIO_GRID = np.linspace(*LOG_RATIO_BOUNDS, 561)
 def power_ratio(load: np.ndarray, power: np.ndarray, *, sigma: float = 1.0, prior: tuple[float, float] | None = None) -> tuple[float, float]:
     """(log k, c) of power = c (1 + k load) by least squares on relative residuals, or, with `prior` = (mean,
     sd) of log k and the relative power noise `sigma`, the maximum a posteriori log k. c is the closed-form
-    least-squares scale for each k; log k is searched on a grid, then refined (golden section)."""
+    least-squares scale for each k; log k is searched on a grid (step 0.025), then on a finer one (0.00125)
+    between the best point's neighbours: two vectorised passes, as the priors fit every workload many times."""
     x, p = np.asarray(load, dtype=float), np.asarray(power, dtype=float)
 
     def objective(lk: np.ndarray | float) -> np.ndarray:
@@ -339,11 +322,9 @@ def power_ratio(load: np.ndarray, power: np.ndarray, *, sigma: float = 1.0, prio
             out = out + ((np.atleast_1d(lk) - prior[0]) / prior[1]) ** 2
         return out
 
-    grid = objective(_LOG_RATIO_GRID)
-    i = int(np.argmin(grid))
-    step = float(_LOG_RATIO_GRID[1] - _LOG_RATIO_GRID[0])
-    lo, hi = float(_LOG_RATIO_GRID[max(i - 1, 0)]), float(_LOG_RATIO_GRID[min(i + 1, len(_LOG_RATIO_GRID) - 1)])
-    lk = _golden(lambda v: float(objective(v)[0]), lo, hi) if hi - lo > step / 2 else float(_LOG_RATIO_GRID[i])
+    i = int(np.argmin(objective(_LOG_RATIO_GRID)))
+    fine = np.linspace(_LOG_RATIO_GRID[max(i - 1, 0)], _LOG_RATIO_GRID[min(i + 1, len(_LOG_RATIO_GRID) - 1)], 41)
+    lk = float(fine[int(np.argmin(objective(fine)))])
     g = (1.0 + math.exp(lk) * x) / p
     return lk, float(g.sum() / (g * g).sum())
 
@@ -497,7 +478,8 @@ def _decision_variance(fit: CurveFit, freqs: np.ndarray, info_t: np.ndarray, inf
 
 
 def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mhz: float, *, max_clocks: int = 4,
-               voltage_shape: float = ORIN_VOLTAGE_SHAPE, noise: tuple[float, float] = DEFAULT_NOISE) -> float | None:
+               voltage_shape: float = ORIN_VOLTAGE_SHAPE, noise: tuple[float, float] = DEFAULT_NOISE,
+               prior: PowerPrior | None = None) -> float | None:
     """The clock an adaptive sweep measures next for one workload, or None when the optimum is pinned down.
 
     The start (the governor's choice), then the table's two ends (the leverage both fits need), then
@@ -519,7 +501,7 @@ def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mh
     for end in (freqs[-1], freqs[0]):
         if round(end, 3) not in have:
             return end
-    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1], noise=noise)
+    fit = fit_curve(measured, voltage_shape=voltage_shape, f_max_mhz=freqs[-1], noise=noise, prior=prior)
     pred = fit.predict(freqs)
     o = min(range(len(freqs)), key=lambda i: pred[i].energy_j)
     if all(fit.gain(freqs[j], freqs[o])[0] > 2 * fit.gain(freqs[j], freqs[o])[1] > 0

@@ -2,8 +2,9 @@
 
 MAXN first (the baseline, and the GPU utilisation the governor's features need), then the
 production governor's clock for the workload (or the middle of the table when there is none),
-then whatever `curve.next_clock` asks for until the optimum is pinned down: at most
-`MAX_PINNED` pinned clocks. Each measured clock is an ordinary point run (every repeat), tagged
+then whatever `curve.next_clock` asks for until the optimum is pinned down (its fit leaning on the
+power prior of the workloads measured before this one, once there are five): at most `MAX_PINNED`
+pinned clocks. Each measured clock is an ordinary point run (every repeat), tagged
 `dvfs.strategy=adaptive`; no unmeasured clock is ever logged as a run. The parent run gets
 `predicted.csv`: every clock of every workload as the curve model predicts it, with a `measured`
 column, the predicted optimum marked. Those predictions are made once every workload is measured, with
@@ -24,7 +25,7 @@ from dvfs_mlops import tracking
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.curve import Measurement, PowerPrior, fit_curve, next_clock, noise_for, voltage_shape_for
 from dvfs_mlops.finetune import FinetuneResult
-from dvfs_mlops.power_prior import MIN_CLOCKS, MIN_WORKLOADS, leave_one_out_priors
+from dvfs_mlops.power_prior import MIN_CLOCKS, MIN_WORKLOADS, board_prior, leave_one_out_priors
 from dvfs_mlops.sweep.points import run_point
 from dvfs_mlops.sweep.progress import Progress
 from dvfs_mlops.sweep.spec import Point, SweepSpec
@@ -107,7 +108,11 @@ def run_adaptive_sweep(spec: SweepSpec, device: Any, c: Any, exp_id: str, parent
                 start = start_clock(feats)
             start = table[len(table) // 2] if start is None else float(start)
             measured: list[Measurement] = []
-            while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape, noise=noise)) is not None:
+            # the workloads measured so far say what they can about this one's power curve: with their prior the
+            # stop rule is satisfied sooner (fewer clocks); the same prior on resume, as they are read back in order
+            so_far = board_prior([m for _, m in workload_points], voltage_shape=shape, f_max_mhz=table[-1], noise=noise[1])
+            while (f := next_clock(measured, table, start, max_clocks=MAX_PINNED, voltage_shape=shape, noise=noise,
+                                   prior=so_far)) is not None:
                 measured.append(_mean_measurement(f, measure(f)))
             workload_points.append((f"{model}/{task}{spec.variant}", measured))
         completed = True
