@@ -86,6 +86,7 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
     from dvfs_mlops.curve import Measurement, next_clock, voltage_shape_for
     from dvfs_mlops.device.sim import SimDevice
     from dvfs_mlops.governor.dataset import fill_from_curves
+    from dvfs_mlops.power_prior import board_prior
     from dvfs_mlops.sweep.adaptive import MAX_PINNED
     from dvfs_mlops.twin.profiles import builtin_profile
 
@@ -93,10 +94,13 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
     start = table[len(table) // 2]
     shape = voltage_shape_for(SimDevice(builtin_profile(profile)))  # what the sweep's next_clock uses on this profile
     out, counts, gaps = [], [], []
+    sweep: list[list[Measurement]] = []
     for c in curves:
         got: list[Measurement] = []
-        while (f := next_clock(got, table, start, max_clocks=MAX_PINNED, voltage_shape=shape)) is not None:
-            got.append(Measurement(f, c.time_s[f], c.energy_j[f]))
+        so_far = board_prior(sweep, voltage_shape=shape, f_max_mhz=table[-1])  # as the sweep's next_clock leans on it
+        while (f := next_clock(got, table, start, max_clocks=MAX_PINNED, voltage_shape=shape, prior=so_far)) is not None:
+            got.append(Measurement(f, c.time_s[f], c.energy_j[f], c.gpu_util_pct[f] / 100.0 if f in c.gpu_util_pct else None))
+        sweep.append(got)
         energy = {m.freq_mhz: m.energy_j for m in got}
         time_s = {m.freq_mhz: m.time_s for m in got}
         util = {m.freq_mhz: c.gpu_util_pct[m.freq_mhz] for m in got if m.freq_mhz in c.gpu_util_pct}
