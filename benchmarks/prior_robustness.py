@@ -4,9 +4,10 @@ The prior assumes a board's workloads share most of their dynamic-to-static powe
 GPU utilisation is accounted for. The twin's do (they differ only through the CPU's share), so the
 twin alone cannot say what the prior costs where that assumption is wrong. Here each board has 14
 workloads of the prior's own power form whose log k scatters by SPREAD around the board's; each
-workload is measured adaptively (`curve.next_clock`, 1 %/2 % noise per window, start 816 MHz), and the
-predicted optimum of the plain per-workload fit and of the fit with the leave-one-out prior are
-judged against the true curve (share within 0.2 % of the optimum; the same draws for both).
+workload is measured adaptively (`curve.next_clock` without a prior, 1 %/2 % noise per window, start
+816 MHz), and the predicted optimum of the plain per-workload fit and of the fit with the leave-one-out
+prior are judged against the true curve (share within 0.2 % of the optimum; the same clocks and draws
+for both, so the comparison is paired).
 6 boards x 12 sweeps per spread (1008 draws; one standard error is about 0.6-0.8 points).
 """
 from __future__ import annotations
