@@ -130,10 +130,11 @@ class CurvePoint:
 
 
 def voltage_shape_for(device: object) -> float:
-    """The voltage-curve shape r of a device's board. The twin knows its own (its profile's V(f) = v0 + v1 (f/f_max)^2,
-    so r = v1 / v0: sim-orin-measured's is flatter than the Orin's); a real board's is not readable, so the
-    JetPack 6 AGX Orin's, which `fit_voltage_shape` can replace once a sweep has measured the board."""
-    params = getattr(device, "params", None)
+    """The voltage-curve shape r of a device's board (a device, or a twin profile's `OrinTwinParams` itself). The
+    twin knows its own (its profile's V(f) = v0 + v1 (f/f_max)^2, so r = v1 / v0: sim-orin-measured's is flatter
+    than the Orin's); a real board's is not readable, so the JetPack 6 AGX Orin's, which `fit_voltage_shape` can
+    replace once a sweep has measured the board."""
+    params = getattr(device, "params", device)
     v0, v1 = getattr(params, "volt_v0", None), getattr(params, "volt_v1", None)
     if isinstance(v0, (int, float)) and isinstance(v1, (int, float)) and v0 > 0 and v1 >= 0:
         return float(v1) / float(v0)
@@ -141,10 +142,10 @@ def voltage_shape_for(device: object) -> float:
 
 
 def noise_for(device: object) -> tuple[float, float]:
-    """The relative run-to-run noise (time, power) of one measurement window on a device's board: the twin's
-    profile states its own; a real board's is not known beforehand, so the twin's defaults (1 %, 2 %), a floor
-    under what the fits estimate from their residuals."""
-    params = getattr(device, "params", None)
+    """The relative run-to-run noise (time, power) of one measurement window on a device's board (a device, or a
+    twin profile's `OrinTwinParams` itself): the twin's profile states its own; a real board's is not known
+    beforehand, so the twin's defaults (1 %, 2 %), a floor under what the fits estimate from their residuals."""
+    params = getattr(device, "params", device)
     nt, np_ = getattr(params, "noise_time", None), getattr(params, "noise_power", None)
     if isinstance(nt, (int, float)) and isinstance(np_, (int, float)) and nt > 0 and np_ > 0:
         return float(nt), float(np_)

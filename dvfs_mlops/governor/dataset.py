@@ -173,11 +173,10 @@ Curves = tuple[dict[float, float], dict[float, float], dict[float, float]]  # en
 def power_noise(device_profile: str, repeats: int = 1) -> float:
     """The relative power noise of a sweep point's mean: the twin profile's own per run (else the board default,
     `curve.noise_for`'s), over the square root of the repeats, as the adaptive sweep takes it."""
-    from dvfs_mlops.curve import DEFAULT_NOISE
+    from dvfs_mlops.curve import noise_for
     from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
 
-    params = BUILTIN_PROFILES.get(device_profile)
-    return (params.noise_power if params is not None else DEFAULT_NOISE[1]) / math.sqrt(max(1, repeats))
+    return noise_for(BUILTIN_PROFILES.get(device_profile))[1] / math.sqrt(max(1, repeats))
 
 
 def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int], noise: float | None = None) -> float:
@@ -215,7 +214,7 @@ def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:
     for refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage
     shape and table top it was fitted with travel with it: a built-in twin profile's own, else the shape fitted
     across the sweep and its highest clock. None without enough workloads that logged utilisation."""
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape
+    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape, voltage_shape_for
     from dvfs_mlops.power_prior import board_prior
     from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
 
@@ -224,7 +223,7 @@ def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:
     params = BUILTIN_PROFILES.get(dataset.device_profile)
     noise = power_noise(dataset.device_profile, dataset.repeats)
     if params is not None:
-        shape, f_max = params.volt_v1 / params.volt_v0, float(params.max_mhz)
+        shape, f_max = voltage_shape_for(params), float(params.max_mhz)
     else:
         f_max = max(dataset.frequencies)
         try:
