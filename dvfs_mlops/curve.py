@@ -229,21 +229,21 @@ class CurveFit:
     prior: PowerPrior | None = None  # set when power was fitted with the board's prior and measured utilisation
     busy: tuple[float, float] | None = None  # GPU busy time = busy[0] + busy[1] / f (f in GHz), with `prior`
 
-    def _util(self, time_basis: np.ndarray, busy: tuple[float, float]) -> np.ndarray:
-        return np.clip((time_basis @ np.asarray(busy)) / (time_basis @ np.array([self.a, self.b])), 0.0, 1.0)
+    def _util(self, time_basis: np.ndarray) -> np.ndarray:
+        """Busy time over time at the basis' clocks (set only with `busy`)."""
+        return np.clip((time_basis @ np.asarray(self.busy)) / (time_basis @ np.array([self.a, self.b])), 0.0, 1.0)
 
     def _bases(self, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bt = _time_basis(freqs)
         if self.prior is None or self.busy is None:
             return bt, _power_basis(freqs, self.voltage_shape, self.f_max_mhz)
-        return bt, load_basis(freqs, self._util(bt, self.busy), self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
+        return bt, load_basis(freqs, self._util(bt), self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
 
     def utilisation(self, frequencies_mhz: Sequence[float]) -> list[float] | None:
         """The GPU busy share the fit predicts at each clock (None without the board prior)."""
         if self.busy is None:
             return None
-        bt = _time_basis(np.asarray([float(x) for x in frequencies_mhz], dtype=float))
-        return [float(u) for u in self._util(bt, self.busy)]
+        return [float(u) for u in self._util(_time_basis(np.asarray([float(x) for x in frequencies_mhz], dtype=float)))]
 
     def predict(self, frequencies_mhz: Sequence[float]) -> list[CurvePoint]:
         """Time, power and energy (with their standard deviations) at each clock."""

@@ -163,7 +163,7 @@ class ProbePlan:
 
     def record(self, m: Measurement) -> None:
         f = self.queue.pop(0)
-        self.measured[f] = Measurement(f, m.time_s, m.energy_j, m.gpu_util)
+        self.measured[f] = dataclasses.replace(m, freq_mhz=f)
 
     def _decide(self) -> None:
         """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
