@@ -39,14 +39,14 @@ c.get_model_version_by_alias("dvfs-governor", "production")
 
 IN_PROCESS = r"""
 import json, sys, time
-from dvfs_mlops import tracking
+from dvfs_mlops.mlops import tracking
 tracking.check_reachable()  # imports and the store: not what is compared
 t0 = time.perf_counter()
 if sys.argv[1] == "direct":
-    from dvfs_mlops.launcher import resolve_governor
+    from dvfs_mlops.app.finetune import resolve_governor
     model, meta = resolve_governor()
 else:
-    from dvfs_mlops.registry import resolve
+    from dvfs_mlops.mlops.registry import resolve
     model, meta = resolve()
 t1 = time.perf_counter()
 import pandas as pd
@@ -71,7 +71,7 @@ def _timed(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]
 
 def measure(repeats: int | None = None) -> dict[str, object]:
     repeats = repeats or int(os.environ.get("DVFS_BENCH_REPEATS", "5"))
-    cli = [sys.executable, "-m", "dvfs_mlops.cli"]
+    cli = [sys.executable, "-m", "dvfs_mlops"]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         env = _env(tmp)

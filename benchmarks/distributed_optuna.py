@@ -38,8 +38,8 @@ def _select(storage: str, name: str, trials: int, seed: int, worker: int | None)
     """One `train` process's selection on the shared study (a fork of the parent: the curves are already built)."""
     import optuna
 
-    from dvfs_mlops.governor.objectives import parse_objective
-    from dvfs_mlops.governor.search import _create_study, choose_split, joined_sampler, select
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.search import _create_study, choose_split, joined_sampler, select
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     train, _, freqs = _data()
@@ -52,8 +52,8 @@ def _judge(storage: str, name: str, seed: int) -> tuple[float, float, int]:
     """(best inner regret, held-out regret of the refit best, trials) of a finished study."""
     import optuna
 
-    from dvfs_mlops.governor.objectives import parse_objective
-    from dvfs_mlops.governor.search import _params_from_trial, policy_fitter, score
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.search import _params_from_trial, policy_fitter, score
 
     train, heldout, freqs = _data()
     study = optuna.load_study(study_name=name, storage=storage)
@@ -65,7 +65,7 @@ def _judge(storage: str, name: str, seed: int) -> tuple[float, float, int]:
 
 
 def run() -> list[tuple[str, str, str]]:
-    from dvfs_mlops.governor.search import storage_url
+    from dvfs_mlops.model.governor.search import storage_url
 
     trials = int(os.environ.get("DVFS_BENCH_OPTUNA_TRIALS", "40"))
     procs = int(os.environ.get("DVFS_BENCH_OPTUNA_PROCS", "2"))

@@ -34,14 +34,14 @@ from benchmarks.common import RESULTS
 def paper_curves(repeats: int = 1, seed: int = 0, profile: str = "sim-orin") -> tuple[list[Any], list[float]]:
     """WorkloadCurves of the paper preset on a built-in twin profile: expected and measured (noisy draws)."""
     from dvfs_mlops.clocks import MAXN
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import plan_batches
-    from dvfs_mlops.governor.dataset import WorkloadCurve
-    from dvfs_mlops.sweep.spec import PRESETS
-    from dvfs_mlops.twin.profiles import builtin_profile
-    from dvfs_mlops.workloads.prepare import prepare_workload
-    from dvfs_mlops.workloads.tasks import get_task
-    from dvfs_mlops.workloads.tokenizer import padded_length
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.job.finetune import plan_batches
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.tasks import get_task
+    from dvfs_mlops.job.workloads.tokenizer import padded_length
+    from dvfs_mlops.mlops.sweep.spec import PRESETS
+    from dvfs_mlops.model.governor.dataset import WorkloadCurve
 
     preset = PRESETS["paper"]
     dev = SimDevice(builtin_profile(profile), seed=seed)
@@ -83,12 +83,12 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
     Returns the curves and the mean number of pinned clocks measured per workload."""
     import dataclasses
 
-    from dvfs_mlops.curve import Measurement, next_clock, voltage_shape_for
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.governor.dataset import fill_from_curves
-    from dvfs_mlops.power_prior import board_prior
-    from dvfs_mlops.sweep.adaptive import MAX_PINNED
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.mlops.sweep.adaptive import MAX_PINNED
+    from dvfs_mlops.model.curve import Measurement, next_clock, voltage_shape_for
+    from dvfs_mlops.model.governor.dataset import fill_from_curves
+    from dvfs_mlops.model.power_prior import board_prior
 
     table = sorted(freqs)
     start = table[len(table) // 2]
@@ -126,12 +126,12 @@ def run() -> list[tuple[str, str, str]]:
 
 
 def run_profile(profile: str) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.evaluate import evaluate_dataset
-    from dvfs_mlops.governor.dataset import GovernorDataset
-    from dvfs_mlops.governor.objectives import parse_objective
-    from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, TreePolicy, paper_tree
-    from dvfs_mlops.governor.policy_tree import features_used
-    from dvfs_mlops.governor.search import nested_cv, run_search
+    from dvfs_mlops.mlops.evaluate import evaluate_dataset
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.policies import FixedPolicy, MaxNPolicy, OraclePolicy, TreePolicy, paper_tree
+    from dvfs_mlops.model.governor.policy_tree import features_used
+    from dvfs_mlops.model.governor.search import nested_cv, run_search
 
     trials = int(os.environ.get("DVFS_BENCH_TRIALS", "60"))
     outer = int(os.environ.get("DVFS_BENCH_OUTER_TRIALS", "15"))

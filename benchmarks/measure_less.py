@@ -37,9 +37,9 @@ def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]
     """(clock table, eval workloads' expected per-step energy, time and GPU utilisation (0..1), the production governor's
     choice for each, the power prior its version would carry: `train`'s, from the train-split workloads only)."""
     from benchmarks.governor_quality import paper_curves
-    from dvfs_mlops.governor.dataset import GovernorDataset, board_power_prior
-    from dvfs_mlops.governor.objectives import parse_objective
-    from dvfs_mlops.governor.search import run_search
+    from dvfs_mlops.model.governor.dataset import GovernorDataset, board_power_prior
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.search import run_search
 
     curves, freqs = paper_curves(1, profile=profile)
     ds = GovernorDataset(curves, freqs, "paper-twin", profile, True)
@@ -52,11 +52,11 @@ def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]
 
 
 def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.curve import Measurement, fit_curve, next_clock, noise_for, voltage_shape_for
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.power_prior import board_prior, leave_one_out_priors
-    from dvfs_mlops.refine import WARMUP_STEPS, ProbePlan
-    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+    from dvfs_mlops.job.refine import WARMUP_STEPS, ProbePlan
+    from dvfs_mlops.model.curve import Measurement, fit_curve, next_clock, noise_for, voltage_shape_for
+    from dvfs_mlops.model.power_prior import board_prior, leave_one_out_priors
 
     p = BUILTIN_PROFILES[profile]
     rng = np.random.default_rng(0)

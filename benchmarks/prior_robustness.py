@@ -33,7 +33,7 @@ def board_workload(i: int, spread: float, board: int) -> dict[str, float]:
 
 def truth(w: dict[str, float], f: float) -> tuple[float, float, float]:
     """(time, power, GPU busy share) at clock f: power = c (1 + k V^2 f (s + (1 - s) u))."""
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
 
     g = f / 1000.0
     t = w["a"] + w["b"] / g
@@ -44,8 +44,8 @@ def truth(w: dict[str, float], f: float) -> tuple[float, float, float]:
 
 def run_spread(spread: float, boards: int = 6, sweeps: int = 12) -> tuple[float, float, int]:
     """(share within 0.2 % alone, with the prior, draws) over boards 1..`boards`, `sweeps` adaptive sweeps each."""
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, next_clock
-    from dvfs_mlops.power_prior import leave_one_out_priors
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, next_clock
+    from dvfs_mlops.model.power_prior import leave_one_out_priors
 
     ok = {"alone": 0, "prior": 0}
     n = 0

@@ -11,7 +11,7 @@ argmin over all measured clocks, and the measured regret of the predicted optimu
     python -m benchmarks.public_curves --fit-shape  # also with r fitted on the same 4 clocks (fit_voltage_shape)
     python -m benchmarks.public_curves --rebuild    # regenerate the CSVs from raw/ (the verbatim source rows)
 
-No network; numpy and dvfs_mlops.curve only. The voltage shape is the module's ORIN_VOLTAGE_SHAPE unless
+No network; numpy and dvfs_mlops.model.curve only. The voltage shape is the module's ORIN_VOLTAGE_SHAPE unless
 a dataset is an Orin's (none of these is): for these boards it is NOT the board's own curve.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, fit_curve, fit_voltage_shape, read_measurements_csv
+from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, fit_curve, fit_voltage_shape, read_measurements_csv
 
 DATA = Path(__file__).resolve().parent / "data" / "public"
 # name -> device (for the printout); the shape is the Orin's default for all of them (none is an Orin)

@@ -7,11 +7,11 @@ from benchmarks.common import median_of
 
 
 def run(repeats: int = 5) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.twin.params import OrinTwinParams
-    from dvfs_mlops.twin.physics import estimate_step
-    from dvfs_mlops.twin.trace import capture_step_trace
-    from dvfs_mlops.workloads.zoo import PRESETS
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.params import OrinTwinParams
+    from dvfs_mlops.hw.twin.physics import estimate_step
+    from dvfs_mlops.hw.twin.trace import capture_step_trace
+    from dvfs_mlops.job.workloads.zoo import PRESETS
 
     rows = []
     p = OrinTwinParams()

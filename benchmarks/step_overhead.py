@@ -47,8 +47,8 @@ def run(blocks: int = 16, steps: int = 10) -> list[tuple[str, str, str]]:
 
 
 def _measure(blocks: int, steps: int, label: str) -> list[tuple[str, str, str]]:
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     with fake_orin(50.0) as dev:
         w = prepare_workload("bert-mini", "mrpc", train_size=512, dev_size=16)

@@ -13,7 +13,7 @@ from benchmarks.common import median_of
 
 def mlflow_per_point(n_points: int = 20, steps: int = 60) -> float:
     """Median seconds of MLflow work for one point: create, one log_batch (params, metrics, tags, series), terminate."""
-    from dvfs_mlops import tracking
+    from dvfs_mlops.mlops import tracking
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
@@ -39,7 +39,7 @@ def quick_preset_wall_s() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "DVFS_CACHE_DIR": f"{tmp}/traces"}
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "quick", "--device", "sim"],
+        subprocess.run([sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "quick", "--device", "sim"],
                        env=env, check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1])
         return time.perf_counter() - t0
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.kernelfs import KernelTree, fuse_available, mount_orin
-from tests.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
+from testkit.fakes.kernelfs import KernelTree, fuse_available, mount_orin
+from testkit.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def _kernel_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jetpack: int) 
 @pytest.fixture(params=[5, 6], ids=["jetpack5", "jetpack6"])
 def orin_kernel(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelTree]:
     """A fake Orin served over FUSE by a daemon that enforces the kernel's devfreq rules (min_freq <= max_freq,
-    cur_freq under caps, read-only and EIO knobs): see tests/fakes/kernelfs.py. DVFS_SYSFS_ROOT is the mount."""
+    cur_freq under caps, read-only and EIO knobs): see testkit/fakes/kernelfs.py. DVFS_SYSFS_ROOT is the mount."""
     yield from _kernel_tree(tmp_path, monkeypatch, request.param)
 
 
@@ -176,7 +176,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, process: 
     only (pytest-timeout bounds the rest)."""
     merged = {**os.environ, **(env or {})}
     if process:
-        return subprocess.run([sys.executable, "-m", "dvfs_mlops.cli", *args], capture_output=True, text=True, env=merged,
+        return subprocess.run([sys.executable, "-m", "dvfs_mlops", *args], capture_output=True, text=True, env=merged,
                               timeout=timeout, cwd=REPO)
     return _cli_in_process(list(args), merged)
 
@@ -187,7 +187,7 @@ def _cli_in_process(args: list[str], env: dict[str, str]) -> subprocess.Complete
     from click.testing import CliRunner
     from mlflow.tracking._tracking_service import utils as tracking_utils
 
-    from dvfs_mlops.cli import main
+    from dvfs_mlops.app.cli import main
 
     saved_env, saved_cwd, saved_uri = dict(os.environ), os.getcwd(), tracking_utils._tracking_uri
     os.environ.clear()
@@ -256,7 +256,7 @@ def smoke_sweep_copy(master: Path, dest: Path) -> subprocess.CompletedProcess[st
 def fleet_pg() -> Iterator[Any]:
     """A real PostgreSQL on 127.0.0.1 (Debian's package, a throwaway cluster), shared by the session's fleet tests;
     skipped, saying why, where its binaries or the psycopg driver are missing."""
-    from tests.fakes.pgserver import Postgres, postgres_missing
+    from testkit.fakes.pgserver import Postgres, postgres_missing
 
     why = postgres_missing()
     if why:
@@ -272,7 +272,7 @@ def fleet_pg() -> Iterator[Any]:
 def fleet_server(fleet_pg: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`mlflow server` on `fleet_pg` with a local artifact destination served through it (its first start migrates the
     schema: once per session). Tests give their runs their own experiment names."""
-    from tests.fakes.pgserver import MlflowServer
+    from testkit.fakes.pgserver import MlflowServer
 
     server = MlflowServer(tmp_path_factory.mktemp("fleet-server"), fleet_pg.uri)
     try:
@@ -285,7 +285,7 @@ def trainer_data(prepared: Any) -> tuple[Any, Callable[[list[dict[str, Any]]], d
     """A prepared workload's train split as a torch Dataset and its collate function: what a user's own Trainer is given."""
     import torch
 
-    from dvfs_mlops.workloads.tokenizer import collate as pad
+    from dvfs_mlops.job.workloads.tokenizer import collate as pad
 
     class TrainSplit(torch.utils.data.Dataset):
         def __len__(self) -> int:

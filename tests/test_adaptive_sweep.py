@@ -49,7 +49,7 @@ def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_
         assert sum(x["predicted_optimum"] == "1" for x in rows if x["workload"] == w) == 1
 
     # the governor's dataset takes it: unmeasured clocks come from the curve model, measured ones stay measured
-    from dvfs_mlops.governor.dataset import load_sweep_dataset
+    from dvfs_mlops.mlops.dataset import load_sweep_dataset
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     ds = load_sweep_dataset(parent.data.tags["dvfs.sweep_id"])

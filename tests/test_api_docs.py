@@ -18,12 +18,12 @@ def _section(heading: str) -> str:
 
 
 def _entry_points():
-    from dvfs_mlops.device import open_device
-    from dvfs_mlops.device.base import FreqSession
-    from dvfs_mlops.governor.search import run_search
+    from dvfs_mlops.hw import open_device
+    from dvfs_mlops.hw.device import FreqSession
     from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.model.governor.search import run_search
 
-    return [("`dvfs_mlops.device.open_device`", open_device),
+    return [("`dvfs_mlops.hw.open_device`", open_device),
             ("`FreqSession`", FreqSession.__init__),
             ("`DvfsCallback`", DvfsCallback.__init__),
             ("`run_search`", run_search)]
@@ -40,7 +40,7 @@ def test_every_argument_is_documented(index):
 
 def test_documented_errors_exist():
     from dvfs_mlops import errors
-    from dvfs_mlops.device import placement
+    from dvfs_mlops.hw import placement
 
     table = _section("dvfs-mlops public API")
     names = re.findall(r"^\| `(\w+)`", table, flags=re.MULTILINE)
@@ -51,7 +51,7 @@ def test_documented_errors_exist():
 
 
 def test_pyfunc_columns_are_the_feature_columns():
-    from dvfs_mlops.workloads.features import FEATURE_COLUMNS
+    from dvfs_mlops.model.workload import FEATURE_COLUMNS
 
     section = _section("The governor pyfunc")
     assert all(f"`{c}`" in section for c in FEATURE_COLUMNS)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
-from dvfs_mlops.device.guard import list_journals
-from tests.fakes.sysfs import make_orin_tree
+from dvfs_mlops.app.cli import main
+from dvfs_mlops.hw.guard import list_journals
+from testkit.fakes.sysfs import make_orin_tree
 
 DEFAULT = (306000000, 1300500000)
 

@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
+from dvfs_mlops.app.cli import main
+from testkit.fakes.sysfs import ORIN_TABLE_HZ
 from tests.conftest import run_cli
-from tests.fakes.sysfs import ORIN_TABLE_HZ
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_every_option_has_help_and_counts_are_not_strings():
 
 
 def test_help_shows_integer_types_and_finetune_lists_the_model_presets(cli):
-    from dvfs_mlops.workloads.zoo import PRESETS
+    from dvfs_mlops.job.workloads.zoo import PRESETS
 
     sweep_help = cli("sweep", "--help").output
     for opt in ("--steps", "--profile-steps", "--repeats", "--train-size", "--dev-size", "--seed", "--batch-size"):

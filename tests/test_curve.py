@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
-from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape, read_measurements_csv
+from dvfs_mlops.app.cli import main
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape, read_measurements_csv
 
 TABLE = (306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5)
 
@@ -131,7 +131,7 @@ def test_reader_takes_repeats_as_extra_rows(tmp_path: Path):
 
 
 def test_adaptive_next_clock_starts_at_the_governor_then_ends_then_the_optimum_and_stops_at_four():
-    from dvfs_mlops.curve import next_clock
+    from dvfs_mlops.model.curve import next_clock
 
     measured: list[Measurement] = []
     order = []
@@ -147,7 +147,7 @@ def test_adaptive_fill_ins_use_the_voltage_shape_fitted_across_the_sweep():
     """A board whose voltage curve is not the Orin default (r = 1/3, as sim-orin-measured): workloads measured at
     four clocks are filled at the others with the shape fitted across the sweep, close to the truth, where the
     Orin default would bias them."""
-    from dvfs_mlops.governor.dataset import fill_from_curves
+    from dvfs_mlops.model.governor.dataset import fill_from_curves
 
     r = 0.2 / 0.6
     kinds = [{"a": 0.05, "b": 0.04, "c": 9.0, "d": 12.0}, {"a": 0.01, "b": 0.08, "c": 6.0, "d": 20.0}, {"a": 0.1, "b": 0.02, "c": 12.0, "d": 5.0}]
@@ -171,7 +171,7 @@ def test_adaptive_fill_ins_use_the_voltage_shape_fitted_across_the_sweep():
 
 
 def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
-    from dvfs_mlops.governor.dataset import fill_from_curves
+    from dvfs_mlops.model.governor.dataset import fill_from_curves
 
     ms = _measure((306.0, 1300.5))
     gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}, {})
@@ -180,11 +180,11 @@ def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
 
 
 def test_voltage_shape_is_the_twin_profiles_own_and_the_orins_on_a_board():
-    from dvfs_mlops.curve import voltage_shape_for
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.refine import Refiner
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.job.refine import Refiner
+    from dvfs_mlops.model.curve import voltage_shape_for
 
     measured = SimDevice(builtin_profile("sim-orin-measured"))
     assert voltage_shape_for(measured) == pytest.approx(0.20 / 0.60)
@@ -211,9 +211,9 @@ def test_gain_is_the_predicted_saving_with_the_deviation_of_the_difference():
 def test_noise_for_reads_the_twins_profile_and_falls_back_for_boards():
     import dataclasses
 
-    from dvfs_mlops.curve import DEFAULT_NOISE, noise_for
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.twin.profiles import BUILTIN_PROFILES
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+    from dvfs_mlops.model.curve import DEFAULT_NOISE, noise_for
 
     noisy = dataclasses.replace(BUILTIN_PROFILES["sim-orin"], noise_time=0.03, noise_power=0.05)
     assert noise_for(SimDevice(noisy)) == (0.03, 0.05)  # the profile's own, not the board default
@@ -241,7 +241,7 @@ def _old_next_clock(measured, start):
 def test_adaptive_design_pins_the_optimum_more_often_than_measuring_at_it():
     """Under 1 %/2 % noise the c-optimal next clock (least variance of the optimum-vs-neighbour differences)
     lands within 0.2 % of the true optimum more often than measuring the fitted optimum and its neighbour."""
-    from dvfs_mlops.curve import next_clock
+    from dvfs_mlops.model.curve import next_clock
 
     kinds = [{"a": 0.05, "b": 0.04, "c": 9.0, "d": 12.0}, {"a": 0.01, "b": 0.08, "c": 14.0, "d": 9.0},
              {"a": 0.03, "b": 0.06, "c": 20.0, "d": 8.0}]
@@ -266,7 +266,7 @@ def test_adaptive_design_pins_the_optimum_more_often_than_measuring_at_it():
 
 
 def test_adaptive_design_stops_once_both_neighbours_are_clearly_dearer():
-    from dvfs_mlops.curve import next_clock
+    from dvfs_mlops.model.curve import next_clock
 
     # a sharply curved workload measured noise-free at the start and both ends: the fit, with the board's noise
     # as its floor, already puts both neighbours of the optimum more than two deviations above it
@@ -286,7 +286,7 @@ def test_curve_fit_reads_a_sweeps_workload_with_the_boards_power_prior(tmp_path,
     workload's points, its power curve leaning on the prior of the other 5, as the adaptive sweep's predicted.csv."""
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.power_prior import leave_one_out_priors
+    from dvfs_mlops.model.power_prior import leave_one_out_priors
     from tests.conftest import run_cli, smoke_sweep_copy
 
     smoke_sweep_copy(smoke_sweep_master, tmp_path)

@@ -25,7 +25,7 @@ DRY_RUN = ["finetune", "--model", "bert-base", "--task", "rte", "--device", "sim
 # Runs the CLI in this process and reports the decision and which heavy packages ended up imported.
 PROBE = r"""
 import json, sys
-from dvfs_mlops import cli
+from dvfs_mlops.app import cli
 sys.argv = ["dvfs-mlops", *sys.argv[1:]]
 try:
     cli.main()
@@ -77,15 +77,15 @@ def test_warm_dry_run_imports_neither_torch_nor_transformers_and_decides_as_the_
 
 
 def test_cached_features_equal_the_slow_way(in_store, monkeypatch):
-    from dvfs_mlops.workloads import features
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads import features
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     cases = [("bert-base", "rte"), ("pythia-70m", "mrpc"), ("bert-tiny", "stsb"), ("pythia-14m", "mnli")]
     slow = {c: prepare_workload(*c, train_size=300, dev_size=16, use_cache=False) for c in cases}
     for c in cases:
         prepare_workload(*c, train_size=300, dev_size=16)  # computes and stores
     monkeypatch.setattr(features, "count_params", lambda config, peft=None: pytest.fail("a warm workload counted parameters"))
-    monkeypatch.setattr("dvfs_mlops.workloads.prepare.train_wordpiece", lambda *a, **k: pytest.fail("a warm workload trained a tokenizer"))
+    monkeypatch.setattr("dvfs_mlops.job.workloads.prepare.train_wordpiece", lambda *a, **k: pytest.fail("a warm workload trained a tokenizer"))
     for c in cases:
         warm = prepare_workload(*c, train_size=300, dev_size=16)
         assert warm.features == slow[c].features, c
@@ -99,8 +99,8 @@ def test_cached_param_count_is_exact_for_every_preset(in_store):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from dvfs_mlops.workloads.features import classifier_config, model_facts
-    from dvfs_mlops.workloads.zoo import PRESETS, resolve_model
+    from dvfs_mlops.job.workloads.features import classifier_config, model_facts
+    from dvfs_mlops.job.workloads.zoo import PRESETS, resolve_model
 
     for name in PRESETS:
         for num_labels in (1, 3):
@@ -130,8 +130,8 @@ CONFIG_FILES = {
 
 
 def test_cached_param_count_is_exact_for_config_files_and_a_changed_file_is_a_miss(in_store, tmp_path):
-    from dvfs_mlops.workloads.features import classifier_config, compute_model_facts, count_params, model_facts
-    from dvfs_mlops.workloads.zoo import resolve_model
+    from dvfs_mlops.job.workloads.features import classifier_config, compute_model_facts, count_params, model_facts
+    from dvfs_mlops.job.workloads.zoo import resolve_model
 
     for label, data in CONFIG_FILES.items():
         path = tmp_path / f"{label}.json"
@@ -154,7 +154,7 @@ def test_cached_param_count_is_exact_for_config_files_and_a_changed_file_is_a_mi
 
 
 def test_token_lengths_cache_is_keyed_by_its_inputs(in_store, tmp_path):
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     a = prepare_workload("bert-tiny", "sst2", train_size=200, dev_size=8)
     for other in ({"seed": 1}, {"train_size": 201}, {"max_length": 16}):
@@ -176,10 +176,10 @@ def test_token_lengths_cache_is_keyed_by_its_inputs(in_store, tmp_path):
 
 
 def test_direct_policy_read_decides_as_the_pyfunc(in_store):
-    from dvfs_mlops.launcher import PolicyModel, decide, resolve_governor
-    from dvfs_mlops.registry import resolve
-    from dvfs_mlops.workloads.features import WorkloadFeatures
-    from dvfs_mlops.workloads.zoo import PRESETS
+    from dvfs_mlops.app.finetune import PolicyModel, decide, resolve_governor
+    from dvfs_mlops.job.workloads.zoo import PRESETS
+    from dvfs_mlops.mlops.registry import resolve
+    from dvfs_mlops.model.workload import WorkloadFeatures
 
     direct, meta = resolve_governor()
     pyfunc, pyfunc_meta = resolve()
@@ -195,8 +195,8 @@ def test_direct_policy_read_decides_as_the_pyfunc(in_store):
 
 
 def test_other_governor_code_goes_through_the_pyfunc(in_store, tmp_path, monkeypatch):
-    from dvfs_mlops.governor import pyfunc
-    from dvfs_mlops.launcher import PolicyModel, resolve_governor
+    from dvfs_mlops.app.finetune import PolicyModel, resolve_governor
+    from dvfs_mlops.mlops import pyfunc
 
     edited = tmp_path / "model_code.py"
     edited.write_text(pyfunc.CODE.read_text() + "\n# another version\n")
@@ -206,11 +206,11 @@ def test_other_governor_code_goes_through_the_pyfunc(in_store, tmp_path, monkeyp
 
 
 def test_slow_and_fast_plan_decide_alike_and_a_probe_still_trains(in_store, monkeypatch):
-    from dvfs_mlops import launcher
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.registry import resolve
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.mlops.registry import resolve
 
     cfg = FinetuneConfig(steps=4, batch_size=8)
     prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16)  # warm
@@ -256,7 +256,7 @@ def test_a_written_store_is_asked_again_and_a_new_production_version_is_seen(sto
 
 
 def test_an_entry_is_kept_only_when_the_store_did_not_change_meanwhile(tmp_path):
-    from dvfs_mlops import governor_cache
+    from dvfs_mlops.mlops import alias_cache as governor_cache
 
     db = tmp_path / "mlflow.db"
     db.write_bytes(b"x" * 10)
@@ -276,7 +276,7 @@ def test_an_entry_is_kept_only_when_the_store_did_not_change_meanwhile(tmp_path)
 @pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "postgresql://u@localhost/mlflow", "sqlite:///:memory:",
                                  "sqlite:///mlflow.db?timeout=5", "file:///tmp/mlruns"])
 def test_only_a_plain_sqlite_store_is_remembered(uri):
-    from dvfs_mlops import governor_cache
+    from dvfs_mlops.mlops import alias_cache as governor_cache
 
     found = governor_cache.CachedGovernor({"tree": {"freq_mhz": 612.0}}, {"version": 1})
     assert governor_cache.store_stamp(uri) is None

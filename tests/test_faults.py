@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from dvfs_mlops.device.guard import list_journals
-from dvfs_mlops.device.jetson import JetsonDevice, JetsonSession
+from dvfs_mlops.hw.guard import list_journals
+from dvfs_mlops.hw.jetson import JetsonDevice, JetsonSession
 from tests.conftest import REPO
 
 DEFAULT = (306000000, 1300500000)
@@ -57,7 +57,7 @@ def store(tmp_path, monkeypatch, empty_store):
 
 @pytest.fixture(scope="module")
 def workload():
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     return prepare_workload("bert-tiny", "sst2", train_size=32, dev_size=16)
 
@@ -75,7 +75,7 @@ def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
     for trial in range(TRIALS):
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             freq = rng.choice(table)
-            proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", "run", "--freq", f"{freq:g}", "--device", "jetson",
+            proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops", "run", "--freq", f"{freq:g}", "--device", "jetson",
                                      "--", "sleep", "5"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if rng.random() < 0.75:  # most signals: once the child has pinned the clock (~0.2 s after start on a quiet machine)
                 deadline = time.monotonic() + 20
@@ -86,7 +86,7 @@ def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
             proc.send_signal(sig)
             proc.wait(timeout=30)
             if sig == signal.SIGKILL:
-                from dvfs_mlops.device import restore_journals
+                from dvfs_mlops.hw import restore_journals
 
                 restore_journals(announce=lambda m: None)
             assert orin6.range_hz == DEFAULT, (trial, sig, freq, proc.stderr.read())
@@ -98,7 +98,7 @@ def test_run_command_signals_and_sigkill(orin6_kernel, state_dir):
 @pytest.mark.parametrize("fault", FAULTS)
 def test_run_command_in_process_faults(orin6, state_dir, monkeypatch, fault):
     """run_metered with the child's wait() failing at a random moment."""
-    from dvfs_mlops.runner import run_metered
+    from dvfs_mlops.app.run import run_metered
 
     rng = random.Random(f"run-{fault}")
     real_wait = subprocess.Popen.wait
@@ -123,7 +123,7 @@ def test_run_command_in_process_faults(orin6, state_dir, monkeypatch, fault):
 
 
 def _tiny_sweep_spec(device):
-    from dvfs_mlops.sweep import build_spec
+    from dvfs_mlops.mlops.sweep import build_spec
 
     return build_spec(device, "smoke", models="bert-tiny", tasks="sst2", freqs="510,1300.5", steps=3, train_size=32, dev_size=16)
 
@@ -132,8 +132,8 @@ def _tiny_sweep_spec(device):
 def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload, monkeypatch, fault):
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.sweep import run_sweep
-    from dvfs_mlops.workloads import prepare
+    from dvfs_mlops.job.workloads import prepare
+    from dvfs_mlops.mlops.sweep import run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     rng = random.Random(f"sweep-{fault}")
@@ -171,7 +171,7 @@ def _refused_request():
 def _arm_store_cuts(monkeypatch, cuts: set[int], fault=None) -> list[int]:
     """Cut the tracking store's connection (as a server restart does) on the given calls (1-based) of what a sweep asks
     and logs: the parent's tags first, then per point its store read (claimed sweeps) and its results. Returns the calls."""
-    from dvfs_mlops import sweep, tracking
+    from dvfs_mlops.mlops import sweep, tracking
 
     calls: list[int] = []
 
@@ -194,9 +194,9 @@ def test_a_claimed_sweep_rides_out_a_cut_store_connection(orin6, state_dir, stor
     are restored, the claim is released and the point measured again; every point ends FINISHED exactly once."""
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.claims import open_claims
-    from dvfs_mlops.sweep import run_sweep
-    from dvfs_mlops.workloads import prepare
+    from dvfs_mlops.job.workloads import prepare
+    from dvfs_mlops.mlops.claims import open_claims
+    from dvfs_mlops.mlops.sweep import run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
@@ -222,10 +222,10 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
     """Claimed: a store that fails 1 + STORE_FAILURES_PER_POINT times in a row (whatever the point) ends the sweep, not
     each point failing that often in turn; unclaimed (no claims), or a request the store refused: at once. Clocks
     restored every time."""
-    from dvfs_mlops.claims import NoClaims, open_claims
     from dvfs_mlops.errors import TrackingStoreError
-    from dvfs_mlops.sweep import STORE_FAILURES_PER_POINT, build_spec, run_sweep
-    from dvfs_mlops.workloads import prepare
+    from dvfs_mlops.job.workloads import prepare
+    from dvfs_mlops.mlops.claims import NoClaims, open_claims
+    from dvfs_mlops.mlops.sweep import STORE_FAILURES_PER_POINT, build_spec, run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
@@ -245,8 +245,9 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_finetune_faults(orin6, state_dir, store, workload, monkeypatch, fault):
-    from dvfs_mlops import launcher, registry
-    from dvfs_mlops.finetune import FinetuneConfig
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.mlops import registry
 
     registry.bootstrap(say=lambda m: None)
     registry.promote("latest", say=lambda m: None)
@@ -264,8 +265,8 @@ def test_a_store_outage_anywhere_in_the_cli_is_one_line(store, monkeypatch):
     """MLflow's client giving up on a request outside a point (the sweep's end, a report) is one line, exit 2, no traceback."""
     from click.testing import CliRunner
 
-    from dvfs_mlops import sweep
-    from dvfs_mlops.cli import main
+    from dvfs_mlops.app.cli import main
+    from dvfs_mlops.mlops import sweep
 
     def outage(*a, **k):
         raise _cut_connection()
@@ -287,7 +288,7 @@ def test_a_store_outage_is_told_from_a_refused_request():
     from mlflow.exceptions import MlflowException, RestException
     from mlflow.utils.rest_utils import get_error_code
 
-    from dvfs_mlops.tracking import is_store_outage
+    from dvfs_mlops.mlops.tracking import is_store_outage
 
     def http(status: int) -> MlflowException:  # as MLflow's client raises a non-JSON error response
         return MlflowException(f"API request to endpoint /api/2.0/mlflow/runs/create failed with error code {status} != 200. "
@@ -310,10 +311,10 @@ def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_d
     error goes up, so another worker need not wait out its lease; no clock was touched."""
     import json
 
-    from dvfs_mlops.claims import open_claims
     from dvfs_mlops.errors import DvfsError
-    from dvfs_mlops.sweep import run_sweep
-    from dvfs_mlops.workloads import prepare
+    from dvfs_mlops.job.workloads import prepare
+    from dvfs_mlops.mlops.claims import open_claims
+    from dvfs_mlops.mlops.sweep import run_sweep
 
     def broken(*a, **k):
         raise DvfsError("SST-2/train.tsv: line 3 has no label")

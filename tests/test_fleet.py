@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dvfs_mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
+from dvfs_mlops.mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
 from tests.conftest import REPO, run_cli
 
 
@@ -63,7 +63,7 @@ def test_file_claims_one_winner_expiry_and_done(tmp_path):
     _lifecycle(FileClaims(tmp_path / "other.json"), "m/t@510#0")
 
 
-_CLAIM_AND_EXIT = "import sys; from pathlib import Path; from dvfs_mlops.claims import FileClaims; " \
+_CLAIM_AND_EXIT = "import sys; from pathlib import Path; from dvfs_mlops.mlops.claims import FileClaims; " \
                   "print(FileClaims(Path(sys.argv[1])).claim('s1', sys.argv[2], 'board@somewhere:1', 300).value, flush=True)"
 
 
@@ -135,7 +135,7 @@ def test_postgres_claims_one_winner_expiry_done_and_restart(fleet_pg):
 
 
 def _sweep(exp: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
+    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
             "--freqs", "510,816,1300.5", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exp, *extra]
 
 
@@ -226,7 +226,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     Optuna study in the same PostgreSQL split its trials."""
     import optuna
 
-    from dvfs_mlops.governor.search import storage_url
+    from dvfs_mlops.model.governor.search import storage_url
 
     exp = f"fleet-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
@@ -234,7 +234,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
             "--device", "sim", "--experiment", exp]
     boards = [("orin-a", ["--models", "bert-tiny,pythia-14m"]), ("orin-b", ["--models", "bert-mini,pythia-31m"]),
               ("orin-m", ["--models", "bert-tiny", "--twin-profile", "sim-orin-measured"])]
-    procs = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *base, *extra, "--device-id", board], cwd=REPO, env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops", *base, *extra, "--device-id", board], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for board, extra in boards]
     for p in procs:
         _out, err = p.communicate(timeout=300)
@@ -251,7 +251,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     study = f"fleet-study-{uuid.uuid4().hex[:6]}"
     args = ["train", "--experiment", exp, "--sweeps-filter", "params.device_profile = 'sim-orin'", "--trials", "4", "--outer-trials", "2",
             "--no-register", "--storage", storage, "--study-name", study, "--cv-split", "workload"]
-    trainers = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    trainers = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in trainers:
         out, err = p.communicate(timeout=300)
@@ -279,8 +279,8 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     The two boards are given the same sweep: they share its id, claim its points in PostgreSQL and run each once."""
     import shlex
 
-    from dvfs_mlops.device.guard import list_journals
-    from tests.fakes.sysfs import make_orin_tree
+    from dvfs_mlops.hw.guard import list_journals
+    from testkit.fakes.sysfs import make_orin_tree
 
     lines = _readme_fleet_recipe()
     assert lines[0].startswith("createdb mlflow && createdb optuna")
@@ -304,7 +304,7 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     assert sweep_line.startswith("sudo -E dvfs-mlops sweep --preset paper --steps ")  # hardware trains: steps > 0
     small = ["--models", "bert-tiny,pythia-14m", "--tasks", "sst2,mrpc", "--freqs", "816", "--steps", "2", "--train-size", "32",
              "--dev-size", "16"]
-    cli = [sys.executable, "-m", "dvfs_mlops.cli"]
+    cli = [sys.executable, "-m", "dvfs_mlops"]
     boards = []
     for i in range(2):
         fake = make_orin_tree(tmp_path / f"board{i}", jetpack=6)
@@ -346,13 +346,13 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     """8 workers (4 on the twin, 4 on fake AGX Orins: two device profiles, two sweeps, each shared by 4) against the
     PostgreSQL-backed server; the tracking server is restarted once and PostgreSQL once while they run. Every point ends
     FINISHED exactly once, nothing is lost, every fake board's clocks are restored."""
-    from dvfs_mlops.device.guard import list_journals
-    from tests.fakes.sysfs import make_orin_tree
+    from dvfs_mlops.hw.guard import list_journals
+    from testkit.fakes.sysfs import make_orin_tree
 
     exps = [f"load-sim-{uuid.uuid4().hex[:6]}", f"load-orin-{uuid.uuid4().hex[:6]}"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri,
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}  # a restart: ~10 s
-    cli = [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m",
+    cli = [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m",
            "--freqs", "510,816,1300.5", "--train-size", "16", "--dev-size", "16", "--claim-ttl-s", "30"]
     sim = [*cli, "--tasks", "sst2,mrpc,rte", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exps[0]]
     orin = [*cli, "--tasks", "sst2", "--steps", "1", "--device", "jetson", "--experiment", exps[1]]
@@ -424,7 +424,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
 
 
 def test_bad_or_unreachable_claims_are_one_line_errors(empty_store):
-    from tests.fakes.pgserver import free_port
+    from testkit.fakes.pgserver import free_port
 
     env = {"MLFLOW_TRACKING_URI": empty_store}
     base = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "816", "--steps", "0", "--device", "sim"]

@@ -7,11 +7,12 @@ import pandas as pd
 import pytest
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.governor.dataset import WorkloadCurve, dataset_from_frame
-from dvfs_mlops.governor.objectives import parse_objective
-from dvfs_mlops.governor.policies import FixedPolicy, MaxNPolicy, TreePolicy, paper_tree
-from dvfs_mlops.governor.search import ffg_fitter, loocv, paper_score
-from dvfs_mlops.workloads.features import WorkloadFeatures
+from dvfs_mlops.mlops.dataset import dataset_from_frame
+from dvfs_mlops.model.governor.dataset import WorkloadCurve
+from dvfs_mlops.model.governor.objectives import parse_objective
+from dvfs_mlops.model.governor.policies import FixedPolicy, MaxNPolicy, TreePolicy, paper_tree
+from dvfs_mlops.model.governor.search import ffg_fitter, loocv, paper_score
+from dvfs_mlops.model.workload import WorkloadFeatures
 
 F = [306.0, 612.0, 1020.0]
 
@@ -154,8 +155,8 @@ def test_partial_sweep_is_valid_and_policies_choose_among_measured_clocks():
 
 
 def test_too_few_workloads_for_loocv():
-    from dvfs_mlops.governor.dataset import GovernorDataset
-    from dvfs_mlops.governor.search import run_search
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
+    from dvfs_mlops.model.governor.search import run_search
 
     ds = GovernorDataset([A, B], F, "sw", "sim-orin", True)
     with pytest.raises(DvfsError, match="cross-validation needs at least 4"):
@@ -164,8 +165,8 @@ def test_too_few_workloads_for_loocv():
 
 def test_search_beats_or_matches_baselines_on_structured_data(tmp_path):
     """Deep models want 816, shallow ones 510: a tree finds it, FFG cannot."""
-    from dvfs_mlops.governor.dataset import GovernorDataset
-    from dvfs_mlops.governor.search import run_search
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
+    from dvfs_mlops.model.governor.search import run_search
 
     freqs = [510.0, 816.0]
     curves = []
@@ -184,7 +185,7 @@ def test_search_beats_or_matches_baselines_on_structured_data(tmp_path):
 
 def test_classifier_learns_a_fractional_clock_label():
     """1300.5 MHz as a best clock: sklearn must see clock classes, not a continuous target."""
-    from dvfs_mlops.governor.search import TreeParams, fit_policy
+    from dvfs_mlops.model.governor.search import TreeParams, fit_policy
 
     clocks = [306.0, 612.0, 1300.5]
     fast = [WorkloadCurve(f"big{i}/sst2", "train", WorkloadFeatures("encoder", 24, 1024, 300_000_000, 60.0, 99.0),

@@ -5,13 +5,13 @@ import types
 
 import pytest
 
-from dvfs_mlops.governor import policy_tree
-from dvfs_mlops.governor.curves import CurveParams, fit_curve_policy
-from dvfs_mlops.governor.dataset import GovernorDataset, WorkloadCurve
-from dvfs_mlops.governor.objectives import parse_objective
-from dvfs_mlops.governor.policies import OraclePolicy
-from dvfs_mlops.governor.search import bootstrap_ci, folds, run_search
-from dvfs_mlops.workloads.features import WorkloadFeatures
+from dvfs_mlops.model.governor import policy_tree
+from dvfs_mlops.model.governor.curve_tree import CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
+from dvfs_mlops.model.governor.objectives import parse_objective
+from dvfs_mlops.model.governor.policies import OraclePolicy
+from dvfs_mlops.model.governor.search import bootstrap_ci, folds, run_search
+from dvfs_mlops.model.workload import WorkloadFeatures
 
 F = [510.0, 816.0, 1300.5]
 E = parse_objective("energy")
@@ -146,7 +146,7 @@ class StubClient:
 
 
 def _gates(metrics: dict[str, float], production: dict[str, float] | None = None) -> dict[str, bool | None]:
-    from dvfs_mlops.registry import check_gates, load_config
+    from dvfs_mlops.mlops.registry import check_gates, load_config
 
     runs = {"cand": metrics, **({"prod": production} if production else {})}
     cand = types.SimpleNamespace(version="cand", run_id="cand", tags={})

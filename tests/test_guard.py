@@ -8,17 +8,17 @@ import sys
 
 import pytest
 
-from dvfs_mlops.device.guard import DeviceLock, list_journals
-from dvfs_mlops.device.jetson import JetsonDevice
 from dvfs_mlops.errors import DeviceBusyError
+from dvfs_mlops.hw.guard import DeviceLock, list_journals
+from dvfs_mlops.hw.jetson import JetsonDevice
+from testkit.fakes.sysfs import ORIN_TABLE_HZ
 from tests.conftest import REPO, run_cli
-from tests.fakes.sysfs import ORIN_TABLE_HZ
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 
 
 def _child(freq: str, action: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.session_child", freq, action], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "testkit.fakes.session_child", freq, action], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     assert proc.stdout.readline().strip() == "PINNED", proc.stderr.read()
     return proc
@@ -122,9 +122,9 @@ def test_journal_written_before_first_clock_write(orin6, state_dir, monkeypatch)
 
 
 def test_failed_restore_keeps_the_journal_and_restore_finishes_later(orin6, kernel6, state_dir):
-    from dvfs_mlops.device import restore_journals
-    from dvfs_mlops.device.guard import DeviceLock
     from dvfs_mlops.errors import RestoreFailedError
+    from dvfs_mlops.hw import restore_journals
+    from dvfs_mlops.hw.guard import DeviceLock
 
     dev = JetsonDevice(writer=kernel6.write)
     with pytest.raises(RestoreFailedError) as e, dev.session(612):
@@ -142,7 +142,7 @@ def test_failed_restore_keeps_the_journal_and_restore_finishes_later(orin6, kern
 
 
 def test_restore_command_exits_nonzero_while_the_cause_persists(orin6, state_dir):
-    from dvfs_mlops.device.guard import Journal, write_journal
+    from dvfs_mlops.hw.guard import Journal, write_journal
 
     dev = JetsonDevice()
     write_journal(Journal("jetson", dev.device_key, 999999, 0.0, {"node": str(orin6.node), "min_freq": "306000000",
@@ -163,13 +163,13 @@ def test_two_root_processes_with_different_homes_share_one_owner(orin6, tmp_path
     prefix = tmp_path / "system"
     env = {k: v for k, v in os.environ.items() if k != "DVFS_STATE_DIR"}
     env["DVFS_SYSTEM_STATE_PREFIX"] = str(prefix)
-    first = subprocess.Popen([sys.executable, "-m", "tests.fakes.session_child", "612", "wait"], cwd=REPO, text=True,
+    first = subprocess.Popen([sys.executable, "-m", "testkit.fakes.session_child", "612", "wait"], cwd=REPO, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "HOME": str(tmp_path / "home-a")})
     try:
         assert first.stdout.readline().strip() == "PINNED", first.stderr.read()
         assert list((prefix / "run/lock/dvfs-mlops").glob("lock-*.pid"))
         assert list((prefix / "var/lib/dvfs-mlops").glob("restore-*.json"))
-        second = subprocess.run([sys.executable, "-m", "tests.fakes.session_child", "816", "exit"], cwd=REPO, text=True,
+        second = subprocess.run([sys.executable, "-m", "testkit.fakes.session_child", "816", "exit"], cwd=REPO, text=True,
                                 capture_output=True, env={**env, "HOME": str(tmp_path / "home-b")}, timeout=60)
         assert second.returncode != 0 and f"in use by PID {first.pid}" in second.stderr
         assert orin6.range_hz == (612000000, 612000000)

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from dvfs_mlops.device.jetson import JetsonDevice
-from dvfs_mlops.device.sim import SimDevice
-from dvfs_mlops.meter import PowerSampler, clock_held, time_weighted_mean
+from dvfs_mlops.hw.jetson import JetsonDevice
+from dvfs_mlops.hw.meter import PowerSampler, clock_held, time_weighted_mean
+from dvfs_mlops.hw.sim import SimDevice
+from testkit.fakes.sysfs import ORIN_TABLE_HZ
 from tests.conftest import run_cli
-from tests.fakes.sysfs import ORIN_TABLE_HZ
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 
@@ -42,8 +42,8 @@ def test_cuda_missing_stops_before_any_clock_is_touched(orin6, state_dir, tmp_pa
 
 
 def test_torch_device_override_trains_on_cpu_and_windows_split_energy(orin6):
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     prepared = prepare_workload("bert-tiny", "rte", seed=0, train_size=64, dev_size=32)
     dev = JetsonDevice(sample_hz=200)
@@ -210,7 +210,7 @@ def test_eio_on_a_real_rail_file_is_counted(orin6):
 def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, tmp_path, monkeypatch, empty_store):
     import mlflow
 
-    from dvfs_mlops import sweep as sweep_mod
+    from dvfs_mlops.mlops import sweep as sweep_mod
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
     dev = JetsonDevice(sample_hz=100)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
+from dvfs_mlops.app.cli import main
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.workloads.instruct import OPERATIONS, apply_operation, read_jsonl
-from dvfs_mlops.workloads.tasks import CHARACTERISATION_TASKS, TASKS, Example, get_task, load_task
-from dvfs_mlops.workloads.tokenizer import IGNORE_INDEX, collate, lm_labels, lm_sequence, train_wordpiece, training_texts
+from dvfs_mlops.job.workloads.instruct import OPERATIONS, apply_operation, read_jsonl
+from dvfs_mlops.job.workloads.tasks import CHARACTERISATION_TASKS, TASKS, Example, get_task, load_task
+from dvfs_mlops.job.workloads.tokenizer import IGNORE_INDEX, collate, lm_labels, lm_sequence, train_wordpiece, training_texts
 
 LLAMA = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -54,7 +54,7 @@ def _one_error_line(r) -> str:
 # ---- the task and its synthetic data -----------------------------------------------------------------------
 
 def test_instruct_is_a_causal_lm_task_beside_glue_that_leaves_the_paper_preset_alone():
-    from dvfs_mlops.sweep.spec import PRESETS
+    from dvfs_mlops.mlops.sweep.spec import PRESETS
 
     task = get_task("instruct")
     assert (task.kind, task.metric, task.split, task.num_labels) == ("causal_lm", "eval_token_accuracy", "eval", 0)
@@ -107,8 +107,8 @@ def test_truncation_keeps_part_of_the_response():
 def test_a_tiny_llama_learns_the_synthetic_task(llama: Path):
     """A few steps of a Llama-style config from random init: the loss drops and response tokens are predicted far
     above chance (1 in the 8000-token vocabulary)."""
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("llama-tiny", "instruct", model_config_path=str(llama), train_size=256, dev_size=32)
     cfg = FinetuneConfig(steps=20, batch_size=16, learning_rate=1e-2)
@@ -120,9 +120,9 @@ def test_a_tiny_llama_learns_the_synthetic_task(llama: Path):
 
 
 def test_param_count_and_config_are_the_causal_lms():
-    from dvfs_mlops.workloads.features import classifier_config, facts_key
-    from dvfs_mlops.workloads.prepare import prepare_workload
-    from dvfs_mlops.workloads.zoo import resolve_model
+    from dvfs_mlops.job.workloads.features import classifier_config, facts_key
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.zoo import resolve_model
 
     lm = prepare_workload("pythia-14m", "instruct", train_size=64, dev_size=8)
     cls = prepare_workload("pythia-14m", "sst2", train_size=64, dev_size=8)
@@ -186,7 +186,7 @@ def test_missing_files_and_the_hub_are_clear(tmp_path: Path):
 
 
 def test_the_token_length_cache_is_keyed_by_the_jsonl_files(tmp_path: Path):
-    from dvfs_mlops.workloads.prepare import lengths_key
+    from dvfs_mlops.job.workloads.prepare import lengths_key
 
     task = get_task("instruct")
     _jsonl(tmp_path / "instruct" / "train.jsonl", GOOD)
@@ -201,10 +201,10 @@ def test_the_token_length_cache_is_keyed_by_the_jsonl_files(tmp_path: Path):
 # ---- the twin ----------------------------------------------------------------------------------------------
 
 def test_the_twin_traces_the_lm_head_and_charges_longer_sequences_more(trace_cache_dir: Path):
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.twin.trace import TraceCache, trace_key
-    from dvfs_mlops.workloads.features import classifier_config
-    from dvfs_mlops.workloads.zoo import resolve_model
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.trace import TraceCache, trace_key
+    from dvfs_mlops.job.workloads.features import classifier_config
+    from dvfs_mlops.job.workloads.zoo import resolve_model
 
     spec = resolve_model("pythia-14m")
     lm_cfg = classifier_config(spec, 0, 0, "causal_lm")
@@ -254,7 +254,7 @@ def test_sweep_on_instruct_end_to_end_with_a_llama_config(llama: Path, store: st
 
 
 def test_finetune_on_instruct_from_jsonl_files(llama: Path, store: str, tmp_path: Path):
-    from dvfs_mlops.workloads.instruct import make_pairs
+    from dvfs_mlops.job.workloads.instruct import make_pairs
 
     pairs = [{"prompt": p, "response": r} for p, r in make_pairs("instruct", "train", 48, 3, 40)]
     _jsonl(tmp_path / "data" / "instruct" / "train.jsonl", pairs[:32])
@@ -298,7 +298,7 @@ def test_encode_lm_with_a_pretrained_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from dvfs_mlops.workloads.tokenizer import TextEncoder
+    from dvfs_mlops.job.workloads.tokenizer import TextEncoder
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from dvfs_mlops.device import open_device
-from dvfs_mlops.device.jetson import JetsonDevice, find_gpu_devfreq, find_rails
 from dvfs_mlops.errors import DevicePermissionError, DvfsError, UnknownNameError
-from tests.fakes.sysfs import ORIN_TABLE_HZ, make_old_ina_tree
+from dvfs_mlops.hw import open_device
+from dvfs_mlops.hw.jetson import JetsonDevice, find_gpu_devfreq, find_rails
+from testkit.fakes.sysfs import ORIN_TABLE_HZ, make_old_ina_tree
 
 TABLE_MHZ = [h / 1e6 for h in ORIN_TABLE_HZ]
 
@@ -41,7 +41,7 @@ def test_old_iio_rail_layout(tmp_path):
 
 
 # The kernel-rule tests run on orin_kernel: a FUSE-served tree whose daemon enforces devfreq's rules
-# (tests/fakes/kernelfs.py), so JetsonDevice writes real files and the kernel fake judges each write(2).
+# (testkit/fakes/kernelfs.py), so JetsonDevice writes real files and the kernel fake judges each write(2).
 def test_pin_lowering_writes_min_first_and_restores(orin_kernel):
     k = orin_kernel
     with JetsonDevice().session(612):

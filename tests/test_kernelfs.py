@@ -1,4 +1,4 @@
-"""The fake kernel tree itself (tests/fakes/kernelfs.py), by plain file I/O: no dvfs_mlops code involved."""
+"""The fake kernel tree itself (testkit/fakes/kernelfs.py), by plain file I/O: no dvfs_mlops code involved."""
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import kernelfs
-from tests.fakes.sysfs import EMC_RATE_HZ, NVPMODEL_MODES, ORIN_TABLE_HZ, make_orin_tree
+from testkit.fakes import kernelfs
+from testkit.fakes.sysfs import EMC_RATE_HZ, NVPMODEL_MODES, ORIN_TABLE_HZ, make_orin_tree
 
 TMIN, TMAX = ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1]
 REPO = Path(__file__).resolve().parents[1]
@@ -279,7 +279,7 @@ def test_fuse_available_says_why_not(monkeypatch):
 def test_module_imports_where_libfuse_is_missing():
     """Collection must survive a machine without libfuse: mfusepy is imported only inside functions."""
     code = ("import sys; sys.modules['mfusepy'] = None\n"
-            "import tests.fakes.kernelfs as k, tests.conftest\n"
+            "import testkit.fakes.kernelfs as k, tests.conftest\n"
             "ok, why = k.fuse_available(); assert not ok, why; print(why)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr

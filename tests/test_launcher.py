@@ -25,7 +25,7 @@ def tracking_env(store, monkeypatch):
 
 
 def test_decision_explanation_matches_the_tree(store):
-    from dvfs_mlops.governor.policies import paper_tree
+    from dvfs_mlops.model.governor.policies import paper_tree
 
     _, env = store
     r = run_cli("finetune", "--model", "bert-base", "--task", "rte", "--device", "sim", "--dry-run", "--probe-steps", "0",
@@ -65,10 +65,10 @@ def test_finetune_logs_a_run_with_governor_tags_and_model(store):
 def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops import launcher
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     seen = []
 
@@ -91,10 +91,10 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
 def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, state_dir):
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops import launcher
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     prepare_workload("bert-tiny", "sst2", train_size=48, dev_size=8)  # warms the caches
     w = prepare_workload("bert-tiny", "sst2", train_size=48, dev_size=8)
@@ -166,7 +166,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
 
@@ -178,7 +178,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
         def on_step_end(self, args, state, control, **kw):
             seen.append(orin6.range_hz)
 
-    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.job.finetune import build_model
 
     model = build_model(w.model_config, seed=0)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8, report_to=[],
@@ -197,10 +197,10 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
 
 def test_dvfs_callback_refuses_a_model_off_the_backends_gpu(orin6, tracking_env, state_dir, monkeypatch):
     monkeypatch.delenv("DVFS_TORCH_DEVICE")
-    from dvfs_mlops.device.placement import TorchDeviceError
-    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.hw.placement import TorchDeviceError
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=16, dev_size=8)
 
@@ -213,9 +213,9 @@ def test_dvfs_callback_refuses_a_model_off_the_backends_gpu(orin6, tracking_env,
 
 
 def test_dvfs_callback_observe_writes_nothing(orin6, tracking_env, state_dir):
-    from dvfs_mlops.finetune import build_model
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=16, dev_size=8)
 
@@ -230,10 +230,10 @@ def test_dvfs_callback_observe_writes_nothing(orin6, tracking_env, state_dir):
 
 def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=32, dev_size=8)
-    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.job.finetune import build_model
 
     model = build_model(w.model_config, seed=0)
 
@@ -251,7 +251,7 @@ def test_dvfs_callback_restores_when_training_raises(orin6, tracking_env):
 def _log_point(c, exp, sweep, model, task, freq, energy, time_s, params_m, split, acc=0.8, util=60.0, extra=None):
     run = c.create_run(exp, tags={"dvfs.point": f"{model}/{task}@{freq}#0", "dvfs.sweep_id": sweep, "dvfs.workload": f"{model}/{task}",
                                   "dvfs.simulated": "true"})
-    from dvfs_mlops import tracking
+    from dvfs_mlops.mlops import tracking
 
     tracking.log_run_batch(c, run.info.run_id, params={"model": model, "task": task, "freq_mhz": freq, "model_type": "encoder",
                                                        "num_layers": 12, "hidden_size": 768, "num_params": params_m, "avg_seq_len": 40.0,

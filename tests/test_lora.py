@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
-from dvfs_mlops.workloads.adapters import FULL, PeftSpec, peft_spec, split_variant, variant_suffix
+from dvfs_mlops.app.cli import main
+from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, peft_spec, variant_suffix
+from dvfs_mlops.model.workload import split_variant
 from tests.conftest import trainer_data
 from tests.test_models import LLAMA, OPT, QWEN
 
@@ -70,8 +71,8 @@ def test_bad_peft_options_are_one_line(configs, store, args, message):
 def test_the_twin_traces_the_lora_step_as_it_runs_and_it_costs_less(model, tmp_path):
     """Frozen weights get no weight gradient and no AdamW state: fewer FLOPs, a smaller optimizer kernel, less energy
     per step than full fine-tuning of the same model, at every clock (a preset, and a Llama-style config of real width)."""
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     kwargs: dict = {"model": model}
     if model == "llama":
@@ -135,15 +136,15 @@ def test_finetune_with_lora_and_bf16_on_a_qwen_config(configs, store):
 
 
 def _curve(workload: str, energy: dict[float, float], **features):
-    from dvfs_mlops.governor.dataset import WorkloadCurve
-    from dvfs_mlops.workloads.features import WorkloadFeatures
+    from dvfs_mlops.model.governor.dataset import WorkloadCurve
+    from dvfs_mlops.model.workload import WorkloadFeatures
 
     f = WorkloadFeatures("decoder", 12, 768, 100_000_000, 40.0, 90.0, **features)
     return WorkloadCurve(workload, "train", f, energy, {k: 1000.0 / k for k in energy}, max(energy.values()), 0.7)
 
 
 def test_trainable_params_and_precision_are_features_where_a_sweep_varies_them():
-    from dvfs_mlops.governor.search import search_features
+    from dvfs_mlops.model.governor.search import search_features
 
     e = {510.0: 1.0, 816.0: 1.1}
     full = [_curve("a/sst2", e), _curve("b/rte", e)]
@@ -156,7 +157,7 @@ def test_trainable_params_and_precision_are_features_where_a_sweep_varies_them()
 
 
 def test_a_tree_splitting_on_the_new_features_reads_rows_from_before_them_as_full_fp32():
-    from dvfs_mlops.governor import policy_tree
+    from dvfs_mlops.model.governor import policy_tree
 
     policy = {"tree": {"feature": "trainable_params", "threshold": 1e6, "left": {"freq_mhz": 510.0},
                        "right": {"feature": "half_precision", "threshold": 0.5, "left": {"freq_mhz": 816.0}, "right": {"freq_mhz": 612.0}}}}
@@ -172,10 +173,10 @@ def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     with warnings.catch_warnings():  # peft on transformers 5 (the user's own call here): a deprecation they cannot act on
@@ -203,9 +204,9 @@ def test_a_governor_registered_before_the_new_columns_gets_only_the_columns_it_d
 
     from mlflow.types import ColSpec, Schema
 
-    from dvfs_mlops.governor.pyfunc import input_example
-    from dvfs_mlops.launcher import PolicyModel
-    from dvfs_mlops.registry import input_frame
+    from dvfs_mlops.app.finetune import PolicyModel
+    from dvfs_mlops.mlops.pyfunc import input_example
+    from dvfs_mlops.mlops.registry import input_frame
 
     old = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
                   ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct")])

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dvfs_mlops.cli import main
-from dvfs_mlops.workloads.zoo import ModelEntry, model_entry
+from dvfs_mlops.app.cli import main
+from dvfs_mlops.job.workloads.zoo import ModelEntry, model_entry
 
 LLAMA = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -160,8 +160,8 @@ def test_precision_trains_with_autocast_is_recorded_and_bf16_costs_less_on_the_t
         expected[precision] = at_816.data.metrics["energy_expected_j"]
     assert len(set(ids.values())) == 3  # a bf16 sweep never resumes an fp32 one
     assert expected["bf16"] < 0.9 * expected["fp32"] and expected["fp16"] < 0.9 * expected["fp32"]
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.sweep import build_spec
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.mlops.sweep import build_spec
 
     old = build_spec(SimDevice(), "smoke", models="bert-mini", tasks="sst2", freqs="816", steps=2, train_size=32, dev_size=16)
     assert old.sweep_id == ids["fp32"] and "precision" not in old.definition()

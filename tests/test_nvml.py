@@ -4,15 +4,15 @@ import time
 
 import pytest
 
-from dvfs_mlops.device import open_device, restore_journals
-from dvfs_mlops.device.guard import list_journals
-from dvfs_mlops.device.nvml import NvmlDevice
 from dvfs_mlops.errors import (
     DeviceNotFoundError,
     DevicePermissionError,
     UnknownNameError,
 )
-from tests.fakes.fake_pynvml import FakeGPU, make_module
+from dvfs_mlops.hw import open_device, restore_journals
+from dvfs_mlops.hw.guard import list_journals
+from dvfs_mlops.hw.nvml import NvmlDevice
+from testkit.fakes.fake_pynvml import FakeGPU, make_module
 
 
 def test_table_is_ascending_unique_mhz():
@@ -86,7 +86,7 @@ def test_explicit_nvml_without_driver_is_an_error():
 
 
 def test_restore_journal_resets_locked_clocks(state_dir):
-    from dvfs_mlops.device.guard import Journal, write_journal
+    from dvfs_mlops.hw.guard import Journal, write_journal
 
     m = make_module()
     m._gpus[0].locked = (900, 900)

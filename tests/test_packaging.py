@@ -1,5 +1,6 @@
-"""The published package: the wheel carries the registry data, an installed (non-editable) copy finds it,
-a missing gates file is an error, and the declared torch requirement admits the torch builds we support."""
+"""The published package: the wheel carries every package folder and the registry data (the top-level registry/
+folder, mapped in as dvfs_mlops.registry_data), an editable and an installed copy read the same files, a missing
+gates file is an error, and the declared torch requirement admits the torch builds we support."""
 from __future__ import annotations
 
 import email
@@ -17,7 +18,7 @@ import pytest
 from dvfs_mlops.errors import DvfsError
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = ("registry_data/governor.yaml", "registry_data/baselines/paper-mlg.json")
+DATA = ("governor.yaml", "baselines/paper-mlg.json")  # under registry/, installed as dvfs_mlops/registry_data/
 # What NVIDIA ships for JetPack 6 (Python 3.10): pre-releases with a local version tag.
 NVIDIA_JETPACK6_TORCH = ("2.3.0a0+ebedce2.nv24.4", "2.3.0a0+40ec155e58.nv24.05", "2.4.0a0+3bcc3cddb5.nv24.07",
                          "2.5.0a0+872d972e41.nv24.08")
@@ -69,26 +70,35 @@ def test_torch_requirement_still_has_a_floor(version):
 def test_no_jetson_extra_and_package_data_declared():
     project = _pyproject()
     assert "jetson" not in project["project"].get("optional-dependencies", {})  # jtop is never required
-    data = project["tool"]["setuptools"]["package-data"]["dvfs_mlops"]
-    assert {"registry_data/*.yaml", "registry_data/baselines/*.json"} <= set(data)
+    tool = project["tool"]["setuptools"]
+    assert tool["package-dir"] == {"dvfs_mlops.registry_data": "registry"}
+    assert {"*.yaml", "baselines/*.json"} <= set(tool["package-data"]["dvfs_mlops.registry_data"])
+
+
+def test_every_package_folder_is_declared():
+    """pyproject.toml lists the packages by name (the registry mapping needs it): a new folder must join the list."""
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "dvfs_mlops").rglob("__init__.py")}
+    assert set(_pyproject()["tool"]["setuptools"]["packages"]) == folders | {"dvfs_mlops.registry_data"}
 
 
 # ---- registry data: where it lives and what a missing file does ------------------------------------------
 
-def test_registry_data_lives_in_the_package(monkeypatch):
+def test_registry_data_is_the_top_level_folder(monkeypatch):
+    """The checkout's install (editable) reads registry/ itself: one copy, no registry data inside the package tree."""
     import dvfs_mlops
-    from dvfs_mlops.governor.policies import paper_tree, registry_dir
+    from dvfs_mlops.model.governor.policies import paper_tree
+    from dvfs_mlops.settings import registry_dir
 
     monkeypatch.delenv("DVFS_REGISTRY_DIR", raising=False)
-    assert registry_dir() == Path(dvfs_mlops.__file__).resolve().parent / "registry_data"
+    assert registry_dir().resolve() == REPO / "registry"
     for rel in DATA:
-        assert (Path(dvfs_mlops.__file__).parent / rel).is_file()
+        assert (REPO / "registry" / rel).is_file()
     assert paper_tree().policy["name"] == "paper-mlg"
-    assert not REPO.joinpath("registry").exists()  # moved into the package, not copied
+    assert not (Path(dvfs_mlops.__file__).parent / "registry_data").exists()  # mapped, not copied
 
 
 def test_registry_dir_override(tmp_path, monkeypatch):
-    from dvfs_mlops import registry
+    from dvfs_mlops.mlops import registry
 
     (tmp_path / "governor.yaml").write_text("name: other-governor\ngates: []\n")
     monkeypatch.setenv("DVFS_REGISTRY_DIR", str(tmp_path))
@@ -105,7 +115,7 @@ def test_registry_dir_override(tmp_path, monkeypatch):
 ])
 def test_bad_or_missing_gates_file_is_an_error(tmp_path, monkeypatch, content, message):
     """Never "no gates": a promotion must not pass silently because governor.yaml is not where it should be."""
-    from dvfs_mlops import registry
+    from dvfs_mlops.mlops import registry
 
     if content is not None:
         (tmp_path / "governor.yaml").write_text(content)
@@ -116,7 +126,7 @@ def test_bad_or_missing_gates_file_is_an_error(tmp_path, monkeypatch, content, m
 
 
 def test_missing_published_tree_is_an_error(tmp_path, monkeypatch):
-    from dvfs_mlops.governor.policies import paper_tree
+    from dvfs_mlops.model.governor.policies import paper_tree
 
     monkeypatch.setenv("DVFS_REGISTRY_DIR", str(tmp_path))
     with pytest.raises(DvfsError, match=r"published tree .*paper-mlg.json not found"):
@@ -140,18 +150,18 @@ def _scanned_files():
                 yield f
 
 
-def test_nothing_refers_to_the_old_registry_folder_or_to_shared():
-    """The registry data moved into the package (one copy); tests and docs never need files beside the checkout."""
+def test_nothing_refers_to_registry_data_inside_the_package_or_to_shared():
+    """The registry data is registry/ (one copy); tests and docs never need files beside the checkout."""
     import re
 
-    # the old top-level folder, as a path prefix or a path component; not registry_data
-    old_registry = re.compile(r"(?<![\w.-])" + "registry" + "/" + r"|/\s*['\"]" + "registry" + "['\"]")
+    # the package folder it lived in before, as a path: dvfs_mlops/registry_data/
+    old_registry = re.compile("dvfs_mlops" + "/" + "registry_data")
     shared = re.compile(r"\.\./" + "shared" + r"|parents\[2\]\s*/\s*['\"]" + "shared")
     hits = []
     for f in _scanned_files():
         rel = f.relative_to(REPO).as_posix()
         for lineno, line in enumerate(f.read_text(errors="replace").splitlines(), start=1):
-            if old_registry.search(line):
+            if old_registry.search(line) and rel != "tests/test_packaging.py":  # the wheel's own path, checked here
                 hits.append(f"{rel}:{lineno}: {line.strip()}")
             if shared.search(line) and rel != ".ci/run":  # only CI may point DVFS_GLUE_SAMPLES there
                 hits.append(f"{rel}:{lineno}: {line.strip()}")
@@ -192,13 +202,13 @@ def test_wheel_carries_the_registry_data(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         for rel in DATA:
-            assert f"dvfs_mlops/{rel}" in names, sorted(n for n in names if not n.endswith(".py"))
-            assert z.read(f"dvfs_mlops/{rel}") == (REPO / "dvfs_mlops" / rel).read_bytes()
+            assert f"dvfs_mlops/registry_data/{rel}" in names, sorted(n for n in names if not n.endswith(".py"))
+            assert z.read(f"dvfs_mlops/registry_data/{rel}") == (REPO / "registry" / rel).read_bytes()
         meta = email.message_from_bytes(z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))))
         entry_points = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     # the package and its metadata only: no tests, benchmarks or a top-level registry folder
     assert {n.split("/")[0] for n in names} == {"dvfs_mlops", f"dvfs_mlops-{meta['Version']}.dist-info"}, sorted(names)
-    assert "dvfs-mlops = dvfs_mlops.cli:main" in entry_points
+    assert "dvfs-mlops = dvfs_mlops.app.cli:main" in entry_points
     assert "jetson" not in (meta.get_all("Provides-Extra") or [])
     requires = meta.get_all("Requires-Dist") or []
     assert str(_torch_requirement()) in requires and not [r for r in requires if "jetson-stats" in r]
@@ -252,8 +262,8 @@ def _runner(venv: Path, tmp_path: Path):
 def test_installed_copy_finds_its_registry_data(installed, tmp_path):
     run = _runner(installed, tmp_path)
     probe = ("import json, dvfs_mlops\n"
-             "from dvfs_mlops.governor.policies import paper_tree, registry_dir\n"
-             "from dvfs_mlops.registry import load_config\n"
+             "from dvfs_mlops.model.governor.policies import paper_tree\nfrom dvfs_mlops.settings import registry_dir\n"
+             "from dvfs_mlops.mlops.registry import load_config\n"
              "print(json.dumps({'file': dvfs_mlops.__file__, 'registry': str(registry_dir()), 'tree': paper_tree().policy['name'],\n"
              "                  'gates': [g['name'] for g in load_config().gates]}))\n")
     r = run("python", "-c", probe)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dvfs_mlops import plots
+from dvfs_mlops.mlops.sweep import plots
 
 
 def _summary(energy_816: float = 40.0) -> pd.DataFrame:

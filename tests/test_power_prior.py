@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from benchmarks.prior_robustness import IDLE, TABLE, board_workload, run_spread, truth
-from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, Measurement, PowerPrior, fit_curve
-from dvfs_mlops.power_prior import MIN_SPREAD, fit_idle_share, leave_one_out_priors, log_ratio, usable
+from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, PowerPrior, fit_curve
+from dvfs_mlops.model.power_prior import MIN_SPREAD, fit_idle_share, leave_one_out_priors, log_ratio, usable
 
 
 def _workload(i: int, ratio_spread: float = 0.03, seed: int = 0) -> dict[str, float]:
@@ -136,7 +136,7 @@ def test_the_sweeps_predictions_lean_on_the_prior_and_say_so(tmp_path, empty_sto
 
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.sweep.adaptive import _log_predictions
+    from dvfs_mlops.mlops.sweep.adaptive import _log_predictions
 
     c = MlflowClient(tracking_uri=empty_store)
     run = c.create_run(c.create_experiment("s"))
@@ -160,7 +160,7 @@ def test_the_sweeps_predictions_lean_on_the_prior_and_say_so(tmp_path, empty_sto
 def test_the_governors_fill_ins_lean_on_the_prior_with_the_utilisation_in_percent():
     """`train`'s fill-ins of an adaptive sweep (governor/dataset.py): the runs log gpu_util_pct (0..100); each gap
     is filled from its fit with the prior of the other workloads, the utilisation taken as a share."""
-    from dvfs_mlops.governor.dataset import fill_from_curves
+    from dvfs_mlops.model.governor.dataset import fill_from_curves
 
     rng = np.random.default_rng(6)
     workloads = [_measure(_workload(i), (816.0, 1300.5, 306.0, 612.0), rng, (0.01, 0.02)) for i in range(8)]
@@ -181,7 +181,7 @@ def test_next_clock_stops_sooner_with_the_prior_of_the_workloads_measured_before
     noise-free at its optimum and both ends, a workload whose neighbours its own three points cannot yet tell apart
     under 1 %/2 % noise needs a fourth clock alone, and none with the board's prior (`python -m benchmarks
     measure_less`: 3.70 -> 3.40 clocks per workload on sim-orin, 3.96 -> 3.75 on sim-orin-measured)."""
-    from dvfs_mlops.curve import next_clock
+    from dvfs_mlops.model.curve import next_clock
 
     w = _workload(0, ratio_spread=0.0, seed=3)
     e = _energies(w)

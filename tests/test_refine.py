@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from dvfs_mlops.curve import Measurement
-from dvfs_mlops.refine import ProbePlan, Refiner, plan, probe_clocks
+from dvfs_mlops.job.refine import ProbePlan, Refiner, plan, probe_clocks
+from dvfs_mlops.model.curve import Measurement
 from tests.conftest import trainer_data
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
@@ -26,7 +26,7 @@ def test_probe_clocks_spread_around_the_start_and_fill_inward_at_the_edges():
 
 def _orin_like(f: float, opt: float) -> Measurement:
     """Per-step time and energy of a workload with the curve model's shape whose optimum is near `opt` MHz."""
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
 
     g, v = f / 1000.0, 1 + ORIN_VOLTAGE_SHAPE * (f / 1300.5) ** 2
     t = 0.05 + 0.04 / g
@@ -43,7 +43,7 @@ def _drive(p: ProbePlan, truth) -> list[float]:
 
 
 def test_probe_plan_walks_one_step_at_a_time_towards_a_far_optimum_and_stays_when_there_is_nothing_to_gain():
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
 
     def truth(opt_clock):
         return lambda f: _orin_like(f, opt_clock)
@@ -65,7 +65,7 @@ def test_probe_plan_walks_one_step_at_a_time_towards_a_far_optimum_and_stays_whe
 
 
 def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
 
     # a flat curve (energy the same at every clock up to 0.1 %): no move is worth its uncertainty
     flat = lambda f: Measurement(f, 1.0, 10.0 * (1 + 0.001 * ((f - 816.0) / 500.0)))
@@ -74,10 +74,10 @@ def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
 
 
 def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes():
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.twin.trace import TraceCache
-    from dvfs_mlops.workloads.zoo import PRESETS
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.trace import TraceCache
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.zoo import PRESETS
 
     trace = TraceCache().get(PRESETS["bert-tiny"].config(), 16, 32)
     dev = SimDevice()
@@ -136,7 +136,7 @@ def store(tmp_path_factory, store_template):
 
 @pytest.fixture(autouse=True)
 def _fixed_governor(monkeypatch):
-    from dvfs_mlops import launcher
+    from dvfs_mlops.app import finetune as launcher
 
     monkeypatch.setattr(launcher, "resolve_governor", lambda uri=None: (_Fixed(), {"uri": "test:fixed-612", "name": "fixed", "version": 1,
                                                                                    "alias": None, "tags": {}}))
@@ -153,10 +153,10 @@ def _logged(run_id):
 
 def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops import launcher
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     said: list[str] = []
@@ -178,8 +178,8 @@ def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeyp
 
 
 def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.launcher import default_refine
+    from dvfs_mlops.app.finetune import default_refine
+    from dvfs_mlops.hw.sim import SimDevice
 
     class Board:
         simulated = False
@@ -189,10 +189,10 @@ def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
 
 def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_original(orin6, store, state_dir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops import launcher
-    from dvfs_mlops.device.jetson import JetsonDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     real = launcher.finetune
     pins: list[tuple[int, int]] = []
@@ -223,8 +223,8 @@ def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_origi
 
 
 def test_refine_needs_a_pinned_session():
-    from dvfs_mlops.device.sim import SimDevice
     from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.sim import SimDevice
 
     with SimDevice().session(612.0, observe=True) as s, pytest.raises(DvfsError, match="observing session"):
         s.repin(816.0)
@@ -234,11 +234,11 @@ def test_refine_leans_on_the_governors_power_prior_and_logs_it(store, monkeypatc
     """A governor version trained on this board's sweep carries its power prior (tag power_prior): refine's fits use it
     with each probe's GPU utilisation, and the run says so (tag refine.power_prior, the printed lines)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops import launcher
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import FinetuneConfig
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
     meta = {"uri": "test:fixed-612", "name": "fixed", "version": 1, "alias": None,
@@ -256,9 +256,9 @@ def test_refine_leans_on_the_governors_power_prior_and_logs_it(store, monkeypatc
 
 
 def test_a_governors_power_prior_is_used_only_on_its_own_board():
-    from dvfs_mlops.curve import PowerPrior
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.refine import prior_from_governor
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.job.refine import prior_from_governor
+    from dvfs_mlops.model.curve import PowerPrior
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, 0.43, 1300.5)
     tags = {"device_profile": "sim-orin", "power_prior": prior.to_json()}
@@ -279,7 +279,7 @@ def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
     without the probes' utilisation is not used (the fit is the plain one)."""
     import math
 
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
 
     k, idle = 0.8, 0.15
 
@@ -308,13 +308,13 @@ def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior
     and the version's power prior in the fits (the decision comes from a resolved governor, not `freq=`)."""
     from transformers import Trainer, TrainingArguments
 
-    from dvfs_mlops import registry
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
-    from dvfs_mlops.device.sim import SimDevice
-    from dvfs_mlops.finetune import build_model
+    from dvfs_mlops.app.finetune import PolicyModel
+    from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.integrations.transformers import DvfsCallback
-    from dvfs_mlops.launcher import PolicyModel
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.mlops import registry
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
     meta = {"uri": "models:/dvfs-governor@production", "name": "dvfs-governor", "version": 3, "alias": "production",

@@ -39,7 +39,7 @@ def test_version_carries_tags_metrics_and_artifacts(store):
     mv = c.get_model_version("dvfs-governor", "1")
     assert {"objective", "device_profile", "sweep_id", "n_workloads"} <= mv.tags.keys()
     assert mv.tags["device_profile"] == "sim-orin" and mv.tags["n_workloads"] == "4"
-    from dvfs_mlops.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
 
     prior = PowerPrior.from_json(mv.tags["power_prior"])  # for refine at launch: all 6 workloads of the sweep, 3 clocks each
     assert prior.workloads == 6 and prior.f_max_mhz == 1300.5 and prior.voltage_shape == pytest.approx(ORIN_VOLTAGE_SHAPE)
@@ -89,7 +89,7 @@ def test_promote_then_load_in_fresh_process(store):
     # the loaded pyfunc applies exactly the registered policy.json (same clocks, same explanation)
     import mlflow
 
-    from dvfs_mlops.governor import policy_tree
+    from dvfs_mlops.model.governor import policy_tree
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     art = Path(mlflow.artifacts.download_artifacts("models:/dvfs-governor/1", dst_path=str(tmp / "model-predict")))
@@ -111,8 +111,8 @@ def test_gates_block_a_worse_version_and_force_overrides(store):
     tmp, env = store
     import mlflow
 
-    from dvfs_mlops.governor.policies import paper_tree
-    from dvfs_mlops.governor.pyfunc import log_governor
+    from dvfs_mlops.mlops.pyfunc import log_governor
+    from dvfs_mlops.model.governor.policies import paper_tree
 
     c = _client(tmp)
     assert run_cli("registry", "promote", "1", "--force", env=env).returncode == 0  # v1 is production (idempotent)
@@ -143,7 +143,7 @@ def test_a_curve_version_serves_every_objective_by_predict_param(store):
     import mlflow
     import pandas as pd
 
-    from dvfs_mlops.governor.pyfunc import log_governor
+    from dvfs_mlops.mlops.pyfunc import log_governor
     from tests.test_governor_cv import POLICY
 
     c = _client(tmp)

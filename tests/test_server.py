@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dvfs_mlops.device.guard import list_journals
+from dvfs_mlops.hw.guard import list_journals
+from testkit.fakes.pgserver import MlflowServer
 from tests.conftest import REPO
-from tests.fakes.pgserver import MlflowServer
 
 # 4 workers, one sweep each, at once; 8 workers sharing sweeps under server and database restarts: test_fleet.py
 WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")]
@@ -30,7 +30,7 @@ def server(tmp_path_factory):
 
 
 def _sweep_cmd(model: str, task: str) -> list[str]:
-    return [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
+    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
             "--freqs", "816", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", "concurrent"]
 
 
@@ -55,7 +55,7 @@ def test_concurrent_workers_every_point_exactly_once(server):
 def test_server_dying_mid_sweep_fails_the_point_cleanly(server, orin6, state_dir):
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-    cmd = [sys.executable, "-m", "dvfs_mlops.cli", "sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2",
+    cmd = [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2",
            "--steps", "6", "--train-size", "32", "--dev-size", "16", "--device", "jetson"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []

@@ -179,7 +179,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path, empty_store):
     # what this tests (a training sweep killed and resumed: test_faults.py); the process's death is.
     args = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", ALL_CLOCKS, "--steps", "0",
             "--profile-steps", "20"]
-    proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops.cli", *args], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "dvfs_mlops", *args], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if line.startswith("[1/"):
             break

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dvfs_mlops.errors import DvfsError, UnknownNameError
-from dvfs_mlops.workloads.glue_tsv import read_glue_tsv
-from dvfs_mlops.workloads.tasks import TASKS, get_task, hub_rows_to_examples, load_task
-from dvfs_mlops.workloads.tokenizer import train_wordpiece, training_texts
+from dvfs_mlops.job.workloads.glue_tsv import read_glue_tsv
+from dvfs_mlops.job.workloads.tasks import TASKS, get_task, hub_rows_to_examples, load_task
+from dvfs_mlops.job.workloads.tokenizer import train_wordpiece, training_texts
 
 # Real GLUE dev.tsv copies (SST-2, RTE, WNLI, MRPC, STS-B, QNLI; see their SOURCES.md) are not part of the
 # repository: the tests on them run when DVFS_GLUE_SAMPLES names their folder (.ci/run sets it where it can).
@@ -49,8 +49,8 @@ def test_synthetic_is_deterministic_by_seed():
 @pytest.mark.parametrize("task, floor", [("sst2", 0.7), ("mnli", 0.5)])
 def test_synthetic_is_learnable(task, floor):
     """A short fine-tune of bert-tiny from random init clearly beats chance (0.5 / 0.33)."""
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", task, train_size=1024, dev_size=256)
     r = finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, FinetuneConfig(steps=60), is_regression=False)
@@ -242,7 +242,7 @@ def test_hub_code_path_on_local_files(tmp_path, monkeypatch):
     """The hub loader, with datasets reading local TSVs instead of the network."""
     import datasets
 
-    from dvfs_mlops.workloads import tasks
+    from dvfs_mlops.job.workloads import tasks
 
     rte = tmp_path / "rte.tsv"
     rte.write_text("sentence1\tsentence2\tlabel\nA man runs.\tA person runs.\t0\nIt rains.\tIt is dry.\t1\n")
@@ -276,7 +276,7 @@ def test_hub_offline_error_is_clear(monkeypatch):
 
 
 def test_features_from_config_and_data():
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("pythia-70m", "mrpc", train_size=200, dev_size=20)
     f = w.features
@@ -287,8 +287,8 @@ def test_features_from_config_and_data():
 
 
 def test_finetune_is_deterministic():
-    from dvfs_mlops.finetune import FinetuneConfig, finetune
-    from dvfs_mlops.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "stsb", train_size=128, dev_size=64)
     runs = [finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, FinetuneConfig(steps=5, seed=7), is_regression=True)

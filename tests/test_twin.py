@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dvfs_mlops.calibration import calibrate
-from dvfs_mlops.device.sim import SimDevice
-from dvfs_mlops.twin.params import OrinTwinParams
-from dvfs_mlops.twin.physics import estimate_step
-from dvfs_mlops.twin.trace import KIND_KERNEL, TraceCache, capture_step_trace
-from dvfs_mlops.workloads.zoo import PRESETS, resolve_model
+from dvfs_mlops.hw.sim import SimDevice
+from dvfs_mlops.hw.twin.params import OrinTwinParams
+from dvfs_mlops.hw.twin.physics import estimate_step
+from dvfs_mlops.hw.twin.trace import KIND_KERNEL, TraceCache, capture_step_trace
+from dvfs_mlops.job.workloads.zoo import PRESETS, resolve_model
+from testkit.calibration import calibrate
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_every_target_holds(report):
 # --- every built-in profile: the board's physics (the study's targets above are sim-orin's alone) ---
 @pytest.fixture(scope="module")
 def measured_report(trace_cache_dir):
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
 
     return calibrate(builtin_profile("sim-orin-measured"), cache=TraceCache(trace_cache_dir))
 
@@ -101,8 +101,8 @@ def test_physics_targets_hold_on_every_profile(any_report):
 
 
 def test_measured_profile_gpu_rail_follows_public_measurements():
-    from dvfs_mlops.twin.physics import rail_power
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.physics import rail_power
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
 
     def ratio(p):
         return rail_power(306.0, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"] / rail_power(1300.5, 1.0, 1.0, 0.5, p)["VDD_GPU_SOC"]
@@ -121,7 +121,7 @@ def test_flatter_power_curve_moves_optima_up_never_down(report, measured_report)
 
 def test_profiles_by_name_and_params_files(tmp_path):
     from dvfs_mlops.errors import DvfsError
-    from dvfs_mlops.twin.profiles import builtin_profile, load_twin_params
+    from dvfs_mlops.hw.twin.profiles import builtin_profile, load_twin_params
 
     assert load_twin_params() == OrinTwinParams() and load_twin_params("sim-orin-measured").profile == "sim-orin-measured"
     f = tmp_path / "over.yaml"
@@ -141,8 +141,8 @@ def test_profiles_by_name_and_params_files(tmp_path):
 
 
 def test_sweep_id_tells_profiles_apart(tmp_path):
-    from dvfs_mlops.sweep.spec import build_spec
-    from dvfs_mlops.twin.profiles import load_twin_params
+    from dvfs_mlops.hw.twin.profiles import load_twin_params
+    from dvfs_mlops.mlops.sweep.spec import build_spec
 
     f = tmp_path / "board.yaml"
     f.write_text("profile: my-board\ngpu_k: 20\n")
@@ -189,7 +189,7 @@ def test_small_models_launch_bound_big_compute_bound(trace_cache_dir):
 
 def test_queue_matches_explicit_loop(trace_cache_dir):
     """The vectorised queue equals the kernel-by-kernel recurrence."""
-    from dvfs_mlops.twin.physics import kernel_durations
+    from dvfs_mlops.hw.twin.physics import kernel_durations
 
     p = OrinTwinParams()
     t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
@@ -279,8 +279,8 @@ def test_sim_without_noise_measures_the_expected_values(trace_cache_dir):
 
 
 def test_real_reports_carry_no_expected_values():
-    from dvfs_mlops.meter import EnergyReport
-    from dvfs_mlops.records import report_metrics
+    from dvfs_mlops.hw.meter import EnergyReport
+    from dvfs_mlops.mlops.records import report_metrics
 
     r = EnergyReport(1.0, 2.0, 3.0, {"VDD_GPU_SOC": 2.0}, 3.0, 3.0, 50.0, 10, False)
     assert "energy_expected_j" not in r.to_dict()
@@ -297,14 +297,14 @@ def _known_board():
     """sim-orin-measured with two timing constants moved too: the fit must find timing and power."""
     import dataclasses
 
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
 
     return dataclasses.replace(builtin_profile("sim-orin-measured"), profile="board-a", host_per_step_s=12e-3, kernel_fixed_s=1e-5)
 
 
 def _simulated_points(cache, board, steps=10):
-    from dvfs_mlops.twin.fit import FitPoint
-    from dvfs_mlops.workloads.tasks import TASKS
+    from dvfs_mlops.hw.twin.fit import FitPoint
+    from dvfs_mlops.job.workloads.tasks import TASKS
 
     points = []
     for m in FIT_MODELS:
@@ -324,8 +324,8 @@ def _simulated_points(cache, board, steps=10):
 def test_fit_recovers_a_noise_free_profile_exactly(trace_cache_dir):
     import dataclasses
 
-    from dvfs_mlops.twin.fit import fit_profile, predict
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.fit import fit_profile, predict
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
 
     board = dataclasses.replace(_known_board(), noise_time=0.0, noise_power=0.0)
     points = _simulated_points(TraceCache(trace_cache_dir), board)
@@ -343,8 +343,8 @@ def test_fit_recovers_a_noise_free_profile_exactly(trace_cache_dir):
 
 
 def test_fit_of_noisy_points_is_within_the_noise_of_the_truth(trace_cache_dir):
-    from dvfs_mlops.twin.fit import fit_profile
-    from dvfs_mlops.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.fit import fit_profile
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
 
     points = _simulated_points(TraceCache(trace_cache_dir), _known_board())
     result = fit_profile(points, builtin_profile("sim-orin"), "fit-a")
@@ -361,8 +361,8 @@ def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
 
     from click.testing import CliRunner
 
-    from dvfs_mlops.cli import main
-    from dvfs_mlops.twin.profiles import load_twin_params
+    from dvfs_mlops.app.cli import main
+    from dvfs_mlops.hw.twin.profiles import load_twin_params
 
     points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=3)
     rows = ["workload,freq_mhz,time_s,energy_j,power_w,steps,seq_len"]

@@ -132,7 +132,7 @@ def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
 
             # 4. a child's own page shows energy_j too
             child = children[0]
-            from dvfs_mlops import tracking
+            from dvfs_mlops.mlops import tracking
 
             driver.get(tracking.run_link(child.info.run_id, exp.experiment_id, uri=server.uri).url)
             text = _wait(lambda: driver.find_element("tag name", "body").text, "the child run page", ok=lambda t: "energy_j" in t)

@@ -16,7 +16,7 @@ on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU 
 `observe=True` meters without writing any clock (no root needed). The metered window is
 `train()` from its first to its last step, evaluation inside it (eval_strategy) included.
 `refine=N` spends N steps probing clocks around the governor's and runs the rest at the curve model's
-optimum (`dvfs_mlops/refine.py`); `dvfs.refined` holds the probes and the choice.
+optimum (`dvfs_mlops/job/refine.py`); `dvfs.refined` holds the probes and the choice.
 
 LoRA and mixed precision are read from what the Trainer runs: a model wrapped with peft's
 `get_peft_model` (LoRA) is seen as such (`trainable_params`, and the twin traces the LoRA step), and
@@ -32,9 +32,9 @@ from transformers import TrainerCallback
 
 from dvfs_mlops.clocks import FreqRequest
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.workloads.adapters import count_base, count_trainable, peft_of
-from dvfs_mlops.workloads.features import WorkloadFeatures
-from dvfs_mlops.workloads.zoo import ENCODER_TYPES
+from dvfs_mlops.job.workloads.adapters import count_base, count_trainable, peft_of
+from dvfs_mlops.job.workloads.zoo import ENCODER_TYPES
+from dvfs_mlops.model.workload import WorkloadFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class DvfsCallback(TrainerCallback):
     def _open_device(self) -> Any:
         if not isinstance(self._device_arg, str):
             return self._device_arg
-        from dvfs_mlops.device import open_device
+        from dvfs_mlops.hw import open_device
 
         return open_device(self._device_arg, sample_hz=self.sample_hz, announce=self.announce)
 
@@ -125,8 +125,8 @@ class DvfsCallback(TrainerCallback):
                                 self.precision)
 
     def _twin_trace(self, model: Any, batch_size: int, avg_len: float) -> Any:
-        from dvfs_mlops.finetune import PRECISIONS
-        from dvfs_mlops.twin.trace import TraceCache
+        from dvfs_mlops.hw.twin.trace import TraceCache
+        from dvfs_mlops.job.finetune import PRECISIONS
 
         padded = max(8, -(-int(round(avg_len)) // 8) * 8)
         kind = "causal_lm" if type(model).__name__.endswith("ForCausalLM") else "classification"  # an LM head is traced as one
@@ -134,7 +134,7 @@ class DvfsCallback(TrainerCallback):
                                 peft_of(model), kind=kind)
 
     def _check_placement(self, model: Any) -> None:
-        from dvfs_mlops.device.placement import TorchDeviceError, resolve_torch_device
+        from dvfs_mlops.hw.placement import TorchDeviceError, resolve_torch_device
 
         wanted = resolve_torch_device(self.device, self.torch_device)  # CUDA missing: one clear error
         try:
@@ -158,15 +158,15 @@ class DvfsCallback(TrainerCallback):
         if self.device.simulated or feats.gpu_util_pct is None:
             self._trace = self._twin_trace(model, batch, feats.avg_seq_len)
         if feats.gpu_util_pct is None:  # the twin's estimate at maxn
-            from dvfs_mlops.device.sim import SimDevice
+            from dvfs_mlops.hw.sim import SimDevice
 
             feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
         self.features = feats
         if self.freq_override is not None:
             freq, path, meta = self.freq_override, f"fixed by the caller: {self.freq_override}", {"uri": None, "tags": {}}
         else:
-            from dvfs_mlops.launcher import check_profile, decide
-            from dvfs_mlops.registry import resolve
+            from dvfs_mlops.app.finetune import check_profile, decide
+            from dvfs_mlops.mlops.registry import resolve
 
             gov, meta = resolve(self.governor_uri)
             check_profile(meta, self.device, False, self.announce)
@@ -180,7 +180,7 @@ class DvfsCallback(TrainerCallback):
         self.session = session
         session.begin_window("train")
         if self.refine and not self.observe:
-            from dvfs_mlops.refine import Refiner, prior_from_governor
+            from dvfs_mlops.job.refine import Refiner, prior_from_governor
 
             self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), say=self.announce,
                                     prior=prior_from_governor(meta, self.device.profile))
@@ -205,7 +205,7 @@ class DvfsCallback(TrainerCallback):
             self._log(self._run_id)
 
     def _log(self, run_id: str) -> None:
-        from dvfs_mlops import tracking
+        from dvfs_mlops.mlops import tracking
 
         r = self.report
         metrics = {"dvfs_energy_j": r.energy_j, "dvfs_energy_total_j": r.energy_total_j, "dvfs_avg_power_w": r.avg_power_w,
@@ -220,7 +220,7 @@ class DvfsCallback(TrainerCallback):
         if self.features is not None:
             tags["dvfs.trainable_params"] = str(self.features.trainable_params)
         if self._closed_session is not None:
-            from dvfs_mlops import records
+            from dvfs_mlops.mlops import records
 
             tags.update(records.session_tags(self._closed_session, r))
         if self.refined is not None:

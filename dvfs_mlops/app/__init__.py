@@ -1,0 +1,1 @@
+"""The app: the `dvfs-mlops` command line and the commands' own work."""

@@ -1,0 +1,208 @@
+"""`dvfs-mlops twin fit`: measured points (a sweep's runs, or a CSV) -> a fitted twin profile YAML.
+
+A sweep's point is rebuilt the way the sweep ran it: the same data plan (model, task, data
+source, seed, sizes from the sweep's definition) gives the padded length of every step, so each
+point is charged exactly the step traces it ran. Its measured time is `time_s` and its CPU + GPU
+power `energy_j / time_s`. Unpinned (maxn, observe) points and points whose clock did not hold
+are left out.
+
+A CSV row is `workload` (model preset/GLUE task), `freq_mhz`, `time_s` and `energy_j` (CPU + GPU
+energy) or `power_w` (CPU + GPU power), for `steps` training steps (default 1) of `batch_size`
+(default 16) at padded length `seq_len` (default: the task's mean tokenised length), `dtype`
+float32 unless given.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.twin.fit import FitPoint, FitResult, fit_profile
+from dvfs_mlops.hw.twin.params import OrinTwinParams
+
+log = logging.getLogger(__name__)
+
+CSV_REQUIRED = ("workload", "freq_mhz", "time_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwinFitOutcome:
+    result: FitResult
+    path: Path
+    source: str  # "sweep <id>" or the CSV's path
+    simulated_input: bool  # the measured points came from the twin itself
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.result.to_dict(), "path": str(self.path), "source": self.source, "simulated_input": self.simulated_input,
+                "simulated": True}  # what the profile drives is the twin
+
+
+def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: str = "dvfs-sweep", csv_path: str | None = None,
+             name: str | None = None, out: str | None = None, say: Callable[[str], None] = log.info) -> TwinFitOutcome:
+    """Fit `base`'s timing and power constants to the points, write the profile YAML, return the fit and its errors."""
+    if bool(sweep_id) == bool(csv_path):
+        raise DvfsError("give the measured points as either --sweep-id ID or --csv FILE (one of them)")
+    if csv_path:
+        points, simulated = points_from_csv(csv_path), False
+        source, default_name = csv_path, f"fit-{Path(csv_path).stem}"
+    else:
+        assert sweep_id is not None
+        points, simulated = points_from_sweep(sweep_id, experiment, say)
+        source, default_name = f"sweep {sweep_id}", f"fit-{sweep_id}"
+    name = name or default_name
+    say(f"fitting {base.profile} to {len(points)} measured points of {len({p.workload for p in points})} workloads ({source})")
+    result = fit_profile(points, base, name)
+    path = Path(out or f"{name}.yaml")
+    write_profile(result, path, source, simulated)
+    return TwinFitOutcome(result, path, source, simulated)
+
+
+def write_profile(result: FitResult, path: Path, source: str, simulated_input: bool) -> None:
+    import yaml
+
+    err = ", ".join(f"{q} {100 * e.mean:.2f}% mean / {100 * e.max:.2f}% max" for q, e in result.errors.items())
+    header = (f"# Twin profile {result.params.profile}: written by `dvfs-mlops twin fit` from {source}"
+              f"{' (SIMULATED points)' if simulated_input else ''},\n"
+              f"# {result.n_points} points of {result.n_workloads} workloads, starting from {result.base.profile}.\n"
+              f"# Fitted: {', '.join(result.fitted)}; every other constant is {result.base.profile}'s.\n"
+              f"# Relative error of the fit: {err}.\n# Load it with --twin-params {path.name}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(header + yaml.safe_dump(result.params.to_dict(), sort_keys=False))
+    except OSError as e:
+        raise DvfsError(f"cannot write the fitted profile to {path}: {e.strerror or e}") from None
+
+
+def points_from_csv(csv_path: str) -> list[FitPoint]:
+    from dvfs_mlops.hw.twin.trace import TraceCache
+    from dvfs_mlops.job.workloads.features import classifier_config
+    from dvfs_mlops.job.workloads.tasks import get_task
+    from dvfs_mlops.job.workloads.zoo import resolve_model
+
+    try:
+        with open(csv_path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+            columns = set(rows[0]) if rows else set()
+    except OSError as e:
+        raise DvfsError(f"cannot read {csv_path}: {e.strerror or e}") from None
+    missing = [c for c in CSV_REQUIRED if c not in columns]
+    if not ({"energy_j", "power_w"} & columns):
+        missing.append("energy_j or power_w")
+    if not rows or missing:
+        raise DvfsError(f"{csv_path} lacks column(s) {', '.join(missing) or 'and rows'}; it needs workload, freq_mhz, time_s and "
+                        "energy_j or power_w (optional: steps, batch_size, seq_len, dtype)")
+    traces = TraceCache()
+    points = []
+    for i, row in enumerate(rows, start=2):  # line 1 is the header
+        where = f"{csv_path} line {i}"
+        model, _, task_name = (row.get("workload") or "").partition("/")
+        if not model or not task_name:
+            raise DvfsError(f"{where}: workload must be MODEL/TASK (a model preset and a GLUE task), got {row.get('workload')!r}")
+        spec, task = resolve_model(model, None), get_task(task_name)
+        freq, time_s = _number(row, "freq_mhz", where), _number(row, "time_s", where)
+        power = _number(row, "power_w", where) if (row.get("power_w") or "").strip() else _number(row, "energy_j", where) / time_s
+        steps = int(_number(row, "steps", where, 1))
+        batch = int(_number(row, "batch_size", where, 16))
+        seq = int(_number(row, "seq_len", where, task.mean_tokens))
+        dtype = (row.get("dtype") or "float32").strip()
+        config = classifier_config(spec, task.num_labels, None, task.kind) if task.causal_lm else spec.config
+        trace = traces.get(config, batch, seq, dtype, task.num_labels, kind=task.kind)
+        points.append(FitPoint(f"{spec.name}/{task.name}", freq, ((trace, steps),), time_s, power))
+    return points
+
+
+def _number(row: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    raw = (row.get(key) or "").strip()
+    if not raw and default is not None:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DvfsError(f"{where}: {key} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise DvfsError(f"{where}: {key} must be a positive number, got {raw!r}")
+    return value
+
+
+def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]) -> tuple[list[FitPoint], bool]:
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.queries import sweep_frame
+
+    c = tracking.check_reachable()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
+    df = sweep_frame([exp.experiment_id], sweep_id)
+    if not len(df):
+        raise DvfsError(f"sweep {sweep_id!r} has no finished points in experiment {experiment!r}")
+    pinned = df[df["params.freq_mhz"] != "maxn"]
+    for tag in (tracking.TAG_CLOCK_HELD, tracking.TAG_OBSERVE):
+        column = f"tags.{tag}"
+        if column in pinned:
+            pinned = pinned[pinned[column].fillna("") != ("false" if tag == tracking.TAG_CLOCK_HELD else "true")]
+    definition = _sweep_definition(c, df)
+    column = f"tags.{tracking.TAG_SIMULATED}"
+    simulated = column in df and bool((df[column] == "true").all())
+    points: list[FitPoint] = []
+    for (model, task), rows in pinned.groupby(["params.model", "params.task"]):
+        first = rows.iloc[0]
+        steps = _plan(model, task, first, definition)
+        for _, r in rows.iterrows():
+            time_s, energy = float(r["metrics.time_s"]), float(r["metrics.energy_j"])
+            points.append(FitPoint(f"{model}/{task}", float(r["params.freq_mhz"]), steps, time_s, energy / time_s,
+                                   _present(r.get("metrics.time_expected_s")), _present(r.get("metrics.energy_expected_j"))))
+    say(f"sweep {sweep_id}: {len(points)} pinned points of {pinned['params.model'].nunique()} models"
+        + (" (SIMULATED)" if simulated else ""))
+    return points, simulated
+
+
+def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
+    """The sweep's data sizes: its parent's `sweep_definition`, or the preset `mlflow run` was given."""
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.sweep.spec import PRESETS
+
+    parent_id = df[f"tags.{tracking.TAG_PARENT}"].dropna().iloc[0] if f"tags.{tracking.TAG_PARENT}" in df else None
+    params = c.get_run(parent_id).data.params if parent_id else {}
+    if "sweep_definition" in params:
+        try:
+            return dict(json.loads(params["sweep_definition"]))
+        except ValueError:
+            pass
+    preset = PRESETS.get(params.get("preset", ""))
+    if preset is None:
+        raise DvfsError("cannot tell the sweep's data sizes (its parent run has no sweep_definition or preset); fit from a CSV instead")
+    data_dir = (params.get("data_dir") or "").strip("'\"")  # `mlflow run` logs an empty value as ''
+    return {"train_size": preset.train_size, "dev_size": preset.dev_size, "data_dir": data_dir or None}
+
+
+def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[Any, ...]:
+    """(trace, count) of every padded length the point's steps ran, as the sweep planned them."""
+    from dvfs_mlops.job.finetune import PRECISIONS, plan_batches
+    from dvfs_mlops.job.workloads.adapters import peft_from_params
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.job.workloads.tokenizer import padded_length
+
+    seed, batch = int(run["params.seed"]), int(run["params.batch_size"])
+    steps = int(run["params.steps"]) or int(_present(run.get("params.profile_steps")) or definition.get("profile_steps") or 0)
+    # a config-file or pretrained model: where the sweep read it (runs before these params: a preset)
+    config_path, pretrained = _present(run.get("params.model_config")) or None, _present(run.get("params.pretrained")) or None
+    prepared = prepare_workload(model, task, model_config_path=config_path, pretrained=pretrained,
+                                data_source=str(run["params.data_source"]), data_dir=definition.get("data_dir"),
+                                seed=seed, train_size=int(definition["train_size"]), dev_size=int(definition.get("dev_size", 256)),
+                                peft=peft_from_params({k[len("params."):]: v for k, v in run.items()
+                                                       if k.startswith("params.") and _present(v) is not None}))
+    lengths = Counter(padded_length([prepared.train_lengths[i] for i in b]) for b in plan_batches(prepared.n_train, steps, batch, seed))
+    trace_for = prepared.trace_provider(batch, PRECISIONS[str(_present(run.get("params.precision")) or "fp32")])
+    return tuple((trace_for(n), k) for n, k in sorted(lengths.items()))
+
+
+def _present(value: Any) -> Any:
+    """A frame cell, None where it is missing (NaN)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -1,0 +1,129 @@
+"""Device backends behind one interface; `open_device("auto")` picks jetson, then nvml, then sim."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, RestoreFailedError, unknown
+from dvfs_mlops.hw.device import (
+    MAXN,
+    Device,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "jetson", "nvml", "sim")
+
+
+def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any = None, gpu_index: int = 0,
+                twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None) -> Device:
+    """Open a backend by name; 'auto' tries jetson, then nvml, then sim, and says which it picked."""
+    if name not in BACKENDS:
+        raise unknown("device", name, BACKENDS)
+    if name in ("auto", "jetson"):
+        from dvfs_mlops.hw.jetson import JetsonDevice, find_gpu_devfreq
+
+        if name == "jetson" or find_gpu_devfreq() is not None:
+            dev: Device = JetsonDevice(sample_hz=sample_hz)
+            _say(announce, name, dev)
+            return dev
+    if name in ("auto", "nvml"):
+        from dvfs_mlops.hw.nvml import NvmlDevice
+
+        try:
+            dev = NvmlDevice(index=gpu_index, nvml=nvml_module, sample_hz=sample_hz)
+            _say(announce, name, dev)
+            return dev
+        except DeviceNotFoundError:
+            if name == "nvml":
+                raise
+    from dvfs_mlops.hw.sim import SimDevice
+
+    dev = SimDevice(params=twin_params, seed=seed)
+    _say(announce, name, dev)
+    return dev
+
+
+def describe_device(dev: Any, requested: str = "") -> str:
+    """The one-line 'device: ...' announcement (simulation always said so)."""
+    if dev.name == "jetson":
+        what = f"jetson ({dev.profile}, devfreq {dev.node})"
+    elif dev.name == "nvml":
+        what = f"nvml ({dev.gpu_name}, GPU {dev.index})"
+    else:
+        what = f"sim ({dev.profile}: simulated Jetson AGX Orin 64 GB twin, measurements are SIMULATED)"
+    return f"device: {what}" + (" [auto]" if requested == "auto" else "")
+
+
+def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> None:
+    if announce is not None:
+        announce(describe_device(dev, requested))
+
+
+def restore_journals(announce: Callable[[str], None] = log.info, directory: Any = None, nvml_module: Any = None) -> int:
+    """Apply every journal left by a dead process; returns how many were restored.
+
+    A journal whose restore fails is kept and the others are still tried; then RestoreFailedError
+    (the CLI: one line, exit 2) names it.
+    """
+    from pathlib import Path
+
+    from dvfs_mlops.hw.guard import ClockOwnership, list_journals
+
+    restored = 0
+    failed: list[str] = []
+    for _path, journal in list_journals(Path(directory) if directory else None):
+        try:
+            restorer = _restorer_for(journal, nvml_module)
+        except DvfsError as e:
+            announce(f"cannot restore {journal.device_key}: {e}")
+            continue
+        own = ClockOwnership(journal.backend, journal.device_key, restorer, Path(directory) if directory else None, announce=lambda _m: None)
+        try:
+            own.claim()  # applies the leftover journal; refuses if its owner still runs
+        except RestoreFailedError as e:  # the journal is kept: a later `restore` retries it
+            failed.append(str(e))
+            continue
+        except DvfsError as e:
+            announce(f"skipped {journal.device_key}: {e}")
+            continue
+        try:
+            if own.recovered is not None:
+                announce(f"restored {journal.device_key} ({journal.backend}): {_describe(journal.settings)} (was pinned at {journal.requested} by PID {journal.pid})")
+                restored += 1
+        finally:
+            own.release()
+    if failed:
+        raise RestoreFailedError(failed[0] if len(failed) == 1 else f"{len(failed)} restores failed; first: {failed[0]}")
+    if restored == 0:
+        announce("nothing to restore: no journal left by a killed run")
+    return restored
+
+
+def _restorer_for(journal: Any, nvml_module: Any = None) -> Callable[[dict], None]:
+    if journal.backend == "jetson":
+        from pathlib import Path
+
+        from dvfs_mlops.hw.jetson import JetsonDevice
+
+        return JetsonDevice(node=Path(journal.settings["node"])).restore_settings
+    if journal.backend == "nvml":
+        from dvfs_mlops.hw.nvml import NvmlDevice
+
+        return NvmlDevice(index=int(journal.settings.get("index", 0)), nvml=nvml_module).restore_settings
+    raise DvfsError(f"journal for unknown backend {journal.backend!r}")
+
+
+def _describe(settings: dict) -> str:
+    keys = [k for k in ("min_freq", "max_freq", "governor", "action") if k in settings]
+    return ", ".join(f"{k}={settings[k]}" for k in keys)
+
+
+__all__ = ["BACKENDS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "describe_device", "freq_label", "open_device",
+           "parse_freq", "restore_journals"]

@@ -1,0 +1,388 @@
+"""Jetson backend: GPU devfreq in sysfs for the clock, INA3221 rails (`ina3221.py`) for power.
+
+Every path is read under `$DVFS_SYSFS_ROOT` (default `/`) so the backend runs on a fake tree in
+tests and inside chroots. Writes go only to files inside the devfreq node that discovery found;
+a file that resolves outside it (a planted symlink) is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
+from dvfs_mlops.hw.device import (
+    MAXN,
+    DeviceInfo,
+    FreqRequest,
+    FreqSession,
+    freq_label,
+    parse_freq,
+)
+from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
+from dvfs_mlops.hw.ina3221 import Rail, find_rails
+from dvfs_mlops.hw.meter import EnergyReport, PowerSampler
+from dvfs_mlops.hw.sysfs import read_sysfs as _read
+from dvfs_mlops.hw.sysfs import sysfs_root
+
+GPU_OF_NODE_NAMES = ("ga10b", "gpu", "gv11b", "gp10b")
+KNOWN_NODES = (
+    "sys/devices/17000000.ga10b/devfreq/17000000.ga10b",  # JetPack 5 (Orin)
+    "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu",  # JetPack 6 (Orin)
+    "sys/devices/17000000.gpu/devfreq/17000000.gpu",
+)
+
+log = logging.getLogger(__name__)
+
+
+def write_sysfs(path: Path, value: str) -> None:
+    """One sysfs write, as the kernel sees it: a single write(2) of the value."""
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def find_gpu_devfreq(root: Path | None = None) -> Path | None:
+    """The devfreq node whose device's of_node is the GPU, or None."""
+    root = root or sysfs_root()
+    cls = root / "sys/class/devfreq"
+    candidates: list[Path] = sorted(cls.iterdir()) if cls.is_dir() else []
+    candidates += [root / k for k in KNOWN_NODES]
+    for node in candidates:
+        name_file = node / "device/of_node/name"
+        try:
+            if _read(name_file) in GPU_OF_NODE_NAMES and (node / "available_frequencies").exists():
+                return node
+        except OSError:
+            continue
+    return None
+
+
+def _open_or_none(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _pread_int(fd: int | None, size: int = 32) -> int | None:
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, size, 0).replace(b"\x00", b"").strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerMode:
+    """The board's nvpmodel mode and the GPU clock cap it sets (None: no cap)."""
+
+    mode_id: int
+    name: str
+    gpu_max_mhz: float | None
+
+
+def read_power_mode(root: Path) -> PowerMode | None:
+    """nvpmodel's current mode (var/lib/nvpmodel/status) and its GPU MAX_FREQ in etc/nvpmodel.conf.
+
+    Read from the files nvpmodel itself keeps, so neither jtop nor the nvpmodel binary is needed.
+    """
+    try:
+        status = (root / "var/lib/nvpmodel/status").read_text()
+        conf = (root / "etc/nvpmodel.conf").read_text()
+    except OSError:
+        return None
+    m = re.search(r"pmode:(\d+)", status)
+    if not m:
+        return None
+    mode_id = int(m.group(1))
+    name, cap = f"mode {mode_id}", None
+    current = None
+    for line in conf.splitlines():
+        head = re.match(r"\s*<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>", line)
+        if head:
+            current = int(head.group(1))
+            if current == mode_id:
+                name = head.group(2)
+            continue
+        if current == mode_id:
+            gpu = re.match(r"\s*GPU\s+MAX_FREQ\s+(-?\d+)", line)
+            if gpu and int(gpu.group(1)) > 0:
+                cap = int(gpu.group(1)) / 1e6
+    return PowerMode(mode_id, name, cap)
+
+
+def read_gpu_temp_c(root: Path) -> float | None:
+    """The GPU thermal zone ("gpu-thermal" on JetPack 6, "GPU-therm" on JetPack 5), in degrees C."""
+    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
+        try:
+            if _read(zone / "type").lower().startswith("gpu"):
+                return int(_read(zone / "temp")) / 1000.0
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+EMC_RATE_FILES = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/clk/emc/clk_rate")
+
+
+def read_emc_mhz(root: Path) -> float | None:
+    """The memory controller clock (debugfs, root only); None where it cannot be read."""
+    for rel in EMC_RATE_FILES:
+        try:
+            return int(_read(root / rel)) / 1e6
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class JetsonDevice:
+    name = "jetson"
+    simulated = False
+    torch_device = "cuda"  # the Orin's integrated GPU is CUDA device 0
+
+    def __init__(self, node: Path | None = None, root: Path | None = None, sample_hz: float = 50.0,
+                 writer: Callable[[Path, str], None] | None = None):
+        """`writer` performs each sysfs write (default: a plain write); tests pass a fake kernel's."""
+        self.root = root or sysfs_root()
+        self._writer = writer or write_sysfs
+        found = node or find_gpu_devfreq(self.root)
+        if found is None:
+            raise DeviceNotFoundError(f"no Jetson GPU devfreq node under {self.root}sys/class/devfreq; use --device sim or nvml")
+        self.node = Path(found)
+        self._node_real = Path(os.path.realpath(self.node))
+        self.sample_hz = sample_hz
+        self.profile = _board_profile(self.root)
+        self.device_key = f"jetson-{self.node.name}"
+        self.device_id = _board_serial(self.root) or self.device_key
+
+    # reading -----------------------------------------------------------------------------------
+    def _file(self, name: str) -> Path:
+        return self.node / name
+
+    def read(self, name: str) -> str:
+        return _read(self._file(name))
+
+    @property
+    def frequencies_mhz(self) -> list[float]:
+        return sorted(int(x) / 1e6 for x in self.read("available_frequencies").split())
+
+    def current_range_hz(self) -> tuple[int, int]:
+        return int(self.read("min_freq")), int(self.read("max_freq"))
+
+    def current_mhz(self) -> float | None:
+        """The clock the GPU runs at now (devfreq cur_freq), not the one requested."""
+        try:
+            return int(self.read("cur_freq")) / 1e6
+        except (OSError, ValueError):
+            return None
+
+    def settings(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"node": str(self.node), "min_freq": self.read("min_freq"), "max_freq": self.read("max_freq")}
+        with contextlib.suppress(OSError):
+            s["governor"] = self.read("governor")
+        return s
+
+    def gpu_load_pct(self) -> float | None:
+        try:
+            return int(_read(self.node / "device/load")) / 10.0  # per mille
+        except (OSError, ValueError):
+            return None
+
+    def power_mode(self) -> PowerMode | None:
+        return read_power_mode(self.root)
+
+    def conditions(self) -> dict[str, Any]:
+        """What else sets the speed: GPU temperature, EMC clock, nvpmodel mode (each where present)."""
+        out: dict[str, Any] = {}
+        temp = read_gpu_temp_c(self.root)
+        if temp is not None:
+            out["gpu_temp_c"] = temp
+        emc = read_emc_mhz(self.root)
+        if emc is not None:
+            out["emc_mhz"] = emc
+        mode = self.power_mode()
+        if mode is not None:
+            out["nvpmodel_mode"] = f"{mode.mode_id}:{mode.name}"
+            if mode.gpu_max_mhz is not None:
+                out["nvpmodel_gpu_max_mhz"] = mode.gpu_max_mhz
+        return out
+
+    # writing -----------------------------------------------------------------------------------
+    def _write(self, name: str, value: str) -> None:
+        path = self._file(name)
+        real = Path(os.path.realpath(path))
+        if path.is_symlink() or real.parent != self._node_real:
+            raise DvfsError(f"refusing to write {path}: it resolves to {real}, outside the GPU devfreq node {self._node_real}")
+        try:
+            self._writer(path, value)
+        except PermissionError:
+            raise DevicePermissionError(f"no permission to write {path}; run as root (sudo -E dvfs-mlops ...) to change the GPU clock, "
+                                        "or meter without changing it (--observe)") from None
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise DevicePermissionError(f"no permission to write {path}; run as root, or use --observe") from None
+            raise DvfsError(f"the kernel refused {value} for {path}: {e.strerror or e}") from None
+
+    def write_range(self, min_hz: int, max_hz: int) -> None:
+        """Set [min, max]; the write order keeps min <= max at every moment (kernel rule)."""
+        _cur_min, cur_max = self.current_range_hz()
+        if min_hz > cur_max:  # raising: max first
+            self._write("max_freq", str(max_hz))
+            self._write("min_freq", str(min_hz))
+        else:  # lowering (or within): min first
+            self._write("min_freq", str(min_hz))
+            self._write("max_freq", str(max_hz))
+
+    def restore_settings(self, settings: dict[str, Any]) -> None:
+        self.write_range(int(settings["min_freq"]), int(settings["max_freq"]))
+        gov = settings.get("governor")
+        with contextlib.suppress(OSError, DvfsError):
+            if gov and self.read("governor") != gov:
+                self._write("governor", gov)
+
+    # API ---------------------------------------------------------------------------------------
+    def session(self, freq: FreqRequest, observe: bool = False) -> JetsonSession:
+        return JetsonSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe)
+
+    def close(self) -> None:
+        """Nothing to release: sessions close their own files."""
+
+    def info(self) -> DeviceInfo:
+        rails = find_rails(self.root)
+        names = [r.name for r in rails]
+        for r in rails:
+            r.close()
+        gov = None
+        with contextlib.suppress(OSError):
+            gov = self.read("governor")
+        detail = {"devfreq": str(self.node), "serial": self.device_id, **self.conditions()}
+        return DeviceInfo("jetson", self.profile, self.frequencies_mhz, self.current_mhz(), gov, names, False, detail)
+
+
+def _board_profile(root: Path) -> str:
+    try:
+        model = (root / "proc/device-tree/model").read_text().replace("\x00", "").strip().lower()
+    except OSError:
+        return "jetson"
+    if "orin" in model:
+        return "jetson-agx-orin-64gb" if "agx" in model else "jetson-orin"
+    return "jetson-" + "-".join(model.split())[:40]
+
+
+def _board_serial(root: Path) -> str | None:
+    try:
+        serial = (root / "proc/device-tree/serial-number").read_text().replace("\x00", "").strip()
+    except OSError:
+        return None
+    return serial or None
+
+
+class JetsonSession(FreqSession):
+    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the range found.
+
+    "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
+    full table would override a lower power mode's cap.
+    """
+
+    device: JetsonDevice
+
+    def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False):
+        super().__init__(device, freq, observe=observe)
+        self._ownership = ClockOwnership("jetson", device.device_key, device.restore_settings)
+        self._original: dict[str, Any] | None = None
+        self._sampler: PowerSampler | None = None
+        self._rails: list[Rail] = []
+        self._fds: list[int] = []
+
+    def _apply(self) -> None:
+        dev = self.device
+        self._ownership.claim()
+        self._original = dev.settings()
+        self._ownership.record(self._original, freq_label(self.freq))  # before any write
+        if self.freq == MAXN:
+            return  # the board's default: leave the range nvpmodel (or its administrator) set
+        table_hz = [int(x) for x in dev.read("available_frequencies").split()]
+        hz = min(table_hz, key=lambda h: abs(h / 1e6 - float(self.freq)))
+        mode = dev.power_mode()
+        if mode is not None and mode.gpu_max_mhz is not None and hz / 1e6 > mode.gpu_max_mhz + 0.5:
+            self.context["above_mode_cap"] = True
+            log.warning("pinning %g MHz above the %g MHz GPU cap of nvpmodel mode %s: the board may not hold it",
+                        hz / 1e6, mode.gpu_max_mhz, mode.name)
+        if (hz, hz) != dev.current_range_hz():
+            dev.write_range(hz, hz)
+
+    def _repin(self, mhz: float) -> None:
+        """Another clock of the table; the journal still holds the range found before the session."""
+        dev = self.device
+        table_hz = [int(x) for x in dev.read("available_frequencies").split()]
+        hz = min(table_hz, key=lambda h: abs(h / 1e6 - mhz))
+        if (hz, hz) != dev.current_range_hz():
+            dev.write_range(hz, hz)
+
+    def _restore(self) -> None:
+        if not self._ownership.lock.held:
+            return
+        original, self._original = self._original, None
+        try:
+            if original is not None and self.device.current_range_hz() != (int(original["min_freq"]), int(original["max_freq"])):
+                self.device.restore_settings(original)
+        except Exception as e:  # noqa: BLE001 - whatever failed, the journal must survive it
+            self._ownership.abandon()  # the journal stays: `dvfs-mlops restore` can finish the job
+            raise restore_failed(self.device.device_key, e, self._ownership.journal_path) from None
+        self._ownership.release()
+
+    def _start_meter(self) -> None:
+        dev = self.device
+        self.context.update(dev.conditions())
+        self._rails = find_rails(dev.root)
+        if not self._rails:
+            raise DvfsError(f"no INA3221 power rails under {dev.root}sys/bus/i2c/drivers; cannot meter energy")
+        readers = [r.watts for r in self._rails]
+        load_fd = _open_or_none(dev.node / "device/load")
+        clock_fd = _open_or_none(dev.node / "cur_freq")
+        self._fds = [fd for fd in (load_fd, clock_fd) if fd is not None]
+
+        def read_load() -> float | None:
+            v = _pread_int(load_fd, 16)
+            return v / 10.0 if v is not None else None  # per mille
+
+        def read_clock() -> float | None:
+            v = _pread_int(clock_fd)
+            return v / 1e6 if v is not None else None
+
+        self._sampler = PowerSampler(lambda: [read() for read in readers], [r.name for r in self._rails], read_load, dev.sample_hz,
+                                     read_clock=read_clock)
+        self._sampler.start()
+
+    def _mark(self) -> Any:
+        return self._sampler.mark() if self._sampler is not None else 0
+
+    def _stop_meter(self) -> EnergyReport:
+        if self._sampler is None:
+            raise DvfsError("meter was not started")
+        self._sampler.stop()
+        temp = read_gpu_temp_c(self.device.root)
+        if temp is not None:
+            self.context["gpu_temp_c_end"] = temp
+        for r in self._rails:
+            r.close()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+        return self._sampler.report(**self._judge())
+
+    def _window_report(self, start: Any, end: Any) -> EnergyReport:
+        assert self._sampler is not None
+        return self._sampler.report(start, end, **self._judge())
+
+    def _judge(self) -> dict[str, Any]:
+        """Per-sample clock_held needs the pinned clock and the table."""
+        return {"pinned_mhz": self.pinned_mhz, "table_mhz": self.device.frequencies_mhz}

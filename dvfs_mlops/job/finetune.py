@@ -1,0 +1,280 @@
+"""The fine-tuning loop: transformers sequence classifier (or causal LM), AdamW, dynamic padding, fixed steps.
+
+Seeded and deterministic on CPU: the same seed gives the same batches, losses and accuracy at
+every clock. The model and every batch live on `torch_device` (the backend's GPU on real
+hardware). It calls `session.step(trace)` once per training step (the twin charges it; real
+hardware ignores it) and meters two windows: "train" (the optimisation steps only: what
+`energy_j` and `time_s` mean on every backend) and "eval"; model build is neither. Window edges
+wait for the GPU (synchronize), so queued work is charged to the window that queued it.
+`run_training=False` is the twin's profile-only mode: the same batches are planned and charged,
+nothing is computed.
+
+A causal-LM task (`task_kind="causal_lm"`, the instruct task) trains the model's LM head with the
+loss on response tokens only (labels -100 on the prompt and padding) and reports next-token
+accuracy on the response tokens (`eval_token_accuracy`) and their mean cross-entropy (`eval_loss`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dvfs_mlops.hw.placement import synchronize
+from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec
+from dvfs_mlops.job.workloads.tasks import eval_metric
+from dvfs_mlops.job.workloads.tokenizer import IGNORE_INDEX, Encoded, collate, lm_labels, padded_length
+
+# --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
+# (the twin charges tensor-core rates for 16-bit matmuls).
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int = 50
+    epochs: float | None = None  # overrides steps when set
+    batch_size: int = 16
+    learning_rate: float = 1e-3  # random-init small models want a high rate; pretrained ~5e-5
+    weight_decay: float = 0.01
+    warmup_share: float = 0.1
+    seed: int = 0
+    eval_batch_size: int = 64
+    attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    peft: PeftSpec = FULL  # full fine-tuning, or LoRA (base frozen; adapters and the task head train)
+
+    @property
+    def trace_dtype(self) -> str:
+        return PRECISIONS[self.precision]
+
+
+@dataclasses.dataclass
+class FinetuneResult:
+    steps: int
+    train_samples: int
+    train_loss: float | None  # mean over the last 10 % of steps
+    eval_metric: str
+    eval_value: float | None  # None when profile-only
+    padded_lengths: list[int]  # per step: what the twin replays at other clocks
+    wall_time_s: float
+    model: Any = dataclasses.field(default=None, repr=False)
+    extra_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. eval_loss of a causal-LM task
+
+
+def num_steps(config: FinetuneConfig, n_train: int) -> int:
+    if config.epochs is not None:
+        return max(1, math.ceil(config.epochs * n_train / config.batch_size))
+    return config.steps
+
+
+def plan_batches(n_train: int, steps: int, batch_size: int, seed: int) -> list[np.ndarray]:
+    """Index batches for `steps` steps: reshuffled each epoch, always full."""
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    batches = []
+    for _ in range(steps):
+        while len(order) < batch_size:
+            order.extend(rng.permutation(n_train).tolist())
+        batches.append(np.asarray(order[:batch_size]))
+        order = order[batch_size:]
+    return batches
+
+
+def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None,
+                task_kind: str = "classification", peft: PeftSpec = FULL) -> Any:
+    """The model a task trains (the one place the auto class is chosen): a sequence classifier, or for a causal-LM
+    task the causal LM with its LM head; adapted as `peft` says (LoRA wraps it, full fine-tuning leaves it)."""
+    import torch
+
+    from dvfs_mlops.job.workloads.features import auto_model_class
+
+    auto = auto_model_class(task_kind)
+    torch.manual_seed(seed)
+    if pretrained:
+        model = auto.from_pretrained(pretrained, config=config, attn_implementation=attn)
+    else:
+        model = auto.from_config(config, attn_implementation=attn)
+    return peft.apply(model, str(getattr(config, "model_type", "")), task_kind)
+
+
+def finetune(
+    model_config: Any,
+    train: Encoded,
+    dev: Encoded,
+    pad_id: int,
+    config: FinetuneConfig,
+    *,
+    is_regression: bool,
+    session: Any = None,
+    trace_for: Callable[[int], Any] | None = None,
+    run_training: bool = True,
+    pretrained: str | None = None,
+    on_step: Callable[[int, float | None], None] | None = None,
+    torch_device: str = "cpu",
+    task_kind: str | None = None,
+) -> FinetuneResult:
+    """Fine-tune on `torch_device` (or, with run_training=False, only plan and charge) and evaluate on dev.
+
+    `task_kind="causal_lm"`: train the causal LM on `train.response_start`'s response tokens (else a classifier)."""
+    causal = task_kind == "causal_lm"
+    metric = eval_metric(causal, is_regression)
+    if not run_training:
+        return profile_only([len(x) for x in train.ids], config, metric, session=session, trace_for=trace_for, on_step=on_step,
+                            torch_device=torch_device)
+    steps = num_steps(config, len(train))
+    batches = plan_batches(len(train), steps, config.batch_size, config.seed)
+    lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
+
+    import torch
+
+    torch.manual_seed(config.seed)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained,
+                        "causal_lm" if causal else "classification", config.peft).to(torch_device)
+    amp = _autocast(torch_device, config.precision)
+    scaler = torch.amp.GradScaler(torch.device(torch_device).type, enabled=config.precision == "fp16")
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: frozen weights get no optimizer state
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+    warmup = max(1, int(config.warmup_share * steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup)) if s >= warmup else (s + 1) / warmup
+    )
+    label_dtype = torch.float32 if is_regression else torch.long
+    losses: list[float] = []
+    with metered(session, "train", torch_device):
+        t_train = time.monotonic()
+        for step, (idx, n) in enumerate(zip(batches, lengths)):
+            ids, mask = collate([train.ids[i] for i in idx], pad_id)
+            if causal:
+                labels = torch.from_numpy(_lm_batch_labels(train, idx, ids.shape[1])).to(torch_device)
+            else:
+                labels = torch.as_tensor(train.labels[idx], dtype=label_dtype).to(torch_device)
+            with amp():
+                out = model(input_ids=torch.from_numpy(ids).to(torch_device), attention_mask=torch.from_numpy(mask).to(torch_device),
+                            labels=labels)
+            scaler.scale(out.loss).backward()  # a pass-through unless fp16
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss = float(out.loss.detach())  # .item() waits for the step's GPU work: the step boundary
+            losses.append(loss)
+            _charge(session, trace_for, n)
+            if on_step is not None:
+                on_step(step, loss)
+        synchronize(torch_device)
+        wall = time.monotonic() - t_train
+    tail = losses[-max(1, len(losses) // 10):]
+    extra: dict[str, float] = {}
+    with metered(session, "eval", torch_device):
+        with amp():
+            if causal:  # vocabulary-wide logits: batches of the training size, not eval_batch_size
+                value, extra["eval_loss"] = evaluate_lm(model, dev, pad_id, min(config.eval_batch_size, config.batch_size), torch_device)
+            else:
+                value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
+    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra)
+
+
+def _lm_batch_labels(data: Encoded, idx: Any, width: int) -> np.ndarray:
+    if data.response_start is None:
+        raise ValueError("a causal-LM task's split needs response_start (encode it with TextEncoder.encode_lm)")
+    return lm_labels([data.ids[i] for i in idx], [data.response_start[i] for i in idx], width)
+
+
+def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, *, session: Any = None,
+                 trace_for: Callable[[int], Any] | None = None, on_step: Callable[[int, float | None], None] | None = None,
+                 torch_device: str = "cpu") -> FinetuneResult:
+    """The twin's profile-only job: the batches `finetune` would train, planned from the examples' token lengths and
+    charged step by step, nothing computed (`metric` names the evaluation that is not run). It needs no data,
+    tokenizer, model config or torch: a warm sweep of profile-only points imports none of them."""
+    steps = num_steps(config, len(train_lengths))
+    batches = plan_batches(len(train_lengths), steps, config.batch_size, config.seed)
+    lengths = [padded_length([train_lengths[i] for i in b]) for b in batches]
+    t0 = time.monotonic()
+    with metered(session, "train", torch_device):
+        for step, n in enumerate(lengths):
+            _charge(session, trace_for, n)
+            if on_step is not None:
+                on_step(step, None)
+    return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def metered(session: Any, name: str, torch_device: str = "cpu") -> Iterator[None]:
+    """Meter the block as the session's window `name` (no session, or one without windows: just run it)."""
+    window = getattr(session, "window", None)
+    if window is None:
+        yield
+        return
+    synchronize(torch_device)
+    with window(name):
+        yield
+        synchronize(torch_device)
+
+
+def _autocast(torch_device: str, precision: str) -> Callable[[], Any]:
+    """A context factory: autocast to the precision's dtype on the device, or nothing for fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext
+    import torch
+
+    dtype = getattr(torch, PRECISIONS[precision])
+    return lambda: torch.autocast(device_type=torch.device(torch_device).type, dtype=dtype)
+
+
+def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -> None:
+    if session is not None:
+        session.step(trace_for(padded) if trace_for is not None else None)
+
+
+def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None) -> float:
+    """Accuracy, or Pearson correlation for regression, on the dev split (on the model's device)."""
+    import torch
+
+    where = torch_device or next(model.parameters()).device
+    model.eval()
+    preds: list[np.ndarray] = []
+    with torch.no_grad():
+        for start in range(0, len(dev), batch_size):
+            ids, mask = collate(dev.ids[start:start + batch_size], pad_id)
+            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits.float()
+            out = logits.squeeze(-1) if is_regression else logits.argmax(-1)
+            preds.append(out.float().cpu().numpy() if is_regression else out.cpu().numpy())
+    model.train()
+    p = np.concatenate(preds)
+    if is_regression:
+        if np.std(p) == 0 or np.std(dev.labels) == 0:
+            return 0.0
+        return float(np.corrcoef(p, dev.labels)[0, 1])
+    return float((p == dev.labels).mean())
+
+
+def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None) -> tuple[float, float]:
+    """(next-token accuracy, mean cross-entropy) over the dev split's response tokens (the end token included)."""
+    import torch
+
+    where = torch_device or next(model.parameters()).device
+    model.eval()
+    correct, total, loss_sum = 0, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(dev), batch_size):
+            idx = np.arange(start, min(start + batch_size, len(dev)))
+            ids, mask = collate([dev.ids[i] for i in idx], pad_id)
+            labels = torch.from_numpy(_lm_batch_labels(dev, idx, ids.shape[1])).to(where)
+            logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits.float()
+            logits, target = logits[:, :-1], labels[:, 1:]  # position t predicts token t + 1
+            keep = target != IGNORE_INDEX
+            correct += int((logits.argmax(-1)[keep] == target[keep]).sum())
+            total += int(keep.sum())
+            loss_sum += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
+    model.train()
+    if total == 0:
+        return 0.0, 0.0
+    return correct / total, loss_sum / total

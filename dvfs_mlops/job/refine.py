@@ -1,0 +1,304 @@
+"""Probe-and-refine inside a fine-tuning job: a few short windows at clocks around the governor's
+choice, the curve model (`curve.py`) fitted to them, and the rest of the job at its optimum.
+
+It drives an open `FreqSession` from the training loop's per-step hook (`on_step`): after a few
+warm-up steps at the starting clock, each probe clock gets its own metered window
+("probe@<MHz>") of `MIN_PROBE_STEPS` steps (more when the budget allows more than `MAX_PROBE_CLOCKS`
+windows), read while the session is still open. The probing is sequential (`ProbePlan`): the start
+and the clocks two table steps either side of it; then the curve model, fitted to every probe so far,
+may move the clock ONE table step, and only where its predicted saving exceeds `MOVE_Z` standard
+deviations of that saving (the fit's own uncertainty, with the board's per-window noise as a floor:
+`curve.noise_for`). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
+clock itself may go unprobed: the fit speaks for it) and the same test
+is made from there, while the budget lasts; once it says stay, `repin` keeps the clock for the
+remaining steps. Probing costs energy at clocks off the optimum, so it stops as soon as the test
+says stay: the budget is a ceiling, not a quota. The probes are part of the job: their time and
+energy stay in the "train" window's totals. The session's journal keeps the clock found before the
+session, so the restore is the one it would be without refining.
+With the board's power prior (`curve.PowerPrior`: what the governor's training sweep says about this
+board's power curves; `dvfs-mlops train` stores it on the version as the tag `power_prior`) and the GPU
+utilisation each probe window measured, the fit leans on it (curve.py): the probes then mostly have to
+pin the time curve, whose noise per window is half the power's.
+numpy only (through curve.py); nothing here imports torch or MLflow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve, noise_for, voltage_shape_for
+
+log = logging.getLogger(__name__)
+
+MIN_PROBE_STEPS = 4  # below this a window says more about the meter than about the clock
+MAX_PROBE_CLOCKS = 7
+FIRST_STRIDE = 2  # the first probes: the start and the clocks this many table steps either side
+MOVE_Z = 0.5  # move one table step only on a predicted saving above this many of its standard deviations
+WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-step costs: allocation, autotuning)
+PRIOR_TAG = "power_prior"  # the governor version's tag holding its training sweep's power prior (JSON)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One probe window: `steps` training steps at `freq_mhz`."""
+
+    freq_mhz: float
+    steps: int
+    time_s: float
+    energy_j: float
+    gpu_util: float | None = None  # the GPU's busy share of the window (0..1), where the meter read it
+
+    def per_step(self) -> Measurement:
+        return Measurement(self.freq_mhz, self.time_s / self.steps, self.energy_j / self.steps, self.gpu_util)
+
+
+@dataclasses.dataclass
+class RefineResult:
+    start_mhz: float
+    chosen_mhz: float
+    probes: list[Probe]
+    predicted: list[CurvePoint]  # per training step, at every clock of the table
+    reason: str  # why the job settled where it did
+    prior: PowerPrior | None = None  # the board prior the fits leaned on
+
+    @property
+    def probe_steps(self) -> int:
+        return sum(p.steps for p in self.probes)
+
+    def tags(self) -> dict[str, str]:
+        return {"refine.start_mhz": f"{self.start_mhz:g}", "refine.chosen_mhz": f"{self.chosen_mhz:g}",
+                "refine.probes": ",".join(f"{p.freq_mhz:g}x{p.steps}" for p in self.probes),
+                "refine.probe_steps": str(self.probe_steps), "refine.reason": self.reason,
+                "refine.power_prior": self.prior.to_json() if self.prior is not None else "none"}
+
+    def to_csv(self) -> str:
+        """refine.csv: the probes as measured, then every clock as predicted (per step), the choice marked."""
+        out = io.StringIO()
+        out.write("kind,freq_mhz,steps,time_s,energy_j,time_per_step_s,energy_per_step_j,energy_per_step_std_j,chosen,gpu_util\n")
+        for p in self.probes:
+            m = p.per_step()
+            util = "" if p.gpu_util is None else repr(p.gpu_util)
+            out.write(f"probe,{p.freq_mhz:g},{p.steps},{p.time_s!r},{p.energy_j!r},{m.time_s!r},{m.energy_j!r},,"
+                      f"{int(p.freq_mhz == self.chosen_mhz)},{util}\n")
+        for pt in self.predicted:
+            sd = "" if pt.energy_std_j is None else repr(pt.energy_std_j)
+            out.write(f"predicted,{pt.freq_mhz:g},,,,{pt.time_s!r},{pt.energy_j!r},{sd},{int(pt.freq_mhz == self.chosen_mhz)},\n")
+        return out.getvalue()
+
+    def lines(self) -> list[str]:
+        probes = ", ".join(f"{p.freq_mhz:g} MHz {p.per_step().energy_j:.4g} J/step" for p in self.probes)
+        out = [f"refine: probed {probes} ({self.probe_steps} steps)",
+               f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
+        if self.prior is not None:
+            p = self.prior
+            out.append(f"refine: power curve fitted with the board's power prior from {p.workloads} workloads of the governor's sweep "
+                       f"(idle share {p.idle_share:g}, log dynamic/static ratio {p.log_ratio_mean:.3f} +- {p.log_ratio_sd:.3f})")
+        return out
+
+
+def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride: int = FIRST_STRIDE) -> list[float]:
+    """The start clock, then clocks `stride` table steps apart on both sides (filled inward at the table's edges)."""
+    freqs = sorted(float(f) for f in table)
+    i = min(range(len(freqs)), key=lambda k: abs(freqs[k] - start_mhz))
+    wanted: list[int] = []
+    for k in range(n_clocks):
+        off = ((k + 1) // 2) * stride * (-1 if k % 2 else 1)
+        j = min(max(i + off, 0), len(freqs) - 1)
+        if j not in wanted:
+            wanted.append(j)
+    for j in sorted(range(len(freqs)), key=lambda k: (abs(k - i), k)):  # at an edge: the nearest unused clocks
+        if len(wanted) >= min(n_clocks, len(freqs)):
+            break
+        if j not in wanted:
+            wanted.append(j)
+    return [freqs[j] for j in wanted]
+
+
+def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[float], int]:
+    """(the first probe clocks, steps per probe window) for a budget of probe steps; no clocks when it is too small.
+
+    At most `budget // steps` windows in all (`ProbePlan.windows`); the first round is the start and
+    its neighbours `FIRST_STRIDE` steps away, the later ones (after a move) are decided by the fit."""
+    per = max(MIN_PROBE_STEPS, budget // MAX_PROBE_CLOCKS)
+    windows = min(budget // per, len(table))
+    if windows < 2:
+        return [], 0
+    return probe_clocks(start_mhz, table, min(3, windows)), per
+
+
+class ProbePlan:
+    """The sequential probe design, apart from any session (the benchmark and `Refiner` both drive it).
+
+    `next_clock()` says which clock to probe next, or None once settled (`chosen_mhz`); `record()` takes
+    each probe's per-step measurement, in the order asked."""
+
+    def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
+                 noise: tuple[float, float], max_steps: int | None = None, prior: PowerPrior | None = None):
+        """`max_steps`: the probe steps the job leaves room for (None: no limit beside the budget); `prior`: the
+        board's power prior (used where the probes carry their GPU utilisation)."""
+        self.table = sorted(float(f) for f in table)
+        self.voltage_shape, self.noise, self.prior = voltage_shape, noise, prior
+        self.prior_used: PowerPrior | None = None  # the prior the last fit leaned on (None: a probe lacked its utilisation)
+        self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
+        first, self.per_probe = plan(budget, start_mhz, self.table)
+        self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
+                                                 max_steps // self.per_probe if max_steps is not None else len(self.table))
+        self.queue: list[float] = first[:self.windows]
+        self.measured: dict[float, Measurement] = {}  # each probed clock once, in the order probed
+        self.moves = 0
+        self.predicted: list[CurvePoint] = []
+        self.chosen_mhz: float | None = None if self.queue else self.table[self.center]
+        self.reason = "" if self.queue else "no probes"
+
+    def next_clock(self) -> float | None:
+        while self.chosen_mhz is None:
+            if self.queue:
+                return self.queue[0]
+            self._decide()
+        return None
+
+    def record(self, m: Measurement) -> None:
+        f = self.queue.pop(0)
+        self.measured[f] = dataclasses.replace(m, freq_mhz=f)
+
+    def _decide(self) -> None:
+        """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
+        here = self.table[self.center]
+        try:
+            fit = fit_curve(list(self.measured.values()), voltage_shape=self.voltage_shape, f_max_mhz=self.table[-1], noise=self.noise,
+                            prior=self.prior)
+        except DvfsError as e:
+            self.chosen_mhz, self.reason = here, f"no fit ({e}); staying at {here:g} MHz"
+            return
+        self.predicted = fit.predict(self.table)
+        self.prior_used = fit.prior
+        best, best_gain, best_z = self.center, 0.0, 0.0
+        for j in (self.center - 1, self.center + 1):
+            if 0 <= j < len(self.table):
+                g, sd = fit.gain(here, self.table[j])
+                z = g / sd if sd > 0 else 0.0
+                if g > 0 and z > MOVE_Z and g > best_gain:
+                    best, best_gain, best_z = j, g, z
+        if best == self.center:
+            moved = f"after {self.moves} move(s)" if self.moves else "the start"
+            self.chosen_mhz = here
+            self.reason = f"the curve model predicts no significant saving one table step from {moved} (z <= {MOVE_Z:g})"
+            return
+        self.center, self.moves = best, self.moves + 1
+        left = self.windows - len(self.measured)
+        fresh = [self.table[j] for j in (best - 1, best + 1, best - 2, best + 2)
+                 if 0 <= j < len(self.table) and self.table[j] not in self.measured]
+        self.queue = fresh[:min(2, left)]
+        if not self.queue and left > 0:
+            return  # its neighbours are probed already: the same test from the new clock
+        if not self.queue:
+            self.chosen_mhz = self.table[best]
+            self.reason = (f"moved {self.moves} table step(s) on the curve model's predicted saving "
+                           f"(last z = {best_z:.2f}); probe budget spent")
+
+
+class Refiner:
+    """Call `on_step(step, loss)` after every charged training step of a session opened at `start_mhz`."""
+
+    def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float | None = None,
+                 noise: tuple[float, float] | None = None, warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None,
+                 prior: PowerPrior | None = None):
+        """`prior`: the board's power prior (`prior_from_governor`); its ratios were fitted with its own voltage
+        shape and table top, so it is used only on a table with that top, and its shape then replaces the default."""
+        self.session = session
+        self.table = sorted(float(f) for f in session.device.frequencies_mhz)
+        self.start_mhz = float(session.freq)
+        if prior is not None and prior.f_max_mhz is not None and abs(prior.f_max_mhz - self.table[-1]) > 0.5:
+            log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
+                     prior.f_max_mhz, self.table[-1])
+            prior = None
+        if prior is not None and prior.voltage_shape is not None and voltage_shape is not None and abs(voltage_shape - prior.voltage_shape) > 1e-9:
+            log.info("refine: the power prior was fitted with voltage shape %g, this fit is asked for %g; not used",
+                     prior.voltage_shape, voltage_shape)
+            prior = None
+        self.prior = prior
+        if voltage_shape is None and prior is not None and prior.voltage_shape is not None:
+            voltage_shape = prior.voltage_shape
+        self.voltage_shape = voltage_shape_for(session.device) if voltage_shape is None else voltage_shape
+        self.noise = noise_for(session.device) if noise is None else noise
+        self.warmup = warmup
+        self.say = say or log.info
+        self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
+                              max_steps=max(total_steps - warmup - 1, 0), prior=prior)  # at least one step left at the settled clock
+        self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
+        self.per_probe = per = self.plan.per_probe
+        self.result: RefineResult | None = None
+        self._probes: list[Probe] = []
+        self._clock: float | None = None  # the clock of the probe running, None before the first
+        self._in_probe = 0
+        self._done = False
+        if not per:
+            self._finish(self.start_mhz, [], f"a budget of {budget} steps is too small to probe (needs {2 * MIN_PROBE_STEPS})")
+        elif len(self.clocks) < 2:
+            self._finish(self.start_mhz, [], f"the job's {total_steps} steps leave nothing after {2 * per} probe steps")
+
+    @property
+    def active(self) -> bool:
+        return not self._done
+
+    def _begin(self, clock: float) -> None:
+        self._clock, self._in_probe = clock, 0
+        if clock != float(self.session.freq):
+            self.session.repin(clock)
+        self.session.begin_window(f"probe@{clock:g}")
+
+    def on_step(self, step: int, loss: float | None = None) -> None:
+        if self._done:
+            return
+        if self._clock is None:
+            if step + 1 >= self.warmup:
+                self._begin(self.plan.queue[0])
+            return
+        self._in_probe += 1
+        if self._in_probe < self.per_probe:
+            return
+        name = f"probe@{self._clock:g}"
+        self.session.end_window(name)
+        r = self.session.window_report(name)
+        util = None if r.gpu_util_pct is None else r.gpu_util_pct / 100.0
+        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util)
+        self._probes.append(probe)
+        self.plan.record(probe.per_step())
+        nxt = self.plan.next_clock()
+        if nxt is not None:
+            self._begin(nxt)
+        else:
+            self._settle()
+
+    def _settle(self) -> None:
+        chosen = float(self.plan.chosen_mhz if self.plan.chosen_mhz is not None else self.session.freq)
+        if chosen != float(self.session.freq):
+            self.session.repin(chosen)
+        self._finish(chosen, self.plan.predicted, self.plan.reason)
+
+    def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
+        self._done = True
+        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.plan.prior_used)
+        for line in self.result.lines():
+            self.say(line)
+
+
+def prior_from_governor(meta: dict[str, Any], device_profile: str) -> PowerPrior | None:
+    """The power prior a governor version carries (tag `power_prior`), where it was trained on this device
+    profile's sweep; None otherwise (another board's power curves say nothing about this one's)."""
+    tags = meta.get("tags") or {}
+    text = tags.get(PRIOR_TAG)
+    if not text:
+        return None
+    if tags.get("device_profile") != device_profile:
+        log.info("refine: governor's power prior is of %s, this device is %s; not used", tags.get("device_profile"), device_profile)
+        return None
+    try:
+        return PowerPrior.from_json(text)
+    except DvfsError as e:
+        log.warning("refine: the governor's %s tag is unreadable (%s); refining without it", PRIOR_TAG, e)
+        return None

@@ -1,0 +1,397 @@
+"""Point claims: several workers given the same sweep split its points, each point run by one of them.
+
+MLflow's REST API has no compare-and-set, so a claim lives in what the fleet already has:
+- `PostgresClaims` (`--claims postgresql://...`, `$DVFS_CLAIMS_URI`, or a `postgresql://` tracking store): one row per
+  point in the table `dvfs_point_claims`. A claim is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, which
+  PostgreSQL runs under the row's lock: of two workers only one gets the row back.
+- `FileClaims` (a `sqlite:///` or file tracking store: workers on one machine): a JSON table beside the store,
+  read and written under an exclusive `flock`.
+- `NoClaims` (an http(s) tracking server and no claims URI): every claim succeeds, which is the behaviour before
+  claims existed; safe only for workers given disjoint sweeps (logged once).
+
+A claim is a lease: it expires `ttl_s` after its last renewal. The worker renews it from a heartbeat thread while
+the point runs, so only a worker that died (or lost its network for a whole TTL) loses it; another worker then
+takes the point over. `FileClaims` need not wait: its workers share one machine, so a claim whose process is gone
+(`kill -9`, a crash) is taken over at once. A finished point is marked done, and a done point is never claimed again.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import fcntl
+import functools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from dvfs_mlops import settings
+from dvfs_mlops.errors import DvfsError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 120.0
+T = TypeVar("T")
+
+
+class Claim(enum.Enum):
+    """What a claim attempt found: TAKEN (the point is now this worker's), HELD (a live worker has it), DONE."""
+
+    TAKEN = "taken"
+    HELD = "held"
+    DONE = "done"
+
+    def __bool__(self) -> bool:
+        return self is Claim.TAKEN
+
+
+class PointClaims(Protocol):
+    kind: str
+
+    def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim: ...
+
+    def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
+        """Extend this worker's lease; False when the point is no longer this worker's (it expired and was taken)."""
+        ...
+
+    def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        """done: the point is finished for good; else it is free again at once (the point failed here)."""
+        ...
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        """Drop a point's claim whatever its state: its done mark outlived its run (a run deleted from the store)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def claim_scope(sweep_id: str, experiment_id: str, tracking_uri: str) -> str:
+    """What a claim's sweep is: the same sweep id in another store or experiment is another set of points."""
+    return f"{sweep_id}|{experiment_id}|{_masked(tracking_uri)}"
+
+
+def default_worker(device_id: str = "") -> str:
+    """Who holds a claim: the board, the host and the process (a log reader can find it)."""
+    host = socket.gethostname()
+    return f"{device_id or host}@{host}:{os.getpid()}"
+
+
+class NoClaims:
+    """No claim store: every point is this worker's (workers must be given disjoint sweeps)."""
+
+    kind = "none"
+
+    def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
+        return Claim.TAKEN
+
+    def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
+        return True
+
+    def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        pass
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FileClaims:
+    """Claims of workers on one machine: `<store>.claims.json`, read-modify-written under `flock`."""
+
+    kind = "file"
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
+
+    @contextlib.contextmanager
+    def _table(self) -> Iterator[dict[str, dict[str, Any]]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                table = json.loads(self.path.read_text()) if self.path.exists() else {}
+            except (OSError, ValueError):
+                log.warning("point claims %s unreadable; starting it afresh", self.path)
+                table = {}
+            before = json.dumps(table, sort_keys=True)
+            yield table
+            if json.dumps(table, sort_keys=True) != before:
+                tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(table))
+                os.replace(tmp, self.path)
+
+    def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
+        now = time.time()
+        with self._table() as t:
+            row = t.get(f"{sweep_id}|{point_key}")
+            if row and row.get("done"):
+                return Claim.DONE
+            if row and row["worker"] != worker and row["expires_at"] > now:
+                if not _holder_died_here(row):
+                    return Claim.HELD
+                log.info("point %s: its worker %s is gone from this machine; taking the point over", point_key, row["worker"])
+            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False, **_claimant()}
+            return Claim.TAKEN
+
+    def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
+        with self._table() as t:
+            row = t.get(f"{sweep_id}|{point_key}")
+            if not row or row["worker"] != worker or row.get("done"):
+                return False
+            row["expires_at"] = time.time() + ttl_s
+            return True
+
+    def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        with self._table() as t:
+            key = f"{sweep_id}|{point_key}"
+            row = t.get(key)
+            if row and row["worker"] == worker:
+                if done:
+                    row["done"], row["expires_at"] = True, 0.0
+                else:
+                    del t[key]
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        with self._table() as t:
+            t.pop(f"{sweep_id}|{point_key}", None)
+
+    def close(self) -> None:
+        pass
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first; the start time is index 19, field 22 of
+    proc(5)); None where /proc has no answer. A pid and its start name one process for good: a reused pid has another."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+@functools.cache
+def _machine() -> str | None:
+    """Which kernel and pid namespace this process sees: the boot id and /proc/self/ns/pid. Two containers that share
+    a host name (host networking, boards cloned from one image) differ here, so neither judges the other's pids.
+    None where /proc cannot say (not Linux): such claims are never judged, only waited out."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}|{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _claimant() -> dict[str, Any]:
+    """The claiming process, as another worker on the same machine can check it: machine, pid and the pid's start."""
+    pid = os.getpid()
+    stat = _proc_stat(pid)
+    return {"machine": _machine(), "pid": pid, "pid_start": stat[19] if stat else None}
+
+
+def _holder_died_here(row: dict[str, Any]) -> bool:
+    """A claim whose claiming process ran on this machine (same kernel boot, same pid namespace) and is gone
+    (kill -9, a crash): nobody renews it, so waiting out its lease would only stall the worker started in its place.
+    Anything this process cannot be sure of (another machine, a row without the claimant, no /proc) counts as alive."""
+    machine, pid, started = row.get("machine"), row.get("pid"), row.get("pid_start")
+    if machine is None or machine != _machine() or not isinstance(pid, int) or started is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    stat = _proc_stat(pid)
+    return stat is not None and (stat[0] == "Z" or stat[19] != started)  # a zombie, or a pid the kernel gave another process
+
+
+_PG_SCHEMA = """CREATE TABLE IF NOT EXISTS dvfs_point_claims (
+    sweep_id text NOT NULL, point_key text NOT NULL, worker text NOT NULL,
+    expires_at timestamptz NOT NULL, done boolean NOT NULL DEFAULT false, claimed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sweep_id, point_key))"""
+
+# One statement: PostgreSQL takes the row's lock for the conflict update, so two workers cannot both get a row back.
+_PG_CLAIM = """INSERT INTO dvfs_point_claims AS c (sweep_id, point_key, worker, expires_at)
+VALUES (%(s)s, %(p)s, %(w)s, now() + make_interval(secs => %(ttl)s))
+ON CONFLICT (sweep_id, point_key) DO UPDATE SET worker = EXCLUDED.worker, expires_at = EXCLUDED.expires_at, claimed_at = now()
+WHERE NOT c.done AND (c.expires_at < now() OR c.worker = EXCLUDED.worker)
+RETURNING worker"""
+
+
+def _pg_dsn(uri: str) -> str:
+    """`postgresql+psycopg2://...` (SQLAlchemy's spelling, as MLflow and Optuna take it) -> libpq's `postgresql://...`."""
+    parts = urllib.parse.urlsplit(uri)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme == "postgres":
+        scheme = "postgresql"
+    return urllib.parse.urlunsplit(parts._replace(scheme=scheme))
+
+
+class PostgresClaims:
+    """Claims in the fleet's PostgreSQL. A connection that drops (a database restart) is reopened and the statement
+    retried for up to `retry_s`: every statement is idempotent for its worker."""
+
+    kind = "postgresql"
+
+    def __init__(self, uri: str, retry_s: float = 90.0, first_retry_s: float = 5.0):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise DvfsError("point claims on PostgreSQL need the psycopg driver: pip install 'dvfs-mlops[fleet]'") from None
+        self.dsn = _pg_dsn(uri)
+        self.retry_s = retry_s
+        self._conn: Any = None
+        self._lock = threading.Lock()  # the heartbeat thread and the sweep share the connection
+        self._run(lambda cur: cur.execute(_PG_SCHEMA), first_retry_s)  # a database that is down: said before any clock is touched
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+
+    def _run(self, fn: Callable[[Any], T], retry_s: float | None = None) -> T:
+        import psycopg
+
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        delay = 0.5
+        with self._lock:
+            while True:
+                try:
+                    if self._conn is None or self._conn.closed:
+                        self._conn = self._connect()
+                    with self._conn.cursor() as cur:
+                        return fn(cur)
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject, psycopg.errors.DuplicateTable):
+                    continue  # two first CREATE TABLE IF NOT EXISTS at once: the other one won, the retry sees its table
+                except psycopg.OperationalError as e:
+                    with contextlib.suppress(Exception):
+                        self._conn.close()
+                    self._conn = None
+                    if time.monotonic() > deadline:
+                        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                        raise DvfsError(f"the point-claims database {_masked(self.dsn)} is unreachable ({first})") from None
+                    log.info("point claims: database unreachable (%s); retrying in %.1f s", str(e).strip()[:120], delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+    def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
+        def go(cur: Any) -> Claim:
+            cur.execute(_PG_CLAIM, {"s": sweep_id, "p": point_key, "w": worker, "ttl": float(ttl_s)})
+            if cur.fetchone() is not None:
+                return Claim.TAKEN
+            cur.execute("SELECT done FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s", (sweep_id, point_key))
+            row = cur.fetchone()
+            return Claim.DONE if row and row[0] else Claim.HELD
+
+        return self._run(go)
+
+    def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
+        def go(cur: Any) -> bool:
+            cur.execute("UPDATE dvfs_point_claims SET expires_at = now() + make_interval(secs => %s) "
+                        "WHERE sweep_id = %s AND point_key = %s AND worker = %s AND NOT done", (float(ttl_s), sweep_id, point_key, worker))
+            return cur.rowcount == 1
+
+        return self._run(go)
+
+    def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        if done:
+            sql = "UPDATE dvfs_point_claims SET done = true WHERE sweep_id = %s AND point_key = %s AND worker = %s"
+        else:
+            sql = "DELETE FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s AND worker = %s AND NOT done"
+        self._run(lambda cur: cur.execute(sql, (sweep_id, point_key, worker)))
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        self._run(lambda cur: cur.execute("DELETE FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s", (sweep_id, point_key)))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+
+
+def _masked(uri: str) -> str:
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
+    """The claim store for a sweep: `claims_uri` (else $DVFS_CLAIMS_URI), else one beside the tracking store."""
+    uri = claims_uri or settings.claims_uri()
+    if uri.lower() == "none":
+        return NoClaims()
+    if uri:
+        scheme = urllib.parse.urlsplit(uri).scheme.split("+", 1)[0]
+        if scheme in ("postgresql", "postgres"):
+            return PostgresClaims(uri)
+        if scheme == "file":
+            return FileClaims(Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path)))
+        raise DvfsError(f"--claims {_masked(uri)}: give a postgresql:// URL, a file:// path, or 'none'")
+    scheme = urllib.parse.urlsplit(tracking_uri).scheme.split("+", 1)[0]
+    if scheme in ("postgresql", "postgres"):
+        return PostgresClaims(tracking_uri)
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return FileClaims(db.with_name(db.name + ".claims.json"))
+    if scheme == "file" or not scheme or len(scheme) == 1:
+        path = Path(urllib.parse.unquote(urllib.parse.urlsplit(tracking_uri).path)) if scheme == "file" else Path(tracking_uri)
+        return FileClaims(path / "dvfs-claims.json")
+    log.info("no point claims for %s (set --claims postgresql://... or %s): workers given the same sweep may run the same "
+             "points; give each worker its own workloads", _masked(tracking_uri), settings.CLAIMS_ENV)
+    return NoClaims()
+
+
+@dataclasses.dataclass
+class Lease:
+    """A claimed point, renewed every ttl/3 by a daemon thread until `stop`; `lost` once another worker has it."""
+
+    claims: PointClaims
+    sweep_id: str
+    point_key: str
+    worker: str
+    ttl_s: float
+    lost: bool = False
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        if self.claims.kind != "none":
+            self._thread = threading.Thread(target=self._beat, name=f"claim {self.point_key}", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                if not self.claims.renew(self.sweep_id, self.point_key, self.worker, self.ttl_s):
+                    self.lost = True
+                    log.warning("claim on %s lost: another worker took it over", self.point_key)
+                    return
+            except Exception as e:  # noqa: BLE001 - the next beat retries; `still_mine` decides at the end
+                log.info("claim on %s not renewed (%s)", self.point_key, e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def still_mine(self) -> bool:
+        """Renew once more, right before the point's result is committed: False when another worker took it over.
+        The heartbeat keeps beating until `stop`: committing the result can itself outlast a TTL (MLflow's client
+        retrying through a server or database restart), and a lease let lapse there would let another worker kill
+        this run and measure the point again while the late commit still marks this one FINISHED."""
+        if self.lost:
+            return False
+        return self.claims.renew(self.sweep_id, self.point_key, self.worker, self.ttl_s)

@@ -1,0 +1,308 @@
+"""`dvfs-mlops evaluate`: each policy's clock on held-out workloads, read from a sweep's points.
+
+A twin point is one noisy draw, so the truth is the twin's expected (noise-free) curve where the
+runs logged it (metrics energy_expected_j, time_expected_s), else the mean over repeats (hardware).
+Savings are against MAXN (1 - E/E_maxn, on the truth), regret against the oracle under the
+objective: `regret` against the measured (mean-over-repeats) oracle, `regret_expected` against the
+expected one (twin only), each with a bootstrap 95 % interval over workloads. Means overall and by
+size (<= 70M, > 70M parameters), the largest saving and the worst case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dvfs_mlops import settings
+from dvfs_mlops.clocks import MAXN, freq_label
+from dvfs_mlops.errors import DvfsError, unknown
+from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
+from dvfs_mlops.model.governor.objectives import Objective, parse_objective
+from dvfs_mlops.model.governor.policies import (
+    FixedPolicy,
+    MaxNPolicy,
+    OraclePolicy,
+    choice_for,
+    paper_tree,
+)
+from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
+
+logger = logging.getLogger(__name__)
+
+EVALUATE_EXPERIMENT = "dvfs-evaluate"
+BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
+
+
+@dataclasses.dataclass
+class PyfuncPolicy:
+    """A registered governor (any models:/ URI) as a policy."""
+
+    model: Any
+    meta: dict[str, Any]
+    name: str
+
+    objective: str | None = None  # passed to a curve governor; a classifier (or an older version) decides for its own
+
+    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
+        from dvfs_mlops.mlops.registry import input_frame
+
+        row = input_frame(self.model, [features.as_row() if hasattr(features, "as_row") else dict(features)])
+        params: dict[str, Any] = {"frequencies": list(frequencies or [])}
+        if self.objective:
+            try:
+                return float(self.model.predict(row, params={**params, "objective": self.objective})["freq_mhz"].iloc[0])
+            except Exception as e:  # noqa: BLE001 - a classifier trained for one objective refuses another
+                logger.debug("%s decides for its own objective, not %s: %s", self.name, self.objective, e)
+        return float(self.model.predict(row, params=params)["freq_mhz"].iloc[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyRow:
+    workload: str
+    policy: str
+    freq: str
+    energy_j: float
+    time_s: float
+    accuracy: float | None
+    saving_vs_maxn: float  # on the truth (expected where logged)
+    regret_vs_oracle: float  # against the measured (mean-over-repeats) oracle
+    num_params: int
+    regret_vs_expected: float | None = None  # against the expected oracle (twin only)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySummary:
+    policy: str
+    n: int
+    mean_saving: float
+    mean_saving_small: float | None
+    mean_saving_big: float | None
+    max_saving: float
+    max_saving_workload: str
+    worst_saving: float
+    worst_workload: str
+    mean_regret: float
+    mean_regret_expected: float | None = None
+    regret_ci: tuple[float, float] | None = None  # of mean_regret_expected where present, else of mean_regret
+
+    def as_json(self, simulated: bool) -> dict[str, Any]:
+        """The `evaluate --json` object: all fractions."""
+        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": self.mean_regret,
+                "regret_expected": self.mean_regret_expected, "regret_ci": list(self.regret_ci) if self.regret_ci else None,
+                "saving_small": self.mean_saving_small, "saving_big": self.mean_saving_big, "max_saving": self.max_saving,
+                "worst_saving": self.worst_saving, "simulated": simulated}
+
+
+@dataclasses.dataclass
+class EvalReport:
+    sweep_id: str
+    split: str
+    objective: str
+    simulated: bool
+    rows: list[PolicyRow]
+    summaries: list[PolicySummary]
+    run_id: str | None = None
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """`evaluate --json`: one object per policy."""
+        return [s.as_json(self.simulated) for s in self.summaries]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "split": self.split, "objective": self.objective, "simulated": self.simulated,
+                "run_id": self.run_id, "summaries": [dataclasses.asdict(s) for s in self.summaries],
+                "rows": [dataclasses.asdict(r) for r in self.rows]}
+
+
+def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]:
+    """(measured energy, measured time, accuracy) at a policy's choice; a clock the workload lacks is judged at its nearest."""
+    if freq == MAXN:
+        return curve.maxn_energy_j, curve.maxn_time_s, curve.accuracy.get(MAXN)
+    f = curve.nearest(float(freq))
+    return curve.energy_j[f], curve.time_s[f], curve.accuracy.get(freq_label(f))
+
+
+def _truth_energy(curve: WorkloadCurve, freq: Any) -> float:
+    e, _, _, maxn_e = curve.truth()
+    return maxn_e if freq == MAXN else e[curve.nearest(float(freq))]
+
+
+def _regret(curve: WorkloadCurve, freq: Any, objective: Objective, expected: bool) -> float:
+    """Regret of a choice (maxn included: charged its own energy and time) against the oracle of one curve."""
+    if expected:
+        e, t, mt, maxn_e = curve.truth()
+    else:
+        e, t, mt, maxn_e = curve.energy_j, curve.time_s, curve.maxn_time_s, curve.maxn_energy_j
+    if freq != MAXN:
+        return objective.regret(curve.nearest(float(freq)), e, t, mt)
+    best = objective.best(e, t, mt)  # maxn is never the oracle (a pinned clock is), but it is charged by the same rule
+    oracle = e[best] * t[best] if objective.kind == "edp" else e[best]
+    return (maxn_e * mt if objective.kind == "edp" else maxn_e) / oracle - 1.0
+
+
+def evaluate_dataset(dataset: GovernorDataset, policies: dict[str, Any], objective: Objective, split: str = "eval") -> EvalReport:
+    """Pure evaluation (no MLflow): rows per workload x policy, and summaries."""
+    curves = dataset.curves if split == "all" else dataset.split(split).curves
+    if not curves:
+        raise DvfsError(f"sweep {dataset.sweep_id} has no {split!r} workloads to evaluate (the paper preset has eval tasks; or use --split train)")
+    rows: list[PolicyRow] = []
+    for c in curves:
+        for name, policy in policies.items():
+            freq = choice_for(policy, c, dataset.frequencies)
+            e, t, acc = _point(c, freq)
+            _, _, _, maxn_e = c.truth()
+            rows.append(PolicyRow(c.workload, name, freq_label(freq), e, t, acc, 1.0 - _truth_energy(c, freq) / maxn_e,
+                                  _regret(c, freq, objective, expected=False), c.features.num_params,
+                                  _regret(c, freq, objective, expected=True) if c.has_expected else None))
+    return EvalReport(dataset.sweep_id, split, objective.name, dataset.simulated, rows, summarise(rows, list(policies)))
+
+
+def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySummary]:
+    from dvfs_mlops.model.governor.search import bootstrap_ci
+
+    out = []
+    for name in order:
+        rs = [r for r in rows if r.policy == name]
+        if not rs:
+            continue
+        small = [r.saving_vs_maxn for r in rs if r.num_params <= SMALL_MODEL_PARAMS]
+        big = [r.saving_vs_maxn for r in rs if r.num_params > SMALL_MODEL_PARAMS]
+        best = max(rs, key=lambda r: r.saving_vs_maxn)
+        worst = min(rs, key=lambda r: r.saving_vs_maxn)
+        expected = [r.regret_vs_expected for r in rs if r.regret_vs_expected is not None]
+        has_expected = len(expected) == len(rs)
+        judged = expected if has_expected else [r.regret_vs_oracle for r in rs]
+        out.append(PolicySummary(name, len(rs), float(np.mean([r.saving_vs_maxn for r in rs])),
+                                 float(np.mean(small)) if small else None, float(np.mean(big)) if big else None,
+                                 best.saving_vs_maxn, best.workload, worst.saving_vs_maxn, worst.workload,
+                                 float(np.mean([r.regret_vs_oracle for r in rs])),
+                                 float(np.mean(expected)) if has_expected else None, bootstrap_ci(judged)))
+    return out
+
+
+def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    from dvfs_mlops.mlops.registry import resolve
+
+    policies: dict[str, Any] = {}
+    for name in names:
+        if name == "maxn":
+            policies[name] = MaxNPolicy()
+        elif name == "oracle":
+            policies[name] = OraclePolicy(objective)
+        elif name == "ffg":
+            train = dataset.split("train").curves
+            if not train:
+                raise DvfsError(f"sweep {dataset.sweep_id} has no training workloads to fit FFG on")
+            policies[name] = FixedPolicy.fit(train, objective)
+        elif name == "paper-mlg":
+            policies[name] = paper_tree()
+        elif name == "production" or name.startswith("models:/"):
+            try:
+                model, meta = resolve(None if name == "production" else name)
+            except DvfsError as e:
+                if name == "production":
+                    say(f"skipping 'production': {e}")
+                    continue
+                raise
+            label = name if name != "production" else f"production (v{meta['version']})"
+            policies[label] = PyfuncPolicy(model, meta, label, objective.name)
+        else:
+            raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
+    return policies
+
+
+def format_table(report: EvalReport) -> str:
+    def pct(x: float | None) -> str:
+        return "   -  " if x is None else f"{100 * x:6.2f}%"
+
+    label = " (SIMULATED)" if report.simulated else ""
+    expected = any(s.mean_regret_expected is not None for s in report.summaries)
+    lines = [f"sweep {report.sweep_id}{label}, split {report.split}, objective {report.objective}",
+             (f"{'policy':<24} {'n':>3} {'saving':>8} {'<=70M':>8} {'>70M':>8} {'max':>8} {'worst':>8} {'regret':>8} "
+              f"{'expected':>8} {'95% CI':>16}  max / worst workload")]
+    for s in report.summaries:
+        ci = f"[{100 * s.regret_ci[0]:.2f},{100 * s.regret_ci[1]:.2f}]%" if s.regret_ci else "-"
+        lines.append(f"{s.policy:<24} {s.n:>3} {pct(s.mean_saving):>8} {pct(s.mean_saving_small):>8} {pct(s.mean_saving_big):>8} "
+                     f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8} {pct(s.mean_regret_expected):>8} "
+                     f"{ci:>16}  {s.max_saving_workload} / {s.worst_workload}")
+    truth = "the expected (noise-free) curve" if expected else "the mean over repeats"
+    lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
+                 + (", expected = against the expected oracle" if expected else "")
+                 + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
+    if report.run_id:
+        lines.append(f"logged run {report.run_id} in {EVALUATE_EXPERIMENT}")
+    return "\n".join(lines)
+
+
+def savings_chart(report: EvalReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.policy for s in report.summaries]
+    groups = [("all", [s.mean_saving for s in report.summaries]), ("<= 70M", [s.mean_saving_small or 0 for s in report.summaries]),
+              ("> 70M", [s.mean_saving_big or 0 for s in report.summaries])]
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
+    for i, (label, vals) in enumerate(groups):
+        ax.bar(x + (i - 1) * 0.27, [100 * v for v in vals], 0.27, label=label)
+    ax.set_xticks(x, names, rotation=15)
+    ax.set_ylabel("energy saving vs MAXN (%)")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.legend()
+    ax.set_title(f"sweep {report.sweep_id}, {report.split} workloads" + (" (SIMULATED)" if report.simulated else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", split: str = "eval",
+                   policies: Sequence[str] = BUILTIN, objective: str = "energy", log: bool = True,
+                   say: Callable[[str], None] = logger.info) -> EvalReport:
+    obj = parse_objective(objective)
+    dataset = load_sweep_dataset(sweep_id, experiment)
+    report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
+    if log:
+
+        import pandas as pd
+
+        c = tracking.client()
+        tags = {tracking.TAG_SWEEP: report.sweep_id, tracking.TAG_SIMULATED: str(report.simulated).lower()}
+        env_run = settings.mlflow_run_id()  # under `mlflow run . -e evaluate`
+        if env_run:
+            run = c.get_run(env_run)
+            tracking.log_run_batch(c, env_run, tags=tags)
+        else:
+            run = c.create_run(tracking.experiment_id(c, EVALUATE_EXPERIMENT), run_name=f"evaluate {report.sweep_id} {split}", tags=tags)
+        metrics = {}
+        for s in report.summaries:
+            key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+            metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
+                            f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret})
+            if s.mean_regret_expected is not None:
+                metrics[f"{key}_mean_regret_expected"] = s.mean_regret_expected
+            if s.regret_ci is not None:
+                metrics[f"{key}_regret_ci_low"], metrics[f"{key}_regret_ci_high"] = s.regret_ci
+            if s.mean_saving_small is not None:
+                metrics[f"{key}_mean_saving_small"] = s.mean_saving_small
+            if s.mean_saving_big is not None:
+                metrics[f"{key}_mean_saving_big"] = s.mean_saving_big
+        tracking.log_run_batch(c, run.info.run_id, params={"sweep_id": report.sweep_id, "split": split, "objective": obj.name,
+                                                           "policies": ",".join(policies)}, metrics=metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            pd.DataFrame([dataclasses.asdict(r) for r in report.rows]).to_csv(Path(tmp) / "evaluation.csv", index=False)
+            pd.DataFrame([dataclasses.asdict(s) for s in report.summaries]).to_csv(Path(tmp) / "summary.csv", index=False)
+            savings_chart(report, Path(tmp) / "savings.png")
+            c.log_artifacts(run.info.run_id, tmp)
+        if not env_run:
+            c.set_terminated(run.info.run_id, "FINISHED")
+        report.run_id = run.info.run_id
+    return report

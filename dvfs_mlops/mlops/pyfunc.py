@@ -1,0 +1,138 @@
+"""Log a TreePolicy as a models-from-code pyfunc with its artifacts (policy.json, tree.txt, tree.png; leaf_curves.png
+for a curve governor)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from dvfs_mlops.model.governor import policy_tree
+
+# The pyfunc's code, shipped with every version: the model class and the stdlib-only decision code beside it.
+CODE = Path(policy_tree.__file__).resolve().parent / "model_code.py"
+TREE_CODE = Path(policy_tree.__file__).resolve()
+
+
+def input_example() -> list[dict[str, Any]]:
+    """Two rows, as records: MLflow saves a list of dicts as JSON itself. (A DataFrame example goes through
+    MLflow's split-dict conversion, which raises a pandas deprecation warning under pandas 3.)"""
+    return [
+        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109_483_778, "avg_seq_len": 71.3, "gpu_util_pct": 95.0,
+         "trainable_params": 109_483_778, "precision": "fp32"},
+        {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7_628_288, "avg_seq_len": 12.8, "gpu_util_pct": 30.0,
+         "trainable_params": 98_560, "precision": "bf16"},
+    ]
+
+
+def signature(default_objective: str = "energy") -> Any:
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
+                     ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct"),
+                     # later columns, optional: a caller from before them is a full fine-tune in fp32 (policy_tree.feature_value)
+                     ColSpec("long", "trainable_params", required=False), ColSpec("string", "precision", required=False)])
+    outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
+    params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),
+                          ParamSpec("objective", "string", default=default_objective)])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Any = None, feature_names: list[str] | None = None) -> dict[str, str]:
+    """policy.json, tree.txt and tree.png in `out`; returns the artifact map for log_model."""
+    paths = {"policy": out / "policy.json", "tree_txt": out / "tree.txt", "tree_png": out / "tree.png"}
+    paths["policy"].write_text(json.dumps(policy, indent=2, sort_keys=True))
+    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names, policy.get("clocks_mhz")))
+    plot_tree_png(policy, paths["tree_png"], classifier, feature_names)
+    if policy.get("family") == "curve":  # the leaves' curves: what the governor believes, leaf by leaf
+        from dvfs_mlops.model.governor.curve_tree import leaf_curves_plot
+
+        paths["leaf_curves"] = out / "leaf_curves.png"
+        leaf_curves_plot(dict(policy), paths["leaf_curves"])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: list[str] | None = None,
+              policy_clocks: list[float] | None = None) -> str:
+    if classifier is not None and hasattr(classifier, "classes_"):
+        from sklearn.tree import export_text
+
+        return export_text(classifier, feature_names=list(feature_names or []))
+    lines: list[str] = []
+
+    def walk(n: Mapping[str, Any], depth: int) -> None:
+        pad = "|   " * depth + "|--- "
+        if "freq_mhz" in n:
+            lines.append(f"{pad}freq_mhz: {n['freq_mhz']:g}")
+            return
+        if "feature" not in n:  # a curve leaf: its curve, and what the energy objective picks from it
+            clocks = policy_clocks or []
+            curve = ", ".join(f"{f:g}:{e:.3f}/{t:.2f}" for f, e, t in zip(clocks, n["energy"], n["time"]))
+            lines.append(f"{pad}curve (n={n.get('samples', '?')}, MHz:E/Emin/T/Tmaxn) {curve}")
+            return
+        lines.append(f"{pad}{n['feature']} <= {n['threshold']:g}")
+        walk(n["left"], depth + 1)
+        lines.append(f"{pad}{n['feature']} >  {n['threshold']:g}")
+        walk(n["right"], depth + 1)
+
+    walk(node, 0)
+    return "\n".join(lines) + "\n"
+
+
+def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: Any = None, feature_names: list[str] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 6))
+    if classifier is not None and hasattr(classifier, "classes_"):
+        from sklearn.tree import plot_tree
+
+        plot_tree(classifier, feature_names=feature_names, class_names=[f"{float(c):g} MHz" for c in classifier.classes_],
+                  filled=True, ax=ax, fontsize=8, impurity=False)
+    else:
+        ax.axis("off")
+        ax.text(0.01, 0.99, tree_text(policy["tree"], policy_clocks=policy.get("clocks_mhz")), family="monospace", va="top",
+                fontsize=10 if policy.get("family") != "curve" else 6)
+    ax.set_title(f"governor {policy.get('name', '')}: objective {policy.get('objective', 'energy')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def _quiet_example_check() -> Iterator[None]:
+    """MLflow logs "Validating input example against model signature" at INFO on every log_model that has both a
+    signature and an example; the check itself still runs (a mismatch raises). Warnings and errors still pass."""
+    logger = logging.getLogger("mlflow.pyfunc")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, classifier: Any = None,
+                 feature_names: list[str] | None = None, extra_artifacts: Mapping[str, str] | None = None,
+                 metrics: Mapping[str, float] | None = None, tags: Mapping[str, str] | None = None) -> Any:
+    """Log (and optionally register) the governor in the active MLflow run; returns ModelInfo."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts = write_tree_artifacts(policy, Path(tmp), classifier, feature_names)
+        artifacts.update(extra_artifacts or {})
+        with _quiet_example_check():
+            info = mlflow.pyfunc.log_model(
+                name="governor", python_model=str(CODE), code_paths=[str(TREE_CODE)], artifacts=artifacts,
+                signature=signature(str(policy.get("objective", "energy"))), input_example=input_example(), registered_model_name=registered_name,
+                pip_requirements=["mlflow", "pandas"], tags=dict(tags or {}), metadata={"objective": policy.get("objective", "energy")},
+            )
+    if metrics:
+        mlflow.log_metrics(dict(metrics))
+    return info

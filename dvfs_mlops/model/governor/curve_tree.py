@@ -1,0 +1,138 @@
+"""The curve governor: a multi-output regression tree whose leaves hold normalised energy/time curves.
+
+The tree is grown on each workload's measured curve, normalised so workload size drops out:
+energy E/E_min per workload and (weighted by `time_weight`) time T/T_maxn, at the dataset's clocks
+(a workload that lacks a clock has it interpolated for growing the tree only). Each leaf then holds
+the mean of the curves that reached it (measured points only where a clock has any), and the
+largest time ratio seen there (`time_hi`), so `max-slowdown:X` keeps its bound on the leaf's own
+workloads. The objective is applied when deciding (policy_tree.leaf_choice), so one policy serves
+energy, edp and max-slowdown:X.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dvfs_mlops.model.governor.dataset import WorkloadCurve, feature_matrix
+from dvfs_mlops.model.governor.policy_tree import FORMAT
+from dvfs_mlops.model.workload import NUMERIC_FEATURES
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveParams:
+    max_depth: int = 2  # 0: one leaf, the mean curve (ignores every feature)
+    min_samples_leaf: int = 2
+    min_samples_split: int = 2
+    ccp_alpha: float = 0.0
+    time_weight: float = 0.0  # how much the time curve shapes the splits (energy always does)
+    max_features: float | None = None
+    features: tuple[str, ...] = NUMERIC_FEATURES
+    seed: int = 0
+
+
+def curve_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(E/E_min, T/T_maxn) per workload x clock; NaN where a workload did not measure the clock."""
+    e = np.full((len(curves), len(clocks)), np.nan)
+    t = np.full((len(curves), len(clocks)), np.nan)
+    for i, c in enumerate(curves):
+        ne, nt = c.normalised()
+        for j, f in enumerate(clocks):
+            if f in ne:
+                e[i, j], t[i, j] = ne[f], nt[f]
+    return e, t
+
+
+def _filled(m: np.ndarray, clocks: Sequence[float]) -> np.ndarray:
+    """Missing clocks interpolated along each row (edges held flat)."""
+    out = m.copy()
+    x = np.asarray(clocks, dtype=float)
+    for row in out:
+        ok = ~np.isnan(row)
+        if ok.any() and not ok.all():
+            row[~ok] = np.interp(x[~ok], x[ok], row[ok])
+    return out
+
+
+def _leaf(e: np.ndarray, t: np.ndarray, ef: np.ndarray, tf: np.ndarray, idx: np.ndarray) -> dict[str, Any]:
+    def col_mean(m: np.ndarray, fill: np.ndarray) -> list[float]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            v = np.nanmean(m[idx], axis=0)
+        return [round(float(a if not math.isnan(a) else b), 6) for a, b in zip(v, fill[idx].mean(axis=0))]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        hi = np.nanmax(t[idx], axis=0)
+    hi_fill = tf[idx].max(axis=0)
+    return {"energy": col_mean(e, ef), "time": col_mean(t, tf),
+            "time_hi": [round(float(a if not math.isnan(a) else b), 6) for a, b in zip(hi, hi_fill)], "samples": int(len(idx))}
+
+
+def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], params: CurveParams,
+                     metadata: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """(policy.json dict, the fitted sklearn regressor or None for depth 0)."""
+    clocks = [float(f) for f in clocks]
+    e, t = curve_matrix(curves, clocks)
+    ef, tf = _filled(e, clocks), _filled(t, clocks)
+    meta = {"format": FORMAT, "family": "curve", "clocks_mhz": clocks, **(metadata or {})}
+    if params.max_depth == 0 or len(curves) < 2:
+        return {**meta, "tree": _leaf(e, t, ef, tf, np.arange(len(curves)))}, None
+    from sklearn.tree import DecisionTreeRegressor
+
+    x = np.asarray(feature_matrix(curves, params.features))
+    y = np.hstack([ef, params.time_weight * tf]) if params.time_weight > 0 else ef
+    reg = DecisionTreeRegressor(max_depth=params.max_depth, min_samples_leaf=params.min_samples_leaf,
+                                min_samples_split=params.min_samples_split, ccp_alpha=params.ccp_alpha,
+                                max_features=params.max_features, random_state=params.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reg.fit(x, y)
+    leaves = reg.apply(x)
+    tr = reg.tree_
+
+    def node(i: int) -> dict[str, Any]:
+        if tr.children_left[i] == tr.children_right[i]:
+            return _leaf(e, t, ef, tf, np.flatnonzero(leaves == i))
+        return {"feature": params.features[int(tr.feature[i])], "threshold": round(float(tr.threshold[i]), 6),
+                "left": node(int(tr.children_left[i])), "right": node(int(tr.children_right[i]))}
+
+    return {**meta, "tree": node(0)}, reg
+
+
+def leaf_curves_plot(policy: dict[str, Any], path: Any) -> None:
+    """Every leaf's normalised energy (and time) curve against clock: what the governor believes, leaf by leaf."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    leaves: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(n: dict[str, Any], label: str) -> None:
+        if "feature" in n:
+            walk(n["left"], f"{label}{n['feature']}<={n['threshold']:g}; ")
+            walk(n["right"], f"{label}{n['feature']}>{n['threshold']:g}; ")
+        else:
+            leaves.append((label.rstrip("; ") or "all workloads", n))
+
+    walk(policy["tree"], "")
+    clocks = policy["clocks_mhz"]
+    fig, (ax_e, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, leaf in leaves:
+        line, = ax_e.plot(clocks, leaf["energy"], marker="o", label=f"{label} (n={leaf['samples']})")
+        ax_t.plot(clocks, leaf["time"], marker="o", color=line.get_color())
+    ax_e.set_xlabel("GPU clock (MHz)")
+    ax_e.set_ylabel("energy / least energy of the workload")
+    ax_t.set_xlabel("GPU clock (MHz)")
+    ax_t.set_ylabel("time / time at maxn")
+    ax_e.legend(fontsize=7)
+    fig.suptitle(f"curve governor leaves (objective default {policy.get('objective', 'energy')})"
+                 + (" - SIMULATED sweep" if policy.get("simulated") else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,509 @@
+"""Optuna over governor families and hyper-parameters, with nested cross-validation for the reported score.
+
+Two families: `classifier` (a DecisionTreeClassifier on each workload's measured best clock) and
+`curve` (a regression tree whose leaves hold normalised energy/time curves, `curves.py`). Optuna
+chooses the family and its hyper-parameters by inner cross-validation regret (judged against the
+truth: the twin's expected curve where logged, else the mean over repeats).
+
+The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
+in-memory study selects on the outer fold's training workloads only, and the held-out group is then
+scored. So neither this study nor an older one can leak selection into the reported figure. The
+production study is fresh per training request unless `study_name` joins one on purpose.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.model.governor import policy_tree
+from dvfs_mlops.model.governor.curve_tree import CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.dataset import NUMERIC_FEATURES, GovernorDataset, WorkloadCurve, feature_matrix
+from dvfs_mlops.model.governor.objectives import Objective
+from dvfs_mlops.model.governor.policies import FixedPolicy, TreePolicy, paper_tree
+
+MIN_WORKLOADS = 4
+SPLITS = ("workload", "task", "model")
+INNER_FOLDS = 5
+Chooser = Callable[[WorkloadCurve], float]
+Fitter = Callable[[Sequence[WorkloadCurve]], Chooser]
+
+
+def group_of(curve: WorkloadCurve, split: str) -> str:
+    return {"workload": curve.workload, "task": curve.task, "model": curve.model}[split]
+
+
+def bootstrap_ci(values: Sequence[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
+    """95 % percentile interval of the mean, resampling workloads."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        m = float(v.mean()) if len(v) else math.nan
+        return m, m
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+@dataclasses.dataclass(frozen=True)
+class CVScore:
+    regret: float  # mean over held-out workloads, against the truth
+    accuracy: float  # share of held-out workloads whose true best clock was hit
+    choices: dict[str, float]  # workload -> chosen clock
+    regrets: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> regret
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return bootstrap_ci(list(self.regrets.values()))
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        lo, hi = self.ci
+        return {f"{prefix}_regret": self.regret, f"{prefix}_regret_ci_low": lo, f"{prefix}_regret_ci_high": hi,
+                f"{prefix}_accuracy": self.accuracy}
+
+
+def score(curves: Sequence[WorkloadCurve], choices: dict[str, float], objective: Objective) -> CVScore:
+    regrets = {c.workload: c.regret(choices[c.workload], objective) for c in curves}
+    hits = [c.nearest(choices[c.workload]) == c.true_label(objective) for c in curves]
+    return CVScore(float(np.mean(list(regrets.values()))), float(np.mean(hits)), choices, regrets)
+
+
+def folds(curves: Sequence[WorkloadCurve], split: str, k: int | None = None) -> list[list[int]]:
+    """Held-out index sets: one group per fold, or (k given, more groups than k) groups dealt round k folds."""
+    groups = sorted({group_of(c, split) for c in curves})
+    if k is not None and len(groups) > k:
+        assign = {g: i % k for i, g in enumerate(groups)}
+        return [[i for i, c in enumerate(curves) if assign[group_of(c, split)] == j] for j in range(k)]
+    return [[i for i, c in enumerate(curves) if group_of(c, split) == g] for g in groups]
+
+
+def cross_validate(curves: Sequence[WorkloadCurve], objective: Objective, fit: Fitter, split: str = "workload",
+                   k: int | None = None) -> CVScore:
+    """Fit on all but one fold, choose for the held-out fold, for every fold."""
+    choices: dict[str, float] = {}
+    for held in folds(curves, split, k):
+        hs = set(held)
+        choose = fit([c for i, c in enumerate(curves) if i not in hs])
+        for i in held:
+            choices[curves[i].workload] = choose(curves[i])
+    return score(curves, choices, objective)
+
+
+def loocv(curves: Sequence[WorkloadCurve], objective: Objective, fit: Fitter) -> CVScore:
+    """Leave-one-workload-out: fit on the others, choose for the held-out one."""
+    return cross_validate(curves, objective, fit, "workload")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeParams:
+    criterion: str = "gini"
+    max_depth: int | None = 3
+    min_samples_split: int = 2
+    min_samples_leaf: int = 1
+    max_features: float | None = None
+    ccp_alpha: float = 0.0
+    class_weight: str | None = None
+    features: tuple[str, ...] = NUMERIC_FEATURES
+    seed: int = 0
+
+    def classifier(self) -> Any:
+        from sklearn.tree import DecisionTreeClassifier
+
+        return DecisionTreeClassifier(criterion=self.criterion, max_depth=self.max_depth, min_samples_split=self.min_samples_split,
+                                      min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
+                                      ccp_alpha=self.ccp_alpha, class_weight=self.class_weight, random_state=self.seed)
+
+
+GovernorParams = TreeParams | CurveParams
+
+
+def family_of(params: GovernorParams) -> str:
+    return "curve" if isinstance(params, CurveParams) else "classifier"
+
+
+def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
+    clf = params.classifier()
+    # clocks as class names: sklearn takes float labels such as 1300.5 for a regression target
+    labels = [f"{c.label(objective):g}" for c in curves]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(np.asarray(feature_matrix(curves, params.features)), np.asarray(labels))
+    return clf
+
+
+def fit_policy(curves: Sequence[WorkloadCurve], objective: Objective, params: GovernorParams, clocks: Sequence[float],
+               metadata: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """(policy.json dict, the sklearn estimator) of one family; every decision then goes through policy_tree."""
+    meta = {"objective": objective.name, **(metadata or {})}
+    if isinstance(params, CurveParams):
+        return fit_curve_policy(curves, clocks, params, meta)
+    clf = fit_tree(curves, objective, params)
+    return TreePolicy.from_sklearn(clf, list(params.features), {"family": "classifier", **meta}).policy, clf
+
+
+def policy_fitter(objective: Objective, params: GovernorParams, clocks: Sequence[float]) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
+        policy, _ = fit_policy(train, objective, params, clocks)
+        return lambda c: policy_tree.snap(policy_tree.decide(policy, c.features.as_row())[0], c.clocks)
+
+    return fit
+
+
+def tree_fitter(objective: Objective, params: TreeParams) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
+        clf = fit_tree(train, objective, params)
+        return lambda c: float(clf.predict(np.asarray(feature_matrix([c], params.features)))[0])
+
+    return fit
+
+
+def ffg_fitter(objective: Objective, frequencies: Sequence[float]) -> Fitter:
+    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
+        f = FixedPolicy.fit(train, objective).freq_mhz
+        return lambda c: policy_tree.snap(f, c.clocks)
+
+    return fit
+
+
+def paper_score(curves: Sequence[WorkloadCurve], objective: Objective, frequencies: Sequence[float]) -> CVScore:
+    """The published tree needs no fitting: every workload is already 'held out'."""
+    tree = paper_tree()
+    return score(curves, {c.workload: float(tree.choose(c.features, c.clocks or frequencies)) for c in curves}, objective)
+
+
+# Features that only some sweeps vary (LoRA vs full fine-tuning, 16-bit vs fp32): offered to the search only where they
+# do, so a sweep of full fp32 fine-tunes searches exactly the space it searched before they existed.
+OPTIONAL_FEATURES = ("trainable_params", "half_precision")
+
+
+def search_features(curves: Sequence[WorkloadCurve]) -> tuple[str, ...]:
+    """NUMERIC_FEATURES minus the optional ones that carry nothing here (trainable_params equal to num_params everywhere,
+    one precision for every workload)."""
+    rows = [c.features.numeric_row() for c in curves]
+
+    def informative(f: str) -> bool:
+        if f == "trainable_params":
+            return any(r["trainable_params"] != r["num_params"] for r in rows)
+        return len({r[f] for r in rows}) > 1
+
+    return tuple(f for f in NUMERIC_FEATURES if f not in OPTIONAL_FEATURES or informative(f))
+
+
+def suggest(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+    use = [f for f in features if trial.suggest_categorical(f"use_{f}", [True, False])]
+    if not use:
+        use = ["num_layers"]
+    family = trial.suggest_categorical("family", ["curve", "classifier"])
+    mf = trial.suggest_categorical("max_features", ["all", "sqrt", "0.5", "0.75"])
+    max_features = None if mf == "all" else ("sqrt" if mf == "sqrt" else float(mf))
+    if family == "curve":
+        return CurveParams(max_depth=trial.suggest_int("curve_max_depth", 0, 5), min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 5),
+                           min_samples_split=trial.suggest_int("min_samples_split", 2, 10),
+                           ccp_alpha=trial.suggest_float("curve_ccp_alpha", 0.0, 0.002),
+                           time_weight=trial.suggest_categorical("time_weight", [0.0, 0.1, 0.3]),
+                           max_features=max_features, features=tuple(use), seed=seed)  # type: ignore[arg-type]
+    cw = trial.suggest_categorical("class_weight", ["none", "balanced"])
+    return TreeParams(
+        criterion=trial.suggest_categorical("criterion", ["gini", "entropy", "log_loss"]),
+        max_depth=trial.suggest_int("max_depth", 1, 6),
+        min_samples_split=trial.suggest_int("min_samples_split", 2, 10),
+        min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 5),
+        max_features=max_features,  # type: ignore[arg-type]
+        ccp_alpha=trial.suggest_float("ccp_alpha", 0.0, 0.05),
+        class_weight=None if cw == "none" else cw,
+        features=tuple(use),
+        seed=seed,
+    )
+
+
+def _params_from_trial(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+    return suggest(trial, seed, features)
+
+
+def warm_starts(features: Sequence[str] = NUMERIC_FEATURES) -> list[dict[str, Any]]:
+    """The first trials of a new study: a depth-2 curve tree and a depth-3 classifier on every feature."""
+    every = {f"use_{f}": True for f in features}
+    return [
+        {"family": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2, "curve_ccp_alpha": 0.0,
+         "time_weight": 0.0, "max_features": "all", **every},
+        {"family": "classifier", "criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
+         "ccp_alpha": 0.0, "class_weight": "none", **every},
+    ]
+
+
+def choose_split(curves: Sequence[WorkloadCurve], wanted: str = "auto") -> str:
+    """The selection/reporting split: `wanted`, or (auto) leave one task out when there are 3+ tasks, else one workload."""
+    if wanted != "auto":
+        if wanted not in SPLITS:
+            raise DvfsError(f"unknown CV split {wanted!r}; valid: auto, {', '.join(SPLITS)}")
+        return wanted
+    return "task" if len({c.task for c in curves}) >= 3 else "workload"
+
+
+def _inner_split(curves: Sequence[WorkloadCurve], split: str) -> str:
+    return split if len({group_of(c, split) for c in curves}) >= 2 else "workload"
+
+
+def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int, seed: int,
+           study: Any = None, callbacks: Sequence[Any] = ()) -> tuple[GovernorParams, Any]:
+    """Optuna on inner CV of `curves` only; returns the best params and the study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if study is None:
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+    inner = _inner_split(curves, split)
+    features = search_features(curves)
+
+    def objective_fn(trial: Any) -> float:
+        params = _params_from_trial(trial, seed, features)
+        s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
+        trial.set_user_attr("accuracy", s.accuracy)
+        trial.set_user_attr("family", family_of(params))
+        return s.regret
+
+    if not study.trials:
+        for warm in warm_starts(features):
+            study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
+    study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
+    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, features), study
+
+
+@dataclasses.dataclass
+class NestedScore:
+    split: str
+    n_groups: int
+    governor: CVScore
+    ffg: CVScore
+    paper: CVScore
+
+
+def nested_cv(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int,
+              seed: int) -> NestedScore | None:
+    """Held-out score of the whole selection procedure: per outer group, a fresh study on the rest. None: < 2 groups."""
+    outer = folds(curves, split)
+    if len(outer) < 2:
+        return None
+    gov: dict[str, float] = {}
+    ffg: dict[str, float] = {}
+    for held in outer:
+        hs = set(held)
+        train = [c for i, c in enumerate(curves) if i not in hs]
+        params, _ = select(train, objective, clocks, split, trials, seed)
+        choose = policy_fitter(objective, params, clocks)(train)
+        fixed = ffg_fitter(objective, clocks)(train)
+        for i in held:
+            gov[curves[i].workload] = choose(curves[i])
+            ffg[curves[i].workload] = fixed(curves[i])
+    return NestedScore(split, len(outer), score(curves, gov, objective), score(curves, ffg, objective),
+                       paper_score(curves, objective, clocks))
+
+
+@dataclasses.dataclass
+class SearchResult:
+    best_params: GovernorParams
+    tree: CVScore  # the selected configuration on the selection folds (inner: optimistic, for reference only)
+    ffg: CVScore  # FFG on the same folds
+    paper: CVScore
+    policy: TreePolicy
+    classifier: Any
+    study: Any
+    n_workloads: int
+    split: str = "workload"
+    nested: dict[str, NestedScore] = dataclasses.field(default_factory=dict)  # split -> held-out scores
+    features_matter: bool = False
+    study_name: str = ""
+    expected_truth: bool = False  # regrets are against the twin's expected curves (else mean over repeats)
+
+    @property
+    def family(self) -> str:
+        return family_of(self.best_params)
+
+    @property
+    def heldout(self) -> NestedScore | None:
+        return self.nested.get(self.split)
+
+    def metrics(self) -> dict[str, float]:
+        """What the governor run logs and the gates read (all fractions)."""
+        m: dict[str, float] = {"n_workloads": float(self.n_workloads), "features_matter": float(self.features_matter),
+                               "tree_depth": float(policy_tree.tree_depth(self.policy.policy["tree"])),
+                               "n_features_used": float(len(policy_tree.features_used(self.policy.policy["tree"]))),
+                               "tree_inner_regret": self.tree.regret, "ffg_inner_regret": self.ffg.regret}
+        for split, ns in self.nested.items():
+            for name, s in (("tree", ns.governor), ("ffg", ns.ffg), ("paper", ns.paper)):
+                m[f"{name}_outer_regret_{split}"] = s.regret
+                if split == self.split:
+                    m.update(s.as_metrics(f"{name}_outer"))
+            if split == self.split:
+                m["n_outer_groups"] = float(ns.n_groups)
+        return m
+
+
+def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
+    """Each hyper-parameter's share of the trials' regret variance (fANOVA), largest first; {} when too few trials.
+
+    fANOVA, not Optuna's default PED-ANOVA: it is stable API, seeded, and does not warn on the small studies a
+    governor search runs ("target and region quantiles select the same set of trials").
+    """
+    import optuna
+
+    try:
+        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
+    except Exception:  # noqa: BLE001 - too few complete trials, or every parameter constant
+        return {}
+    return {k: float(v) for k, v in sorted(imp.items(), key=lambda kv: -kv[1])}
+
+
+def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
+    """A bar chart of `param_importances` saved to `path`; False when the study can't support one yet.
+
+    Drawn with matplotlib directly: optuna.visualization.matplotlib is experimental and warns on every call.
+    """
+    imp = param_importances(study, seed)
+    if not imp:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(imp)[::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
+    ax.barh(names, [imp[n] for n in names])
+    ax.set_xlabel("importance for inner-CV regret (fANOVA)")
+    ax.set_title("hyper-parameter importances")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def storage_url(storage: str) -> str:
+    """An Optuna (SQLAlchemy) URL. A bare `postgresql://` means psycopg2 to SQLAlchemy; MLflow reads it as psycopg 3,
+    which the `fleet` extra installs: without psycopg2, the same URL goes to psycopg 3 here too."""
+    import importlib.util
+
+    scheme, sep, rest = storage.partition("://")
+    if sep and scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None \
+            and importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    return storage
+
+
+def joined_sampler(seed: int, worker: int | None = None) -> Any:
+    """The sampler of a study several processes may share (Optuna's distributed mode): each process samples with its
+    own seed (`worker`, else a random one: the same seed everywhere would propose the same trials) and TPE's constant
+    liar keeps it off the trials other processes are running."""
+    import optuna
+
+    salt = uuid.uuid4().int if worker is None else worker + 1
+    return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + salt) % 2**31, constant_liar=True)
+
+
+def _create_study(storage: str, name: str, join: bool, sampler: Any, attempts: int = 5) -> Any:
+    """optuna.create_study; on a fresh RDB, processes that start together race to create Optuna's tables (one wins,
+    the others fail on a duplicate): they retry, and then find the tables made."""
+    import time
+
+    import optuna
+
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(direction="minimize", storage=storage, study_name=name, load_if_exists=join, sampler=sampler)
+        except Exception as e:
+            if attempt == attempts - 1 or type(e).__module__.split(".")[0] != "sqlalchemy":
+                raise
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial of the selection study, as `run_search` reports it to `on_trial`."""
+
+    study_name: str
+    number: int
+    params: dict[str, Any]
+    inner_regret: float
+    inner_accuracy: float
+
+
+def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60, seed: int = 0, storage: str | None = None,
+               study_name: str | None = None, on_trial: Callable[[TrialRecord], None] | None = None, cv_split: str = "auto",
+               outer_trials: int | None = None, outer_splits: Sequence[str] = SPLITS) -> SearchResult:
+    """Select a governor on the dataset's training workloads, report nested held-out scores, refit the best.
+
+    Args:
+        dataset: the sweep's workloads (`GovernorDataset`); only its `train` split is searched.
+        objective: what a clock is scored by (`objectives.parse_objective`).
+        trials: Optuna TPE trials of the selection study; `seed` seeds it.
+        storage: the selection study's Optuna storage URL (None: in memory).
+        study_name: join this study (several processes may); None makes a fresh one.
+        on_trial: called with each finished trial (`TrialRecord`), e.g. to log it as a run.
+        cv_split: groups held out for selection and the gated score: auto, workload, task or model.
+        outer_trials: trials of each outer fold's own in-memory study (default `trials`).
+        outer_splits: the splits that also get a nested held-out score.
+
+    Returns:
+        A `SearchResult`: the best parameters, the refit policy, the nested scores.
+
+    Raises:
+        DvfsError: fewer training workloads than cross-validation needs.
+    """
+    import optuna
+
+    curves = dataset.split("train").curves
+    if len(curves) < MIN_WORKLOADS:
+        raise DvfsError(f"sweep {dataset.sweep_id} has {len(curves)} training workload(s); cross-validation needs at least "
+                        f"{MIN_WORKLOADS} (sweep more models/tasks, e.g. --preset quick)")
+    freqs = dataset.frequencies
+    split = choose_split(curves, cv_split)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # a fresh study per request: an older study's trials never steer this selection unless joined by name on purpose
+    label = dataset.sweep_id if "," not in dataset.sweep_id else f"{len(dataset.sweep_id.split(','))}sweeps"
+    name = study_name or f"governor-{label}-{objective.name}-{uuid.uuid4().hex[:8]}"
+    sampler = joined_sampler(seed) if study_name else optuna.samplers.TPESampler(seed=seed)
+    study = _create_study(storage_url(storage or "sqlite:///:memory:"), name, study_name is not None, sampler)
+
+    def log_trial(study_: Any, trial: Any) -> None:
+        if on_trial is not None and trial.value is not None:
+            on_trial(TrialRecord(name, trial.number, dict(trial.params), float(trial.value),
+                                 float(trial.user_attrs.get("accuracy", math.nan))))
+
+    best, study = select(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
+    inner = _inner_split(curves, split)
+    tree_score = cross_validate(curves, objective, policy_fitter(objective, best, freqs), inner, INNER_FOLDS)
+    ffg = cross_validate(curves, objective, ffg_fitter(objective, freqs), inner, INNER_FOLDS)
+    constant = cross_validate(curves, objective, policy_fitter(objective, CurveParams(max_depth=0), freqs), inner, INNER_FOLDS)
+    paper = paper_score(curves, objective, freqs)
+    n_outer = trials if outer_trials is None else outer_trials
+    nested = {}
+    for s in dict.fromkeys([split, *outer_splits]):
+        ns = nested_cv(curves, objective, freqs, s, n_outer, seed)
+        if ns is not None:
+            nested[s] = ns
+    metadata = {
+        "name": "dvfs-governor", "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id, "simulated": dataset.simulated,
+        "n_workloads": len(curves), "frequencies_mhz": freqs, "features": list(best.features), "cv_split": split,
+        "hyperparameters": {k: v for k, v in dataclasses.asdict(best).items() if k not in ("features",)},
+        "inner_cv": {"regret": tree_score.regret, "accuracy": tree_score.accuracy},
+    }
+    if split in nested:
+        metadata["outer_cv"] = {"split": split, "regret": nested[split].governor.regret, "regret_ci": list(nested[split].governor.ci)}
+    policy, est = fit_policy(curves, objective, best, freqs, metadata)
+    features_matter = _features_matter_from(study, min(constant.regret, ffg.regret))
+    return SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), split, nested,
+                        features_matter, name, all(c.has_expected for c in curves))
+
+
+def _features_matter_from(study: Any, constant: float) -> bool:
+    """Some trial that is not a constant (depth 0) policy beat the best constant one on the selection folds."""
+    vals = [t.value for t in study.trials if t.value is not None
+            and not (t.params.get("family") == "curve" and t.params.get("curve_max_depth") == 0)]
+    return bool(vals) and min(vals) < constant - 1e-9

@@ -1,0 +1,159 @@
+"""Every environment variable dvfs-mlops reads or sets, in one place, each with its default.
+
+This is the only module that touches `os.environ`. Values are read when asked for, not at import, so a test or
+a caller that sets a variable sees it take effect on the next call. `VARIABLES` lists each one with its default
+and meaning (the README's table is checked against it). Standard library only.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from dvfs_mlops.errors import DvfsError
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One environment variable: its name, its default as the README states it, and what it does."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db", "the MLflow tracking store (a server, SQLite, PostgreSQL)"),
+    Variable("MLFLOW_RUN_ID", "unset", "set by `mlflow run`: the run a command logs into (its parent run, for a sweep)"),
+    Variable("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4", "MLflow client retries against a tracking server (set if unset)"),
+    Variable("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1", "their backoff factor (set if unset)"),
+    Variable("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "seconds per tracking request (set if unset)"),
+    Variable("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false", "MLflow's upload bars, off in the CLI (set if unset)"),
+    Variable("HF_HUB_DISABLE_PROGRESS_BARS", "1", "transformers' progress bars, off in the CLI (set if unset)"),
+    Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., none)"),
+    Variable("DVFS_CACHE_DIR", "~/.cache/dvfs-mlops", "caches: step traces (its root) and workload facts (workloads/)"),
+    Variable("DVFS_STATE_DIR", "unset", "locks and restore journals (root: /run/lock/dvfs-mlops, /var/lib/dvfs-mlops; "
+             "others: ~/.cache/dvfs-mlops)"),
+    Variable("DVFS_SYSTEM_STATE_PREFIX", "/", "the root the system state folders are under (tests)"),
+    Variable("DVFS_SYSFS_ROOT", "/", "the root every sysfs path is read under (a fake tree, a chroot)"),
+    Variable("DVFS_REGISTRY_DIR", "the installed registry data", "a folder with your own governor.yaml and baselines/"),
+    Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
+)
+
+TRACKING_URI_DEFAULT = "sqlite:///mlflow.db"
+REGISTRY_DIR_ENV = "DVFS_REGISTRY_DIR"
+CLAIMS_ENV = "DVFS_CLAIMS_URI"
+# Transient HTTP errors against a tracking server are retried by MLflow's client with exponential backoff; bounded
+# (4 retries, factor 1: 1+2+4+8 s) so a dead server fails a point in ~15 s, not MLflow's default of minutes.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+CLI_DEFAULTS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def _get(name: str) -> str | None:
+    """The variable's value, None when unset or empty."""
+    return os.environ.get(name) or None
+
+
+def tracking_uri() -> str:
+    """The MLflow tracking store: $MLFLOW_TRACKING_URI, else `sqlite:///mlflow.db` in the working directory."""
+    return _get("MLFLOW_TRACKING_URI") or TRACKING_URI_DEFAULT
+
+
+def mlflow_run_id() -> str | None:
+    """The run `mlflow run` started for this command ($MLFLOW_RUN_ID), or None."""
+    return _get("MLFLOW_RUN_ID")
+
+
+def claims_uri() -> str:
+    """$DVFS_CLAIMS_URI, '' when unset."""
+    return _get(CLAIMS_ENV) or ""
+
+
+def cache_root() -> Path:
+    """$DVFS_CACHE_DIR, else ~/.cache/dvfs-mlops."""
+    base = _get("DVFS_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "dvfs-mlops"
+
+
+def trace_cache_dir() -> Path:
+    """Where step traces are cached: $DVFS_CACHE_DIR itself, else ~/.cache/dvfs-mlops/traces."""
+    base = _get("DVFS_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "dvfs-mlops" / "traces"
+
+
+def state_dir_override() -> Path | None:
+    """$DVFS_STATE_DIR (locks and journals for every user), or None."""
+    base = _get("DVFS_STATE_DIR")
+    return Path(base) if base else None
+
+
+def system_state_prefix() -> Path:
+    """The root of the system state folders: $DVFS_SYSTEM_STATE_PREFIX, else /."""
+    return Path(_get("DVFS_SYSTEM_STATE_PREFIX") or "/")
+
+
+def sysfs_root() -> Path:
+    """The root every sysfs path is read under: $DVFS_SYSFS_ROOT, else /."""
+    return Path(_get("DVFS_SYSFS_ROOT") or "/")
+
+
+def torch_device_override() -> str | None:
+    """$DVFS_TORCH_DEVICE, or None."""
+    return _get("DVFS_TORCH_DEVICE")
+
+
+def registry_dir() -> Path:
+    """The registry data (governor.yaml, baselines/): $DVFS_REGISTRY_DIR, else the package's `dvfs_mlops.registry_data`.
+
+    That package is the repository's top-level `registry/` folder, mapped into the package by pyproject.toml: an
+    editable install reads the folder itself, a wheel its installed copy of the same files.
+    """
+    env = _get(REGISTRY_DIR_ENV)
+    if env:
+        return Path(env)
+    import importlib.util
+
+    spec = importlib.util.find_spec("dvfs_mlops.registry_data")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise DvfsError("the package's registry data (dvfs_mlops.registry_data) is missing; reinstall dvfs-mlops")
+    return Path(locations[0])
+
+
+def registry_file(*parts: str, what: str) -> Path:
+    """A file of the registry data.
+
+    Raises:
+        DvfsError: the file is missing; the message names where it was looked for and why.
+    """
+    path = registry_dir().joinpath(*parts)
+    if not path.is_file():
+        env = _get(REGISTRY_DIR_ENV)
+        why = (f"${REGISTRY_DIR_ENV}={env} names a folder without it" if env
+               else "the package's registry data is missing; reinstall dvfs-mlops")
+        raise DvfsError(f"{what} {path} not found ({why})")
+    return path
+
+
+def set_defaults(defaults: Mapping[str, str]) -> None:
+    """Set each variable that is unset (a user's own value always wins)."""
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
+
+
+@contextlib.contextmanager
+def overridden(values: Mapping[str, str]) -> Iterator[None]:
+    """Set `values` for the block, then put back what was there (e.g. few retries for a reachability check)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

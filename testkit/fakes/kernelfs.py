@@ -1,0 +1,726 @@
+"""A fake Jetson AGX Orin sysfs tree that behaves like the kernel, served over FUSE.
+
+`mount_orin()` builds a plain tree with testkit/fakes/sysfs.py `make_orin_tree()` (the backing dir) and
+serves it at a mount point from a FUSE daemon in a child process. Everything is passed through to the
+backing dir (symlinks included, so os.path.realpath works through the relative links), except:
+
+* the GPU devfreq node, which follows drivers/devfreq/devfreq.c:
+  - min_freq / max_freq take a decimal integer, parsed as the kernel's sscanf("%lu") does (leading
+    digits; anything else EINVAL). The value is stored as written; reads show it clamped into the
+    frequency table's [min, max] as get_freq_range() does (0 means "no limit": the table's end).
+  - rule "einval" (default; the issue's rule, and min_freq_store/max_freq_store before the PM QoS
+    conversion of Linux 5.7: `if (value && max && value > max) return -EINVAL`): a write that would
+    leave min_freq > max_freq fails with EINVAL and changes nothing.
+    rule "qos" (mainline >= 5.7, which JetPack 5's 5.10 and JetPack 6's 5.15 kernels are based on):
+    the write is accepted and min_freq reads as max_freq ("max_freq takes precedence over min_freq").
+  - cur_freq is computed on each read: the governor's target under load (the top of the range)
+    clamped into [min_freq, max_freq], then held under the throttle cap and the nvpmodel mode's GPU
+    cap (a cap below min_freq wins: the kernel's QoS max beats the user's min), then rounded down to
+    a table entry (the clock the GPU can run at).
+  - governor takes only a name listed in available_governors (EINVAL otherwise).
+  - cur_freq, available_frequencies and available_governors are 0444 with no store: opening them for
+    writing fails with EACCES (kernfs does this even for root).
+  - truncation (open with O_TRUNC) is ignored, and each write(2) is one store, at any offset.
+* rail reads (in{N}_input / curr{N}_input under hwmon) can be made to fail with EIO.
+
+Every read goes to the daemon (`direct_io`, zero attribute/entry timeouts): os.pread on a file held
+open returns the current value each time, as sysfs does.
+
+The daemon is a child process (`python -m testkit.fakes.kernelfs`); knobs go over a socketpair (a
+multiprocessing Connection) to a control thread in it: see `KernelTree`.
+
+mfusepy is imported only inside functions: it loads libfuse at import and raises OSError where
+libfuse is missing, which at module level would break test collection.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from testkit.fakes.sysfs import FakeJetson, make_orin_tree
+
+MOUNT_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 5.0
+UNMOUNT_TIMEOUT_S = 5.0
+
+RULES = ("einval", "qos")
+_RAIL_RE = re.compile(r"^(in|curr)\d+_input$")
+_READ_ONLY_ATTRS = ("cur_freq", "available_frequencies", "available_governors")
+_STORE_ATTRS = ("min_freq", "max_freq", "governor")
+_REPO = Path(__file__).resolve().parents[2]
+_LIVE: set[KernelTree] = set()
+_available: tuple[bool, str] | None = None
+
+
+# -- is FUSE usable here? ----------------------------------------------------------------------------
+def fuse_available() -> tuple[bool, str]:
+    """(True, "") where a kernel tree can be mounted; else (False, why). Cached per process."""
+    global _available
+    if _available is None:
+        _available = _probe()
+    return _available
+
+
+def _probe() -> tuple[bool, str]:
+    if not os.path.exists("/dev/fuse"):
+        return False, "no /dev/fuse (FUSE is not available in this kernel or container)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        return False, f"cannot open /dev/fuse: {e.strerror}"
+    if shutil.which("fusermount3") is None:
+        return False, "no fusermount3 (apt-get install fuse3)"
+    try:
+        import mfusepy  # noqa: F401
+    except ImportError:
+        return False, "mfusepy is not installed (pip install mfusepy)"
+    except OSError as e:  # mfusepy loads libfuse at import
+        return False, f"libfuse3 cannot be loaded: {e} (apt-get install libfuse3-3)"
+    tmp = Path(tempfile.mkdtemp(prefix="kernelfs-probe-"))
+    try:
+        with mount_orin(tmp):
+            pass
+    except Exception as e:  # noqa: BLE001 - any failure is the reason FUSE tests skip
+        return False, f"mount failed: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True, ""
+
+
+# -- the parent side ---------------------------------------------------------------------------------
+class WriteLog(list):
+    """The daemon's write log, as [(name, value, errno)] with errno 0 for an accepted write.
+
+    A snapshot: `clear()` also clears the daemon's log.
+    """
+
+    def __init__(self, items: list, tree: KernelTree):
+        super().__init__(items)
+        self._tree = tree
+
+    def clear(self) -> None:  # type: ignore[override]
+        super().clear()
+        self._tree.clear_log()
+
+
+class KernelTree:
+    """A mounted fake Orin: FakeJetson's API (root, node, hwmon, read, range_hz, set_rail) on the mount,
+    plus the kernel's knobs. `backing` is the plain tree behind it (writes there bypass the rules).
+
+    Knobs (each a round trip to the daemon):
+      set_throttle_cap_hz(hz | None)   thermal/QoS cap on cur_freq (set_cap_hz: the same)
+      set_nvpmodel_mode(mode_id)       write var/lib/nvpmodel/status; cur_freq follows that mode's cap
+      set_nvpmodel_cap_hz(hz | None)   override the mode's cap (None: no cap whatever the mode)
+      read_only = True                 every open-for-write in the devfreq node fails EACCES
+      fail_writes = {"min_freq"}       writes of these devfreq files fail EIO (set() clears)
+      fail_rail_reads(n)               the next n reads at offset 0 of rail inputs fail EIO
+      rule = "einval" | "qos"          what a min > max write does (see the module doc)
+      log / writes / clear_log()       every write to the devfreq node; accepted min/max writes
+      reset()                          all knobs off, log empty (the files keep their values)
+    """
+
+    def __init__(self, backing: FakeJetson, mountpoint: Path, rule: str = "einval"):
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}")
+        self.backing = backing
+        self.mountpoint = Path(mountpoint)
+        self.root = self.mountpoint
+        self.node = self.mountpoint / backing.node.relative_to(backing.root)
+        self.hwmon = [self.mountpoint / h.relative_to(backing.root) for h in backing.hwmon]
+        self._rule = rule
+        self._proc: Any = None
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    # FakeJetson's API ---------------------------------------------------------------------------
+    def read(self, name: str) -> str:
+        return (self.node / name).read_text().strip()
+
+    @property
+    def range_hz(self) -> tuple[int, int]:
+        return int(self.read("min_freq")), int(self.read("max_freq"))
+
+    def set_rail(self, label: str, mv: int, ma: int) -> None:
+        self.backing.set_rail(label, mv, ma)
+
+    @staticmethod
+    def write(path: Path, value: str) -> None:
+        """A plain single write(2), like the backend's: JetsonDevice(writer=tree.write) works too."""
+        with open(path, "w") as f:
+            f.write(value)
+
+    # knobs ---------------------------------------------------------------------------------------
+    def _call(self, *msg: Any) -> Any:
+        with self._lock:
+            if self._conn is None:
+                raise RuntimeError("the kernel tree is not mounted")
+            self._conn.send(msg)
+            if not self._conn.poll(CONTROL_TIMEOUT_S):
+                raise TimeoutError(f"the kernelfs daemon did not answer {msg[0]!r} within {CONTROL_TIMEOUT_S} s")
+            ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"kernelfs daemon: {value}")
+        return value
+
+    def _set(self, **knobs: Any) -> None:
+        self._call("set", knobs)
+
+    def state(self) -> dict[str, Any]:
+        return self._call("state")
+
+    def set_throttle_cap_hz(self, hz: int | None) -> None:
+        self._set(throttle_cap=hz)
+
+    set_cap_hz = set_throttle_cap_hz  # FakeKernel's name
+
+    def set_nvpmodel_cap_hz(self, hz: int | None) -> None:
+        self._set(nvpmodel_cap=hz, nvpmodel_override=True)
+
+    def set_nvpmodel_mode(self, mode_id: int) -> None:
+        from testkit.fakes.sysfs import nvpmodel_gpu_cap_hz
+
+        nvpmodel_gpu_cap_hz(mode_id)  # KeyError for a mode the conf lacks
+        (self.backing.root / "var/lib/nvpmodel/status").write_text(f"pmode:{mode_id:04d} fmode:quiet\n")
+        self._set(nvpmodel_override=False)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.state()["read_only"])
+
+    @read_only.setter
+    def read_only(self, value: bool) -> None:
+        self._set(read_only=bool(value))
+
+    @property
+    def fail_writes(self) -> set[str]:
+        return set(self.state()["fail_writes"])
+
+    @fail_writes.setter
+    def fail_writes(self, names: set[str] | list[str] | tuple[str, ...]) -> None:
+        self._set(fail_writes=sorted(names))
+
+    def fail_rail_reads(self, n: int) -> None:
+        self._set(rail_eio=int(n))
+
+    @property
+    def rule(self) -> str:
+        return self.state()["rule"]
+
+    @rule.setter
+    def rule(self, value: str) -> None:
+        if value not in RULES:
+            raise ValueError(f"rule must be one of {RULES}")
+        self._set(rule=value)
+
+    @property
+    def log(self) -> WriteLog:
+        return WriteLog([tuple(e) for e in self._call("log")], self)
+
+    @property
+    def writes(self) -> list[tuple[str, int]]:
+        """Accepted min/max writes, as (name, Hz)."""
+        return [(n, int(v)) for n, v, err in self.log if err == 0 and n in ("min_freq", "max_freq")]
+
+    def clear_log(self) -> None:
+        self._call("clear_log")
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    # lifecycle -----------------------------------------------------------------------------------
+    def mount(self) -> KernelTree:
+        """Start the daemon (`python -m testkit.fakes.kernelfs`, so nothing depends on the test process's
+        __main__ or threads) and wait, at most MOUNT_TIMEOUT_S, until it serves the mount point."""
+        from multiprocessing.connection import Connection
+
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair()
+        args = [sys.executable, "-m", "testkit.fakes.kernelfs", str(theirs.fileno()), str(self.backing.root),
+                str(self.mountpoint), str(self.backing.node.relative_to(self.backing.root)), self._rule,
+                *(str(h.relative_to(self.backing.root)) for h in self.backing.hwmon)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)}
+        try:
+            self._proc = subprocess.Popen(args, pass_fds=[theirs.fileno()], env=env, cwd=_REPO, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        _LIVE.add(self)
+        try:
+            deadline = time.monotonic() + MOUNT_TIMEOUT_S
+            while not _is_mounted(self.mountpoint):
+                if self._proc.poll() is not None:
+                    why = _last_error(self._conn) if self._conn.poll(0) else ""
+                    raise RuntimeError(f"the FUSE daemon exited with {self._proc.returncode} before mounting "
+                                       f"{self.mountpoint}{': ' + why if why else ''}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.mountpoint} was not mounted within {MOUNT_TIMEOUT_S} s")
+                time.sleep(0.002)
+            self._call("ping")
+        except BaseException:
+            self.unmount()
+            raise
+        return self
+
+    def unmount(self) -> None:
+        """fusermount3 -u (lazy -uz where busy), then end the daemon; every wait has a timeout."""
+        _LIVE.discard(self)
+        wait_s = UNMOUNT_TIMEOUT_S
+        try:
+            if _is_mounted(self.mountpoint):
+                r = _fusermount("-u", self.mountpoint)
+                if r != 0 and _is_mounted(self.mountpoint):
+                    # Busy (a file is still open): detach it; the daemon would serve the open files until they
+                    # are closed, so it is killed shortly, and those files then fail with ENOTCONN.
+                    _fusermount("-uz", self.mountpoint)
+                    wait_s = 0.2
+        finally:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                try:
+                    proc.wait(wait_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(UNMOUNT_TIMEOUT_S)
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    @property
+    def mounted(self) -> bool:
+        return _is_mounted(self.mountpoint)
+
+    def __enter__(self) -> KernelTree:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.unmount()
+
+
+def mount_orin(tmp: Path, jetpack: int = 6, nvpmodel_mode: int = 0, rule: str = "einval") -> KernelTree:
+    """Build a fake Orin under tmp/backing and serve it at tmp/mnt. Use as a context manager, or call
+    unmount() (an atexit hook unmounts whatever is left)."""
+    backing = make_orin_tree(Path(tmp) / "backing", jetpack=jetpack, nvpmodel_mode=nvpmodel_mode)
+    return KernelTree(backing, Path(tmp) / "mnt", rule=rule).mount()
+
+
+def _last_error(conn: Any) -> str:
+    with contextlib.suppress(Exception):
+        return str(conn.recv()[1])
+    return ""
+
+
+def _unescape_mount(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _is_mounted(path: Path) -> bool:
+    """From /proc/self/mounts: never touches the mount itself (a dead daemon cannot hang it)."""
+    target = os.path.abspath(path)
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(_unescape_mount(line.split()[1]) == target for line in f if len(line.split()) > 1)
+    except OSError:
+        return False
+
+
+def _fusermount(flag: str, path: Path) -> int:
+    try:
+        return subprocess.run(["fusermount3", flag, str(path)], capture_output=True, timeout=UNMOUNT_TIMEOUT_S).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
+
+
+@atexit.register
+def _unmount_all() -> None:
+    for tree in list(_LIVE):
+        with contextlib.suppress(Exception):
+            tree.unmount()
+
+
+# -- the daemon (child process) ----------------------------------------------------------------------
+def _parse_int(text: str) -> int | None:
+    """sscanf(buf, "%lu"): leading blanks, then decimal digits; whatever follows them is ignored."""
+    m = re.match(r"\s*\+?(\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def _nvpmodel_cap(root: str) -> int | None:
+    """The current mode's GPU MAX_FREQ from var/lib/nvpmodel/status and etc/nvpmodel.conf (None: no cap)."""
+    try:
+        with open(os.path.join(root, "var/lib/nvpmodel/status")) as f:
+            m = re.search(r"pmode:(\d+)", f.read())
+        with open(os.path.join(root, "etc/nvpmodel.conf")) as f:
+            conf = f.read()
+    except OSError:
+        return None
+    if not m:
+        return None
+    mode, current, cap = int(m.group(1)), None, None
+    for line in conf.splitlines():
+        head = re.match(r"\s*<\s*(\w+)(?:\s+ID=(\d+))?", line)
+        if head:
+            current = int(head.group(2)) if head.group(1) == "POWER_MODEL" and head.group(2) else None
+            continue
+        gpu = re.match(r"\s*GPU\s+MAX_FREQ\s+(-?\d+)", line)
+        if current == mode and gpu:
+            cap = int(gpu.group(1)) if int(gpu.group(1)) > 0 else None
+    return cap
+
+
+class _State:
+    def __init__(self, rule: str):
+        self.lock = threading.Lock()
+        self.rule = rule
+        self.reset()
+
+    def reset(self) -> None:
+        self.read_only = False
+        self.fail_writes: set[str] = set()
+        self.rail_eio = 0
+        self.throttle_cap: int | None = None
+        self.nvpmodel_cap: int | None = None
+        self.nvpmodel_override = False
+        self.log: list[tuple[str, str, int]] = []
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"rule": self.rule, "read_only": self.read_only, "fail_writes": sorted(self.fail_writes),
+                "rail_eio": self.rail_eio, "throttle_cap": self.throttle_cap, "nvpmodel_cap": self.nvpmodel_cap,
+                "nvpmodel_override": self.nvpmodel_override}
+
+
+def _control(conn: Any, state: _State, mountpoint: str) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the test process is gone: do not leave a mount behind
+            _fusermount("-uz", Path(mountpoint))
+            os._exit(0)
+        try:
+            with state.lock:
+                cmd = msg[0]
+                if cmd == "ping":
+                    reply: Any = "pong"
+                elif cmd == "state":
+                    reply = state.snapshot()
+                elif cmd == "log":
+                    reply = list(state.log)
+                elif cmd == "clear_log":
+                    state.log.clear()
+                    reply = None
+                elif cmd == "reset":
+                    state.reset()
+                    reply = None
+                elif cmd == "set":
+                    for key, value in msg[1].items():
+                        if key == "fail_writes":
+                            value = set(value)
+                        if key == "rule" and value not in RULES:
+                            raise ValueError(f"unknown rule {value!r}")
+                        if not hasattr(state, key) or key in ("lock", "log"):
+                            raise KeyError(key)
+                        setattr(state, key, value)
+                    reply = None
+                else:
+                    raise KeyError(cmd)
+            conn.send((True, reply))
+        except Exception as e:  # noqa: BLE001 - the answer carries the error
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+def _serve(backing: str, mountpoint: str, node_rel: str, hw_rel: list[str], rule: str, conn: Any) -> None:
+    try:
+        import mfusepy
+    except (ImportError, OSError) as e:
+        conn.send((False, f"cannot import mfusepy: {e}"))
+        raise SystemExit(3) from None
+    logging.getLogger("mfusepy").setLevel(logging.CRITICAL)  # refused writes are the point, not news
+    state = _State(rule)
+    threading.Thread(target=_control, args=(conn, state, mountpoint), daemon=True, name="kernelfs-control").start()
+    ops = _make_ops(mfusepy, backing, node_rel, hw_rel, state)
+    try:
+        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=True, fsname="kernelfs", subtype="kernelfs")
+    except Exception as e:  # noqa: BLE001 - tell the parent why
+        with contextlib.suppress(Exception):
+            conn.send((False, f"FUSE: {e}"))
+        raise SystemExit(4) from None
+
+
+def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], state: _State) -> Any:
+    FuseOSError = mfusepy.FuseOSError
+    node_rel = node_rel.strip("/")
+    hw_dirs = {h.strip("/") for h in hw_rel}
+
+    def fail(err: int) -> None:
+        raise FuseOSError(err)
+
+    class KernelOps(mfusepy.Operations):
+        use_ns = True
+
+        def _full(self, path: str) -> str:
+            return os.path.join(backing, path.lstrip("/"))
+
+        @staticmethod
+        def _node_attr(path: str) -> str | None:
+            """The name of a devfreq attribute of the GPU node (None for any other path)."""
+            rel = path.strip("/")
+            head, _, name = rel.rpartition("/")
+            return name if head == node_rel and name in _STORE_ATTRS + _READ_ONLY_ATTRS else None
+
+        @staticmethod
+        def _is_rail(path: str) -> bool:
+            head, _, name = path.strip("/").rpartition("/")
+            return head in hw_dirs and bool(_RAIL_RE.match(name))
+
+        def init_with_config(self, conn_info: Any, config: Any) -> None:
+            if config is not None:  # sysfs: nothing cached, every read and lookup reaches us
+                config.direct_io = 1
+                config.kernel_cache = 0
+                config.auto_cache = 0
+                config.entry_timeout = 0.0
+                config.negative_timeout = 0.0
+                config.attr_timeout = 0.0
+                config.hard_remove = 1
+
+        # the devfreq node ---------------------------------------------------------------------
+        def _read_file(self, name: str) -> str:
+            with open(os.path.join(backing, node_rel, name)) as f:
+                return f.read()
+
+        def _table(self) -> list[int]:
+            return sorted(int(x) for x in self._read_file("available_frequencies").split())
+
+        def _range(self) -> tuple[int, int]:
+            """get_freq_range(): the user's limits clamped into the table; max wins over min."""
+            table = self._table()
+            tmin, tmax = table[0], table[-1]
+            raw_min = _parse_int(self._read_file("min_freq")) or 0
+            raw_max = _parse_int(self._read_file("max_freq")) or 0
+            lo = min(max(raw_min, tmin), tmax)
+            hi = max(min(raw_max, tmax), tmin) if raw_max else tmax
+            return min(lo, hi), hi
+
+        def _cur(self) -> int:
+            table = self._table()
+            lo, hi = self._range()
+            cur = min(max(hi, lo), hi)  # the governor's target under load: the top of the range
+            nvp = state.nvpmodel_cap if state.nvpmodel_override else _nvpmodel_cap(backing)
+            for cap in (state.throttle_cap, nvp):
+                if cap is not None:
+                    cur = min(cur, cap)  # QoS max: wins over the user's min_freq
+            below = [t for t in table if t <= cur]
+            return below[-1] if below else table[0]
+
+        def _show(self, name: str) -> bytes:
+            if name == "min_freq":
+                text = f"{self._range()[0]}\n"
+            elif name == "max_freq":
+                text = f"{self._range()[1]}\n"
+            elif name == "cur_freq":
+                text = f"{self._cur()}\n"
+            else:
+                text = self._read_file(name)
+            return text.encode()
+
+        def _store(self, name: str, data: bytes) -> int:
+            value = data.decode(errors="replace").strip()
+
+            def refuse(err: int) -> None:
+                state.log.append((name, value, err))
+                fail(err)
+
+            if state.read_only:
+                refuse(errno.EACCES)
+            if name in state.fail_writes:
+                refuse(errno.EIO)
+            if name in ("min_freq", "max_freq"):
+                hz = _parse_int(value)
+                if hz is None:
+                    refuse(errno.EINVAL)
+                lo, hi = self._range()
+                if state.rule == "einval":
+                    if name == "min_freq" and hz and hz > hi:
+                        refuse(errno.EINVAL)
+                    if name == "max_freq" and hz and hz < lo:
+                        refuse(errno.EINVAL)
+                stored = str(hz)
+            elif name == "governor":
+                if value not in self._read_file("available_governors").split():
+                    refuse(errno.EINVAL)
+                stored = value
+            else:
+                refuse(errno.EACCES)
+            with open(os.path.join(backing, node_rel, name), "w") as f:
+                f.write(stored + "\n")
+            state.log.append((name, value, 0))
+            return len(data)
+
+        # passthrough (and the node's rules) ---------------------------------------------------
+        def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+            try:
+                st = os.lstat(self._full(path))
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+            attrs = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size",
+                                                 "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
+            attrs["st_atime"], attrs["st_mtime"], attrs["st_ctime"] = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+            del attrs["st_atime_ns"], attrs["st_mtime_ns"], attrs["st_ctime_ns"]
+            name = self._node_attr(path)
+            if name is not None and stat.S_ISREG(st.st_mode):
+                attrs["st_size"] = 4096  # sysfs attributes report a page
+                attrs["st_mode"] = stat.S_IFREG | (0o444 if name in _READ_ONLY_ATTRS else 0o644)
+            return attrs
+
+        def readdir(self, path: str, fh: Any) -> list[str]:
+            try:
+                return [".", "..", *os.listdir(self._full(path))]
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def readlink(self, path: str) -> str:
+            try:
+                return os.readlink(self._full(path))
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def access(self, path: str, amode: int) -> int:
+            if not os.path.lexists(self._full(path)):
+                fail(errno.ENOENT)
+            return 0
+
+        def open(self, path: str, flags: int) -> int:
+            name = self._node_attr(path)
+            writing = (flags & os.O_ACCMODE) != os.O_RDONLY
+            with state.lock:
+                if name is not None and writing:
+                    if state.read_only:
+                        state.log.append((name, "", errno.EACCES))
+                        fail(errno.EACCES)
+                    if name in _READ_ONLY_ATTRS:
+                        state.log.append((name, "", errno.EACCES))
+                        fail(errno.EACCES)
+                if name is not None:
+                    flags &= ~(os.O_TRUNC | os.O_APPEND)
+            try:
+                return os.open(self._full(path), flags)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+            if self._node_attr(path) is not None:
+                fail(errno.EACCES)
+            try:
+                return os.open(self._full(path), flags | os.O_CREAT, mode)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            name = self._node_attr(path)
+            with state.lock:
+                if name is not None:
+                    return self._show(name)[offset:offset + size]
+                if offset == 0 and state.rail_eio > 0 and self._is_rail(path):
+                    state.rail_eio -= 1
+                    fail(errno.EIO)
+            try:
+                return os.pread(fh, size, offset)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+            name = self._node_attr(path)
+            if name is not None:
+                with state.lock:
+                    return self._store(name, data)
+            try:
+                return os.pwrite(fh, data, offset)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+
+        def truncate(self, path: str, length: int, fh: Any = None) -> int:
+            if self._node_attr(path) is not None:
+                with state.lock:
+                    if state.read_only:
+                        fail(errno.EACCES)
+                return 0  # sysfs ignores truncation
+            try:
+                os.truncate(self._full(path), length)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+            return 0
+
+        def flush(self, path: str, fh: int) -> int:
+            return 0
+
+        def fsync(self, path: str, datasync: int, fh: int) -> int:
+            return 0
+
+        def release(self, path: str, fh: int) -> int:
+            with contextlib.suppress(OSError):
+                os.close(fh)
+            return 0
+
+        def _passthrough(self, fn: Any, *args: Any) -> int:
+            try:
+                fn(*args)
+            except OSError as e:
+                raise FuseOSError(e.errno) from None
+            return 0
+
+        def mkdir(self, path: str, mode: int) -> int:
+            return self._passthrough(os.mkdir, self._full(path), mode)
+
+        def rmdir(self, path: str) -> int:
+            return self._passthrough(os.rmdir, self._full(path))
+
+        def unlink(self, path: str) -> int:
+            return self._passthrough(os.unlink, self._full(path))
+
+        def symlink(self, target: str, source: str) -> int:
+            return self._passthrough(os.symlink, source, self._full(target))
+
+        def rename(self, old: str, new: str) -> int:
+            return self._passthrough(os.rename, self._full(old), self._full(new))
+
+        def chmod(self, path: str, mode: int) -> int:
+            return self._passthrough(os.chmod, self._full(path), mode)
+
+        def chown(self, path: str, uid: int, gid: int) -> int:
+            return self._passthrough(os.lchown, self._full(path), uid, gid)
+
+        def utimens(self, path: str, times: Any = None) -> int:
+            if times is None:
+                return self._passthrough(os.utime, self._full(path))
+            return self._passthrough(lambda p: os.utime(p, ns=(int(times[0]), int(times[1]))), self._full(path))
+
+        def statfs(self, path: str) -> dict[str, int]:
+            st = os.statvfs(self._full(path))
+            return {k: getattr(st, k) for k in ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
+                                                "f_files", "f_flag", "f_frsize", "f_namemax")}
+
+    return KernelOps()
+
+
+def _main(argv: list[str]) -> None:
+    from multiprocessing.connection import Connection
+
+    fd, backing, mountpoint, node_rel, rule, *hw_rel = argv
+    _serve(backing, mountpoint, node_rel, hw_rel, rule, Connection(int(fd)))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

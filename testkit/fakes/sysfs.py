@@ -1,0 +1,250 @@
+"""Build fake Jetson AGX Orin sysfs trees (JetPack 5 and JetPack 6) under a temporary root.
+
+The layout mirrors the real kernels: the devfreq class entry is a relative symlink into
+/sys/devices, `device` and `of_node` are relative symlinks, the devicetree `name` property ends
+in a NUL byte, INA3221 chips appear under the i2c driver as symlinks to their device, each with
+a hwmon directory of in{N}_label / in{N}_input (mV) / curr{N}_input (mA), one "NC" channel and the
+channel-7 shunt sum. Besides sysfs: thermal zones (sys/class/thermal/thermal_zone{N}/type, temp in
+millidegrees C), the EMC clock in debugfs, and nvpmodel's files (etc/nvpmodel.conf, var/lib/nvpmodel/status).
+
+These are plain files: reading cur_freq returns whatever was last written. For a tree that behaves like the
+kernel (the min_freq <= max_freq rule, cur_freq under caps, injected EIO), serve it through
+testkit/fakes/kernelfs.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+ORIN_TABLE_HZ = [306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000,
+                 1020000000, 1122000000, 1224000000, 1300500000]
+
+# nvpmodel power modes of the fake board: (ID, NAME, GPU MAX_FREQ in Hz, -1: no cap).
+NVPMODEL_MODES = [(0, "MAXN", -1), (1, "MODE_15W", 408000000), (2, "MODE_30W", 612000000), (3, "MODE_50W", 816000000)]
+EMC_RATE_HZ = 3199000000
+GPU_TEMP_MC = 45500  # millidegrees C
+CPU_TEMP_MC = 44000
+
+
+@dataclasses.dataclass
+class FakeJetson:
+    root: Path
+    node: Path  # the devfreq node (real directory under sys/devices)
+    hwmon: list[Path]
+
+    def read(self, name: str) -> str:
+        """One attribute's value. A plain file is truncated before it is rewritten, so a reader racing a
+        writer in another process can see it empty for a moment; sysfs never shows that, so wait it out."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            text = (self.node / name).read_text().strip()
+            if text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.001)
+
+    @property
+    def range_hz(self) -> tuple[int, int]:
+        return int(self.read("min_freq")), int(self.read("max_freq"))
+
+    def set_rail(self, label: str, mv: int, ma: int) -> None:
+        for hw in self.hwmon:
+            for n in range(1, 9):
+                lf = hw / f"in{n}_label"
+                if lf.exists() and lf.read_text().strip() == label:
+                    (hw / f"in{n}_input").write_text(f"{mv}\n")
+                    (hw / f"curr{n}_input").write_text(f"{ma}\n")
+                    return
+        raise KeyError(label)
+
+
+def _w(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _link(link: Path, target: str) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, link)
+
+
+def _devfreq(root: Path, dev_rel: str, node_name: str, of_rel: str, of_name: str, governor: str = "nvhost_podgov") -> Path:
+    dev = root / dev_rel
+    node = dev / "devfreq" / node_name
+    _w(node / "available_frequencies", " ".join(str(h) for h in ORIN_TABLE_HZ) + " \n")
+    _w(node / "min_freq", f"{ORIN_TABLE_HZ[0]}\n")
+    _w(node / "max_freq", f"{ORIN_TABLE_HZ[-1]}\n")
+    _w(node / "cur_freq", f"{ORIN_TABLE_HZ[-1]}\n")
+    _w(node / "governor", f"{governor}\n")
+    _w(node / "available_governors", "wmark_active nvhost_podgov userspace performance simple_ondemand\n")
+    _w(dev / "load", "523\n")
+    _link(node / "device", "../../../" + dev.name)
+    depth = len(Path(dev_rel).parts) - 1  # from the device dir back to sys/
+    _w(root / "sys/firmware/devicetree/base" / of_rel / "name", of_name + "\x00")
+    _link(dev / "of_node", "../" * depth + "firmware/devicetree/base/" + of_rel)
+    class_link = root / "sys/class/devfreq" / node_name
+    _link(class_link, "../../" + dev_rel.removeprefix("sys/") + "/devfreq/" + node_name)
+    return node
+
+
+def _ina3221(root: Path, addr: str, channels: dict[int, tuple[str, int, int]]) -> Path:
+    dev_rel = f"devices/platform/bus@0/c240000.i2c/i2c-1/1-{addr}"
+    hw = root / "sys" / dev_rel / "hwmon" / f"hwmon{int(addr, 16) - 0x3f}"
+    _w(hw / "name", "ina3221\n")
+    for n, (label, mv, ma) in channels.items():
+        _w(hw / f"in{n}_label", label + "\n")
+        _w(hw / f"in{n}_input", f"{mv}\n")
+        _w(hw / f"curr{n}_input", f"{ma}\n")
+        _w(hw / f"shunt{n}_resistor", "5000\n")
+    _link(root / "sys/bus/i2c/drivers/ina3221" / f"1-{addr}", "../../../../" + dev_rel)
+    return hw
+
+
+def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0) -> FakeJetson:
+    """A fake AGX Orin 64 GB: GPU devfreq, a non-GPU devfreq node, two INA3221 chips, thermal zones,
+    the EMC clock, and nvpmodel in mode `nvpmodel_mode` (0 MAXN, 1 15 W, 2 30 W, 3 50 W; a capped mode
+    also leaves its GPU cap in max_freq, as nvpmodel does)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if jetpack == 5:
+        node = _devfreq(root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b@17000000", "ga10b")
+    else:
+        node = _devfreq(root, "sys/devices/platform/bus@0/17000000.gpu", "17000000.gpu", "bus@0/gpu@17000000", "gpu")
+    # Another devfreq device that discovery must skip (the video image compositor).
+    _devfreq(root, "sys/devices/platform/15340000.vic", "15340000.vic", "vic@15340000", "vic", governor="simple_ondemand")
+    chip1 = _ina3221(root, "0040", {
+        1: ("VDD_GPU_SOC", 5000, 2400),   # 12.0 W
+        2: ("VDD_CPU_CV", 5000, 1300),    # 6.5 W
+        3: ("VIN_SYS_5V0", 5000, 500),    # 2.5 W
+        7: ("sum of shunt voltages", 15000, 4200),  # channel 7: the sum, never a rail
+    })
+    chip2 = _ina3221(root, "0041", {
+        1: ("NC", 0, 0),
+        2: ("VDDQ_VDD2_1V8AO", 5000, 300),  # 1.5 W
+        3: ("NC", 0, 0),
+    })
+    _w(root / "proc/device-tree/model", "NVIDIA Jetson AGX Orin Developer Kit\x00")
+    _thermal(root, jetpack)
+    _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{EMC_RATE_HZ}\n")
+    _nvpmodel(root, nvpmodel_mode)
+    cap = nvpmodel_gpu_cap_hz(nvpmodel_mode)
+    if cap is not None:  # nvpmodel writes the mode's GPU MAX_FREQ into devfreq when it sets the mode
+        _w(node / "max_freq", f"{cap}\n")
+        _w(node / "cur_freq", f"{cap}\n")
+    return FakeJetson(root=root, node=node, hwmon=[chip1, chip2])
+
+
+def _thermal(root: Path, jetpack: int) -> None:
+    """cpu zone first, the GPU zone last: nothing may rely on a zone's index, only on its type.
+
+    The GPU zone is thermal_zone9 so a test that writes its own thermal_zone9 replaces it.
+    """
+    names = ("CPU-therm", "GPU-therm") if jetpack == 5 else ("cpu-thermal", "gpu-thermal")
+    for n, name, temp in ((0, names[0], CPU_TEMP_MC), (9, names[1], GPU_TEMP_MC)):
+        zone = root / f"sys/devices/virtual/thermal/thermal_zone{n}"
+        _w(zone / "type", name + "\n")
+        _w(zone / "temp", f"{temp}\n")
+        _link(root / f"sys/class/thermal/thermal_zone{n}", f"../../devices/virtual/thermal/thermal_zone{n}")
+
+
+def nvpmodel_conf() -> str:
+    blocks = []
+    for mode_id, name, gpu_max in NVPMODEL_MODES:
+        blocks.append(f"< POWER_MODEL ID={mode_id} NAME={name} >\nCPU_ONLINE CORE_0 1\nGPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on\n"
+                      f"GPU MIN_FREQ 0\nGPU MAX_FREQ {gpu_max}\nEMC MAX_FREQ 0\n")
+    return "\n".join(blocks) + "\n< PM_CONFIG DEFAULT=0 >\n"
+
+
+def nvpmodel_gpu_cap_hz(mode_id: int) -> int | None:
+    """The GPU MAX_FREQ of a mode of the fake conf (None: no cap)."""
+    for m, _name, gpu_max in NVPMODEL_MODES:
+        if m == mode_id:
+            return gpu_max if gpu_max > 0 else None
+    raise KeyError(mode_id)
+
+
+def _nvpmodel(root: Path, mode_id: int) -> None:
+    nvpmodel_gpu_cap_hz(mode_id)  # KeyError for a mode the conf lacks
+    _w(root / "etc/nvpmodel.conf", nvpmodel_conf())
+    _w(root / "var/lib/nvpmodel/status", f"pmode:{mode_id:04d} fmode:quiet\n")
+
+
+def make_old_ina_tree(root: Path) -> Path:
+    """The older ina3221x iio layout (rail_name_N, in_voltageN_input, in_currentN_input, in_powerN_input)."""
+    iio = root / "sys/bus/i2c/drivers/ina3221x/1-0040/iio:device0"
+    for n, (name, mv, ma) in enumerate([("GPU", 5000, 1000), ("CPU", 5000, 600), ("SOC", 5000, 200)]):
+        _w(iio / f"rail_name_{n}", name + "\n")
+        _w(iio / f"in_voltage{n}_input", f"{mv}\n")
+        _w(iio / f"in_current{n}_input", f"{ma}\n")
+        _w(iio / f"in_power{n}_input", f"{mv * ma // 1000}\n")
+    return iio
+
+
+class FakeKernel:
+    """The devfreq rules of the kernel for a fake tree: JetsonDevice(writer=kernel.write) writes through it.
+
+    Like drivers/devfreq/devfreq.c: min_freq/max_freq take a decimal integer (EINVAL otherwise) and
+    a write that would leave min_freq > max_freq fails with EINVAL and changes nothing; governor
+    accepts only a name from available_governors. cur_freq follows: the governor's target (the top
+    of the range under load) clamped into [min_freq, max_freq], then held under a QoS cap (thermal
+    throttling, the nvpmodel mode), which wins over the user's min_freq as the kernel's does.
+    Knobs: `read_only` (every write EACCES, as for a non-root user), `fail_writes` (names that fail
+    with EIO), `cap_hz`. Every write attempt is logged as (name, value, errno or 0).
+    """
+
+    def __init__(self, fake: FakeJetson):
+        self.fake = fake
+        self.read_only = False
+        self.fail_writes: set[str] = set()
+        self.cap_hz: int | None = None
+        self.log: list[tuple[str, str, int]] = []
+        self._update_cur()
+
+    @property
+    def writes(self) -> list[tuple[str, int]]:
+        """Accepted min/max writes, as (name, Hz)."""
+        return [(n, int(v)) for n, v, err in self.log if err == 0 and n in ("min_freq", "max_freq")]
+
+    def set_cap_hz(self, hz: int | None) -> None:
+        self.cap_hz = hz
+        self._update_cur()
+
+    def _fail(self, name: str, value: str, err: int) -> None:
+        self.log.append((name, value.strip(), err))
+        raise OSError(err, os.strerror(err))
+
+    def write(self, path: Path, value: str) -> None:
+        import errno
+
+        name = Path(path).name
+        if Path(path).parent.resolve() != self.fake.node.resolve():
+            Path(path).write_text(value)  # not the GPU's devfreq node: a plain file
+            return
+        if self.read_only:
+            self._fail(name, value, errno.EACCES)
+        if name in self.fail_writes:
+            self._fail(name, value, errno.EIO)
+        if name in ("min_freq", "max_freq"):
+            try:
+                hz = int(value.strip())
+            except ValueError:
+                self._fail(name, value, errno.EINVAL)
+            lo, hi = self.fake.range_hz
+            lo, hi = (hz, hi) if name == "min_freq" else (lo, hz)
+            if lo > hi:
+                self._fail(name, value, errno.EINVAL)
+        elif name == "governor":
+            if value.strip() not in self.fake.read("available_governors").split():
+                self._fail(name, value, errno.EINVAL)
+        elif name in ("cur_freq", "available_frequencies", "available_governors"):
+            self._fail(name, value, errno.EACCES)  # read-only attributes (0444)
+        (self.fake.node / name).write_text(value.strip() + "\n")
+        self.log.append((name, value.strip(), 0))
+        self._update_cur()
+
+    def _update_cur(self) -> None:
+        lo, hi = self.fake.range_hz
+        cur = max(lo, hi)  # under load the governor asks for the top of the range
+        if self.cap_hz is not None:
+            cur = min(cur, self.cap_hz)
+        (self.fake.node / "cur_freq").write_text(f"{cur}\n")
