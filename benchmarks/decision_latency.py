@@ -5,11 +5,11 @@ SQLite store whose production governor is the published tree (`registry bootstra
 and a temporary cache folder (`DVFS_CACHE_DIR`) that one untimed decision warms first: the case of
 issue 12, a preset on a task seen before. The target is a decision in at most 1.5x the time of
 `import mlflow`. A warm decision on an unwritten SQLite store imports no MLflow at all (the
-resolved governor is remembered, `governor_cache.py`). For context it also times a decision whose
+resolved governor is remembered, `mlops/alias_cache.py`). For context it also times a decision whose
 store was written since the last one (the remembered governor dropped, so MLflow is asked), the
 floor any decision that asks MLflow has (import mlflow, open the SQLite store, look the alias up),
 that first decision on a cold cache, and, in process, resolving the governor by reading policy.json
-(`launcher.resolve_governor`) against loading its pyfunc (`registry.resolve`).
+(`load_governor`) against loading its pyfunc (`load_governor(direct=False)`).
 
 usage: python -m benchmarks decision   (or: python -m benchmarks.decision_latency)
 """
@@ -42,12 +42,8 @@ import json, sys, time
 from dvfs_mlops.mlops import tracking
 tracking.check_reachable()  # imports and the store: not what is compared
 t0 = time.perf_counter()
-if sys.argv[1] == "direct":
-    from dvfs_mlops.app.finetune import resolve_governor
-    model, meta = resolve_governor()
-else:
-    from dvfs_mlops.mlops.registry import resolve
-    model, meta = resolve()
+from dvfs_mlops.mlops.governor import load_governor
+model = load_governor(direct=sys.argv[1] == "direct").model
 t1 = time.perf_counter()
 import pandas as pd
 row = pd.DataFrame([{"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109483778,

@@ -4,7 +4,7 @@ The paper preset's curves are built here straight from the twin, not through MLf
 for every workload, the step trace at the median padded length of its planned batches (as the
 launcher's twin estimate does), the twin's noise-free per-step time and energy at each clock and
 at maxn (the expected curve, what the runs' `energy_expected_j`/`time_expected_s` carry), and the
-measured draws with exactly the sweep's seeded noise (`SimDevice.session(freq, noise_key=
+measured draws with exactly the sweep's seeded noise (`SimDevice.session(freq, label=
 "<workload>#<repeat>")`), scaled by the preset's profile_steps. Everything here is SIMULATED.
 
 Figures (all against the expected oracle, mean over workloads, bootstrap 95 % interval):
@@ -63,10 +63,10 @@ def paper_curves(repeats: int = 1, seed: int = 0, profile: str = "sim-orin") -> 
             me, mt = [], []
             for r in range(repeats):
                 for f in freqs:
-                    s = dev.session(f, noise_key=f"{workload}#{r}")
+                    s = dev.session(f, label=f"{workload}#{r}")
                     e_meas[f] = e_meas.get(f, 0.0) + e_exp[f] * s.time_factor * s.power_factor / repeats
                     t_meas[f] = t_meas.get(f, 0.0) + t_exp[f] * s.time_factor / repeats
-                s = dev.session(MAXN, noise_key=f"{workload}#{r}")
+                s = dev.session(MAXN, label=f"{workload}#{r}")
                 me.append(maxn.energy_j * steps * s.time_factor * s.power_factor)
                 mt.append(maxn.time_s * steps * s.time_factor)
             feats = p.features.with_gpu_util(100.0 * maxn.gpu_util)
@@ -83,16 +83,18 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
     Returns the curves and the mean number of pinned clocks measured per workload."""
     import dataclasses
 
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import builtin_profile
     from dvfs_mlops.mlops.sweep.adaptive import MAX_PINNED
-    from dvfs_mlops.model.curve import Measurement, next_clock, voltage_shape_for
+    from dvfs_mlops.model.curve import Measurement, next_clock
     from dvfs_mlops.model.governor.dataset import fill_from_curves
     from dvfs_mlops.model.power_prior import board_prior
 
     table = sorted(freqs)
     start = table[len(table) // 2]
-    shape = voltage_shape_for(SimDevice(builtin_profile(profile)))  # what the sweep's next_clock uses on this profile
+    board = board_of(SimDevice(builtin_profile(profile)))
+    shape = board.voltage_shape  # what the sweep's next_clock uses on this profile
     out, counts, gaps = [], [], []
     sweep: list[list[Measurement]] = []
     for c in curves:
@@ -107,7 +109,7 @@ def adaptive_curves(curves: list[Any], freqs: list[float], profile: str = "sim-o
         gaps.append((energy, time_s, util))
         counts.append(len(got))
         out.append(dataclasses.replace(c, energy_j=energy, time_s=time_s, gpu_util_pct=util))
-    fill_from_curves(gaps, table, range(len(gaps)))  # in place: `out` holds these dicts
+    fill_from_curves(gaps, table, range(len(gaps)), board)  # as train fills them, on the sweep's board; in place
     return out, statistics.mean(counts)
 
 

@@ -52,17 +52,19 @@ def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]
 
 
 def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 600, budget: int = 30) -> list[tuple[str, str, str]]:
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
     from dvfs_mlops.job.refine import WARMUP_STEPS, ProbePlan
-    from dvfs_mlops.model.curve import Measurement, fit_curve, next_clock, noise_for, voltage_shape_for
+    from dvfs_mlops.model.curve import Measurement, fit_curve, next_clock
     from dvfs_mlops.model.power_prior import board_prior, leave_one_out_priors
 
     p = BUILTIN_PROFILES[profile]
     rng = np.random.default_rng(0)
     table, energies, times, utils, gov, prior = _governor_starts(profile)
     dev = SimDevice(p)
-    shape, noise = voltage_shape_for(dev), noise_for(dev)  # the profile's own voltage curve and window noise, as refine uses them
+    board = board_of(dev)
+    shape, noise = board.voltage_shape, board.noise()  # the profile's own voltage curve and window noise, as refine uses them
 
     def draw(e: dict[float, float], t: dict[float, float], f: float, u: dict[float, float] | None = None) -> Measurement:
         tf, pf = 1 + p.noise_time * rng.standard_normal(), 1 + p.noise_power * rng.standard_normal()

@@ -56,7 +56,7 @@ def _measure(blocks: int, steps: int, label: str) -> list[tuple[str, str, str]]:
 
         def step_times(session) -> list[float]:
             stamps: list[float] = []
-            finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, cfg, is_regression=False, session=session,
+            finetune(w, cfg, session=session,
                      on_step=lambda step, loss: stamps.append(time.perf_counter()))
             return [b - a for a, b in itertools.pairwise(stamps)]  # step k ends at stamps[k]
 

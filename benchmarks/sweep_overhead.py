@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import median_of
+from dvfs_mlops.mlops import schema
 
 
 def mlflow_per_point(n_points: int = 20, steps: int = 60) -> float:
@@ -22,7 +23,7 @@ def mlflow_per_point(n_points: int = 20, steps: int = 60) -> float:
         parent = c.create_run(exp).info.run_id
         params = {f"p{i}": i for i in range(17)}
         metrics = {f"m{i}": float(i) for i in range(14)}
-        tags = {tracking.TAG_PARENT: parent, tracking.TAG_POINT: "x", tracking.TAG_SWEEP: "s"}
+        tags = {schema.TAG_PARENT: parent, schema.TAG_POINT: "x", schema.TAG_SWEEP: "s"}
         times = []
         for i in range(n_points):
             t0 = time.perf_counter()

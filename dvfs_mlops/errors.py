@@ -12,23 +12,30 @@ class DvfsError(Exception):
 
 
 class UnknownNameError(DvfsError, ValueError):
-    """A model, task, frequency, objective or backend name that does not exist."""
+    """Raised when a name is not one of the known ones (a device backend, model, task, preset, frequency, policy,
+    precision, strategy, data source or twin profile); the message lists the valid names (`unknown`)."""
 
 
 class DevicePermissionError(DvfsError, PermissionError):
-    """The clock controls need privileges this process does not have."""
+    """Raised when a clock write needs privileges this process does not have (run as root, or meter only)."""
 
 
 class DeviceBusyError(DvfsError):
-    """Another live process owns the GPU's clocks."""
+    """Raised when another live process owns the GPU's clocks (the message names its PID where the lock holds one)."""
 
 
 class RestoreFailedError(DvfsError):
-    """The original clocks could not be put back; the journal is kept for `dvfs-mlops restore`."""
+    """Raised when the original clocks could not be put back; the journal is kept for `dvfs-mlops restore`."""
 
 
 class TrackingStoreError(DvfsError):
-    """The MLflow tracking store failed mid-sweep (after MLflow's bounded retries); a resume redoes the point."""
+    """Raised when the MLflow tracking store fails mid-sweep (after MLflow's bounded retries); a resume redoes the point.
+
+    Args:
+        message: the one-line message.
+        cause: the first line of the underlying error.
+        transient: the store did not answer (worth trying again), rather than refused the request.
+    """
 
     def __init__(self, message: str, cause: str = "", transient: bool = True):
         super().__init__(message)
@@ -37,13 +44,23 @@ class TrackingStoreError(DvfsError):
 
 
 class DeviceNotFoundError(DvfsError):
-    """The requested backend found no device on this machine."""
+    """Raised when a hardware backend (`jetson`, `nvml`) finds no device, or no GPU at the index asked for, on this
+    machine; `open_device("auto")` falls back to the next backend instead."""
 
 
 _PLURALS = {"frequency": "frequencies", "policy": "policies"}
 
 
 def unknown(kind: str, value: object, valid: list[object] | tuple[object, ...]) -> UnknownNameError:
-    """Build the standard 'unknown X; valid Xs: ...' error."""
+    """Build the standard 'unknown X; valid Xs: ...' error.
+
+    Args:
+        kind: what was named, e.g. "device" or "frequency".
+        value: the name given.
+        valid: the valid names, in the order shown.
+
+    Returns:
+        The `UnknownNameError`, for the caller to raise.
+    """
     shown = ", ".join(str(v) for v in valid)
     return UnknownNameError(f"unknown {kind} {value!r}; valid {_PLURALS.get(kind, kind + 's')}: {shown}")

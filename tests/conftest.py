@@ -15,6 +15,8 @@ import pytest
 from testkit.fakes.kernelfs import KernelTree, fuse_available, mount_orin
 from testkit.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 
+pytest_plugins = ["testkit.skips"]  # the closing line of a run: what was skipped, and the command that enables it
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -70,3 +70,58 @@ def test_adaptive_sweep_measures_at_most_four_clocks_logs_predictions_apart_and_
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ran 0 points" in r.stdout
     assert len(_runs(uri)[1]) == len(points)
+
+
+def test_curve_fit_of_a_sweep_equals_its_predictions_and_the_parent_carries_the_board(tmp_path, empty_store):
+    """An adaptive sweep with --repeats 2 on a --twin-params board (its own voltage curve and noise): for every workload
+    and clock, `curve fit --sweep-id S --workload W --json` predicts what the sweep's predicted.csv does (the same
+    points, repeats averaged, the same board record, noise and prior). Before board.json, curve fit took the Orin's
+    voltage shape, the workload's own top clock and each repeat as a point, and differed in the second digit. The
+    adaptive parent carries the sweep's definition, its board and device id like a grid parent."""
+    import json
+
+    from dvfs_mlops.hw.board import Board
+
+    (tmp_path / "board.yaml").write_text("gpu_k: 30.0\nvolt_v1: 0.2\nnoise_power: 0.03\n")
+    env = {"MLFLOW_TRACKING_URI": empty_store}
+    r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2,rte,mrpc", "--steps", "0",
+                "--profile-steps", "20", "--strategy", "adaptive", "--repeats", "2", "--twin-params", str(tmp_path / "board.yaml"),
+                "--device", "sim", "--sweep-id", "adaptive-board", env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    c, points, (parent,) = _runs(empty_store)
+    assert parent.info.run_name == "sweep adaptive-board" and parent.data.tags["dvfs.device_id"].startswith("sim@")
+    assert json.loads(parent.data.params["sweep_definition"])["strategy"] == "adaptive"
+    board = Board.from_json(open(c.download_artifacts(parent.info.run_id, "board.json", str(tmp_path))).read())
+    assert board.voltage_shape == 0.2 / 0.63 and board.voltage_shape_known and board.noise_power == 0.03
+    assert parent.data.tags["dvfs.power_prior"].startswith("6 of 6 workloads")  # the prior is in both fits
+    rows = list(csv.DictReader(io.StringIO(open(c.download_artifacts(parent.info.run_id, "predicted.csv", str(tmp_path))).read())))
+    workloads = sorted({x["workload"] for x in rows})
+    assert len(workloads) == 6 and {p.data.params["repeat"] for p in points} == {"0", "1"}
+    for w in workloads:
+        out = run_cli("curve", "fit", "--sweep-id", "adaptive-board", "--workload", w, "--json", env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        fit = {p["freq_mhz"]: p for p in json.loads(out.stdout)["points"]}
+        mine = [x for x in rows if x["workload"] == w]
+        assert sorted(fit) == [float(x["freq_mhz"]) for x in mine] == TABLE
+        for x in mine:
+            p = fit[float(x["freq_mhz"])]
+            assert abs(p["energy_j"] / float(x["predicted_energy_j"]) - 1) < 1e-9, (w, x["freq_mhz"])
+            assert abs(p["time_s"] / float(x["predicted_time_s"]) - 1) < 1e-9 and p["measured"] == (x["measured"] == "1")
+            assert abs(p["energy_std_j"] / float(x["predicted_energy_std_j"]) - 1) < 1e-9
+
+
+def test_a_sweep_under_mlflow_run_is_named_after_its_sweep(empty_store):
+    """Under `mlflow run` the parent is MLflow's run (MLFLOW_RUN_ID), which MLflow names at random: the sweep renames it,
+    and it carries the same definition, board and device id as a parent the sweep made."""
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=empty_store)
+    exp = c.create_experiment("dvfs-sweep")
+    outer = c.create_run(exp, run_name="lyrical-snake-986")
+    r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "816", "--steps", "0",
+                "--profile-steps", "5", "--device", "sim", env={"MLFLOW_TRACKING_URI": empty_store, "MLFLOW_RUN_ID": outer.info.run_id})
+    assert r.returncode == 0, r.stderr[-2000:]
+    parent = c.get_run(outer.info.run_id)
+    sweep_id = parent.data.tags["dvfs.sweep_id"]
+    assert parent.info.run_name == f"sweep {sweep_id}" and "sweep_definition" in parent.data.params
+    assert parent.data.tags["dvfs.device_id"] and "board.json" in {a.path for a in c.list_artifacts(outer.info.run_id)}

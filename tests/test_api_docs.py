@@ -19,17 +19,21 @@ def _section(heading: str) -> str:
 
 def _entry_points():
     from dvfs_mlops.hw import open_device
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.device import FreqSession
     from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.mlops.governor import load_governor
     from dvfs_mlops.model.governor.search import run_search
 
     return [("`dvfs_mlops.hw.open_device`", open_device),
             ("`FreqSession`", FreqSession.__init__),
+            ("`Board`", board_of),
+            ("`load_governor`", load_governor),
             ("`DvfsCallback`", DvfsCallback.__init__),
             ("`run_search`", run_search)]
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(6))
 def test_every_argument_is_documented(index):
     heading, fn = _entry_points()[index]
     section = _section(heading)

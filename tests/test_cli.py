@@ -224,3 +224,84 @@ def test_mlproject_commands_parse_with_empty_and_set_parameters(entry, params, e
             assert "--" + k.replace("_", "-") not in argv, argv
     got = _parse(argv)
     assert {k: got[k] for k in expected} == expected, argv
+
+
+def test_an_option_group_hands_the_command_one_record_built_from_its_options_and_nested_groups():
+    import dataclasses
+
+    import click
+
+    from dvfs_mlops.app.options import option_group
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        depth: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        name: str
+        inner: Inner
+
+    inner = option_group("inner", Inner, click.option("--depth", default=1, type=int, help="Depth."))
+    outer = option_group("outer", Outer, click.option("--name", default="x", help="Name."), inner)
+    seen = {}
+
+    @click.command()
+    @outer
+    @click.option("--plain", is_flag=True, help="Not in a group.")
+    def cmd(outer: Outer, plain: bool) -> None:
+        """A command."""
+        seen.update(outer=outer, plain=plain)
+
+    assert [p.name for p in cmd.params] == ["name", "depth", "plain"] and cmd.help == "A command."
+    r = CliRunner().invoke(cmd, ["--depth", "3", "--plain"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"outer": Outer("x", Inner(3)), "plain": True}
+    assert "--depth INTEGER" in CliRunner().invoke(cmd, ["--help"]).output
+
+
+def test_device_options_add_only_the_options_named():
+    devices, run = main.commands["devices"], main.commands["run"]
+    assert [p.name for p in devices.params] == ["device_name", "gpu_index", "as_json"]
+    assert [p.name for p in run.params if p.name in ("device_name", "sample_hz", "gpu_index", "twin_profile", "twin_params",
+                                                      "device_id", "torch_device")] == \
+        ["device_name", "sample_hz", "gpu_index", "twin_profile", "twin_params", "device_id"]
+
+
+def test_sweep_and_finetune_options_build_their_requests(monkeypatch):
+    """The records each command receives: empty strings (as the MLproject passes them) are unset options, the LoRA
+    options become the request's PeftSpec, the device options one DeviceChoice."""
+    from dvfs_mlops.app import finetune_command, sweep_command
+    from dvfs_mlops.app.devices import DeviceChoice
+    from dvfs_mlops.app.finetune import LaunchOptions
+    from dvfs_mlops.job.workloads.adapters import peft_spec
+    from dvfs_mlops.mlops.sweep import SweepRequest
+
+    seen = {}
+
+    def fake_sweep(request, device, worker, say):
+        seen.update(request=request, device=device, worker=worker)
+        return sweep_command.SweepReport(None, True, [])
+
+    monkeypatch.setattr(sweep_command, "run_sweep_command", fake_sweep)
+    monkeypatch.setattr(sweep_command.SweepReport, "lines", lambda self: ["ran"])
+    r = CliRunner().invoke(main, ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--data-dir", "", "--sweep-id", "",
+                                  "--peft", "lora", "--lora-r", "4", "--device", "sim", "--twin-profile", "sim-orin-measured",
+                                  "--claims", "none", "--settle-s", "2"])
+    assert r.exit_code == 0 and r.stdout == "ran\n", r.output
+    assert seen["request"] == SweepRequest("smoke", models="bert-tiny", tasks="", freqs="", data_dir=None, sweep_id=None,
+                                           peft=peft_spec("lora", 4))
+    assert seen["device"] == DeviceChoice(backend="sim", twin_profile="sim-orin-measured")
+    assert seen["worker"] == sweep_command.SweepWorker(settle_s=2.0, claims_uri="none")
+
+    def fake_finetune(job, device, options, quiet, say):
+        seen.update(job=job, device=device, options=options, quiet=quiet)
+        return finetune_command.FinetuneReport({"dry": True}, [])
+
+    monkeypatch.setattr(finetune_command, "finetune", fake_finetune)
+    r = CliRunner().invoke(main, ["finetune", "--model", "bert-tiny", "--task", "rte", "--governor", "", "--no-save-model",
+                                  "--probe-steps", "0", "--gpu-index", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"dry": True}, r.output
+    assert seen["job"] == finetune_command.FinetuneJobRequest(model="bert-tiny", task="rte")
+    assert seen["options"] == LaunchOptions(governor_uri=None, probe_steps=0, save_model=False) and seen["quiet"] is True
+    assert seen["device"] == DeviceChoice(gpu_index=1)

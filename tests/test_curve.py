@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from dvfs_mlops.app.cli import main
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape, read_measurements_csv
+from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
+from dvfs_mlops.model.curve import Measurement, fit_curve, fit_voltage_shape, read_measurements_csv
 
 TABLE = (306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5)
 
@@ -38,7 +39,7 @@ def test_noise_free_four_clocks_recover_every_clock_and_the_optimum():
     assert (fit.a, fit.b, fit.c, fit.d) == pytest.approx((0.05, 0.04, 9.0, 12.0), rel=1e-9)
     truth = {f: _truth(f) for f in TABLE}
     energies = {f: t * p for f, (t, p) in truth.items()}
-    for pt in fit.predict(TABLE):
+    for pt in fit.predict(list(TABLE)):
         assert pt.energy_j == pytest.approx(energies[pt.freq_mhz], rel=1e-9)
     assert fit.optimum(TABLE).freq_mhz == min(energies, key=energies.__getitem__)
 
@@ -180,18 +181,41 @@ def test_adaptive_fill_ins_fall_back_to_the_orin_shape_with_two_clocks():
 
 
 def test_voltage_shape_is_the_twin_profiles_own_and_the_orins_on_a_board():
-    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import builtin_profile
     from dvfs_mlops.job.refine import Refiner
-    from dvfs_mlops.model.curve import voltage_shape_for
 
-    measured = SimDevice(builtin_profile("sim-orin-measured"))
-    assert voltage_shape_for(measured) == pytest.approx(0.20 / 0.60)
-    assert voltage_shape_for(SimDevice(builtin_profile("sim-orin"))) == pytest.approx(ORIN_VOLTAGE_SHAPE)
-    assert voltage_shape_for(JetsonDevice.__new__(JetsonDevice)) == ORIN_VOLTAGE_SHAPE  # a board: nothing to read
-    with measured.session(816.0, noise_key="shape") as s:
-        assert Refiner(s, 20, 100, say=lambda m: None).voltage_shape == pytest.approx(0.20 / 0.60)
+    measured = board_of(SimDevice(builtin_profile("sim-orin-measured")))
+    assert measured.voltage_shape == pytest.approx(0.20 / 0.60) and measured.voltage_shape_known
+    assert board_of(SimDevice(builtin_profile("sim-orin"))).voltage_shape == pytest.approx(ORIN_VOLTAGE_SHAPE)
+    class Jetson:  # a real board's device as board_of sees it: nothing of its voltage curve to read
+        name, profile, device_id, simulated, frequencies_mhz = "jetson", "jetson-agx-orin-64gb", "serial", False, list(TABLE)
+
+        def info(self):
+            return type("Info", (), {"rails": ["VDD_GPU_SOC"]})()
+
+    on_board = board_of(Jetson(), "cpu")
+    assert on_board.voltage_shape == ORIN_VOLTAGE_SHAPE and not on_board.voltage_shape_known and on_board.rails == ("VDD_GPU_SOC",)
+    with SimDevice(builtin_profile("sim-orin-measured")).session(816.0, label="shape") as s:
+        assert Refiner(s, 20, 100, measured, say=lambda m: None).voltage_shape == pytest.approx(0.20 / 0.60)
+
+
+def test_adaptive_fill_ins_use_a_twin_boards_own_voltage_shape():
+    """On a board whose record knows its curve (the twin's profile), the fills use that shape, not one fitted from a
+    few noisy workloads."""
+    import dataclasses
+
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.model.governor.dataset import fill_from_curves
+
+    board = board_of(SimDevice(builtin_profile("sim-orin-measured")))
+    ms = _measure((306.0, 816.0, 1300.5), r=0.35)  # what a fit across this sweep would take for the shape
+    gap = ({m.freq_mhz: m.energy_j for m in ms}, {m.freq_mhz: m.time_s for m in ms}, {})
+    assert fill_from_curves([gap], TABLE, [0], board) == pytest.approx(0.20 / 0.60)
+    assert fill_from_curves([gap], TABLE, [0], dataclasses.replace(board, voltage_shape_known=False)) == pytest.approx(0.35, abs=0.02)
 
 
 def test_gain_is_the_predicted_saving_with_the_deviation_of_the_difference():
@@ -208,16 +232,31 @@ def test_gain_is_the_predicted_saving_with_the_deviation_of_the_difference():
     assert fit_curve(_measure((306, 1300.5))).gain(612.0, 816.0)[1] == 0.0
 
 
-def test_noise_for_reads_the_twins_profile_and_falls_back_for_boards():
+def test_board_noise_is_the_twin_profiles_own_and_the_default_on_a_board():
     import dataclasses
 
+    from dvfs_mlops.hw.board import DEFAULT_NOISE, Board, board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
-    from dvfs_mlops.model.curve import DEFAULT_NOISE, noise_for
 
     noisy = dataclasses.replace(BUILTIN_PROFILES["sim-orin"], noise_time=0.03, noise_power=0.05)
-    assert noise_for(SimDevice(noisy)) == (0.03, 0.05)  # the profile's own, not the board default
-    assert noise_for(SimDevice()) == (0.01, 0.02) and noise_for(object()) == DEFAULT_NOISE
+    assert board_of(SimDevice(noisy)).noise() == (0.03, 0.05)  # the profile's own, not the board default
+    assert board_of(SimDevice()).noise() == (0.01, 0.02)
+    assert Board("jetson", "jetson-agx-orin-64gb", "jetson-agx-orin-64gb", "x", False, tuple(TABLE)).noise() == DEFAULT_NOISE
+    assert board_of(SimDevice(noisy)).noise(repeats=4) == pytest.approx((0.015, 0.025))  # the mean of 4 runs
+
+
+def test_a_board_record_round_trips_and_a_foreign_one_is_refused():
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.board import Board, board_of
+    from dvfs_mlops.hw.sim import SimDevice
+
+    board = board_of(SimDevice())
+    assert Board.from_json(board.to_json()) == board
+    with pytest.raises(DvfsError, match="not a board record"):
+        Board.from_json('{"format": "something-else/1"}')
+    with pytest.raises(DvfsError, match="malformed"):
+        Board.from_json('{"format": "dvfs-board/1", "backend": "sim"}')
 
 
 def _old_next_clock(measured, start):
@@ -298,7 +337,8 @@ def test_curve_fit_reads_a_sweeps_workload_with_the_boards_power_prior(tmp_path,
     r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/rte", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    assert [p["freq_mhz"] for p in out["points"]] == [510.0, 816.0, 1300.5] and out["power_prior"]["workloads"] == 5
+    assert [p["freq_mhz"] for p in out["points"]] == list(TABLE) and out["power_prior"]["workloads"] == 5  # the board's whole table
+    assert [p["freq_mhz"] for p in out["points"] if p["measured"]] == [510.0, 816.0, 1300.5]
 
     # the same fit by hand: every workload's pinned runs, the leave-one-out prior, the fit with it
     by = {}
@@ -309,10 +349,11 @@ def test_curve_fit_reads_a_sweeps_workload_with_the_boards_power_prior(tmp_path,
                 Measurement(float(run.data.params["freq_mhz"]), m["time_s"], m["energy_j"], m["gpu_util_pct"] / 100.0))
     names = sorted(by)
     prior = leave_one_out_priors([by[n] for n in names], voltage_shape=ORIN_VOLTAGE_SHAPE, f_max_mhz=1300.5, noise=0.02)[names.index("bert-tiny/rte")]
-    fit = fit_curve(by["bert-tiny/rte"], f_max_mhz=1300.5, prior=prior)
+    fit = fit_curve(by["bert-tiny/rte"], f_max_mhz=1300.5, prior=prior, noise=(0.01, 0.02))  # the twin's noise, one run a point
     assert out["power_prior"]["log_ratio_mean"] == pytest.approx(prior.log_ratio_mean)
-    assert [p["energy_j"] for p in out["points"]] == pytest.approx([p.energy_j for p in fit.predict([510.0, 816.0, 1300.5])])
-    assert out["optimal_freq_mhz"] == fit.optimum([510.0, 816.0, 1300.5]).freq_mhz
+    assert [p["energy_j"] for p in out["points"]] == pytest.approx([p.energy_j for p in fit.predict(list(TABLE))])
+    assert [p["energy_std_j"] for p in out["points"]] == pytest.approx([p.energy_std_j for p in fit.predict(list(TABLE))])
+    assert out["optimal_freq_mhz"] == fit.optimum(TABLE).freq_mhz
 
     r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/rte", env=env)
     assert r.returncode == 0 and "power prior from 5 other workloads of the sweep" in r.stdout

@@ -153,13 +153,16 @@ def test_cached_param_count_is_exact_for_config_files_and_a_changed_file_is_a_mi
     assert after == compute_model_facts(resolve_model(config_path=path), 2)
 
 
-def test_token_lengths_cache_is_keyed_by_its_inputs(in_store, tmp_path):
+def test_token_lengths_cache_is_keyed_by_its_inputs(in_store, tmp_path, monkeypatch):
+    from dvfs_mlops.job.workloads import prepare
     from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     a = prepare_workload("bert-tiny", "sst2", train_size=200, dev_size=8)
     for other in ({"seed": 1}, {"train_size": 201}, {"max_length": 16}):
         kw = {"train_size": 200, "dev_size": 8, **other}
-        cached, slow = prepare_workload("bert-tiny", "sst2", **kw), prepare_workload("bert-tiny", "sst2", **kw, use_cache=False)
+        with monkeypatch.context() as m:
+            m.setattr(prepare, "MAX_LENGTH", kw.pop("max_length", prepare.MAX_LENGTH))  # the truncation length, a constant
+            cached, slow = prepare_workload("bert-tiny", "sst2", **kw), prepare_workload("bert-tiny", "sst2", **kw, use_cache=False)
         assert cached.train_lengths == slow.train_lengths and cached.train_lengths != a.train_lengths, other
     # a GLUE folder: editing train.tsv is a miss
     folder = tmp_path / "glue" / "SST-2"
@@ -176,58 +179,60 @@ def test_token_lengths_cache_is_keyed_by_its_inputs(in_store, tmp_path):
 
 
 def test_direct_policy_read_decides_as_the_pyfunc(in_store):
-    from dvfs_mlops.app.finetune import PolicyModel, decide, resolve_governor
     from dvfs_mlops.job.workloads.zoo import PRESETS
-    from dvfs_mlops.mlops.registry import resolve
+    from dvfs_mlops.mlops.governor import PolicyModel, load_governor
     from dvfs_mlops.model.workload import WorkloadFeatures
 
-    direct, meta = resolve_governor()
-    pyfunc, pyfunc_meta = resolve()
-    assert isinstance(direct, PolicyModel) and not isinstance(pyfunc, PolicyModel)
-    assert meta == pyfunc_meta and meta["alias"] == "production" and meta["version"] == 1
+    direct = load_governor()
+    pyfunc = load_governor(direct=False)
+    assert isinstance(direct.model, PolicyModel) and not isinstance(pyfunc.model, PolicyModel)
+    assert direct.ref == pyfunc.ref and direct.ref.alias == "production" and direct.ref.version == 1
     for name, p in PRESETS.items():
         for seq in (11.0, 40.5, 53.0, 72.3):
             for util in (10.0, 22.0, 60.0, 97.6):
                 f = WorkloadFeatures("encoder" if p.family == "bert" else "decoder", p.num_layers, p.hidden_size, 10**8, seq, util)
-                assert decide(direct, meta, f, TABLE) == decide(pyfunc, meta, f, TABLE), (name, seq, util)
-    by_version, v_meta = resolve_governor("models:/dvfs-governor/1")
-    assert isinstance(by_version, PolicyModel) and v_meta == resolve("models:/dvfs-governor/1")[1]
+                assert direct.decide(f, TABLE) == pyfunc.decide(f, TABLE), (name, seq, util)
+    by_version = load_governor("models:/dvfs-governor/1")
+    assert isinstance(by_version.model, PolicyModel) and by_version.ref == load_governor("models:/dvfs-governor/1", direct=False).ref
 
 
 def test_other_governor_code_goes_through_the_pyfunc(in_store, tmp_path, monkeypatch):
-    from dvfs_mlops.app.finetune import PolicyModel, resolve_governor
     from dvfs_mlops.mlops import pyfunc
+    from dvfs_mlops.mlops.governor import PolicyModel, load_governor
 
     edited = tmp_path / "model_code.py"
     edited.write_text(pyfunc.CODE.read_text() + "\n# another version\n")
     monkeypatch.setattr(pyfunc, "CODE", edited)
-    model, meta = resolve_governor()
-    assert not isinstance(model, PolicyModel) and meta["version"] == 1
+    governor = load_governor()
+    assert not isinstance(governor.model, PolicyModel) and governor.ref.version == 1
 
 
 def test_slow_and_fast_plan_decide_alike_and_a_probe_still_trains(in_store, monkeypatch):
     from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
+    from dvfs_mlops.job.run import Job
     from dvfs_mlops.job.workloads.prepare import prepare_workload
-    from dvfs_mlops.mlops.registry import resolve
+    from dvfs_mlops.mlops import governor as governors
 
-    cfg = FinetuneConfig(steps=4, batch_size=8)
+    cfg, dev = FinetuneConfig(steps=4, batch_size=8), SimDevice()
+    board, no_probe = board_of(dev), launcher.LaunchOptions(probe_steps=0)
     prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16)  # warm
     fast = prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16)
     assert not fast.loaded
-    fast_d, _ = launcher.plan_decision(SimDevice(), fast, cfg, None, 0, False, lambda m: None)
+    fast_d, _ = launcher.plan_decision(dev, board, Job(fast, cfg), no_probe, lambda m: None)
     assert not fast.loaded, "a probe-less decision needs neither data nor tokenizer"
     slow = prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16, use_cache=False)
-    direct = launcher.resolve_governor
-    monkeypatch.setattr(launcher, "resolve_governor", resolve)
-    slow_d, model = launcher.plan_decision(SimDevice(), slow, cfg, None, 0, False, lambda m: None)
-    assert not isinstance(model, launcher.PolicyModel)
+    direct = governors.load_governor
+    monkeypatch.setattr(governors, "load_governor", lambda uri=None: direct(uri, direct=False))
+    slow_d, governor = launcher.plan_decision(dev, board, Job(slow, cfg), no_probe, lambda m: None)
+    assert not isinstance(governor.model, governors.PolicyModel)
     assert (fast_d.freq_mhz, fast_d.path, fast_d.features, fast_d.expected_saving) == \
         (slow_d.freq_mhz, slow_d.path, slow_d.features, slow_d.expected_saving)
-    monkeypatch.setattr(launcher, "resolve_governor", direct)
+    monkeypatch.setattr(governors, "load_governor", direct)
     # probe steps > 0 on a warm, lazy workload: it loads the data and trains the probe
-    probed, _ = launcher.plan_decision(SimDevice(), fast, cfg, None, 2, False, lambda m: None)
+    probed, _ = launcher.plan_decision(dev, board, Job(fast, cfg), launcher.LaunchOptions(probe_steps=2), lambda m: None)
     assert fast.loaded and probed.util_source.startswith("probe: 2 steps at maxn")
     assert probed.features.num_params == slow_d.features.num_params and probed.features.avg_seq_len == slow_d.features.avg_seq_len
 

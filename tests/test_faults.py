@@ -123,9 +123,10 @@ def test_run_command_in_process_faults(orin6, state_dir, monkeypatch, fault):
 
 
 def _tiny_sweep_spec(device):
-    from dvfs_mlops.mlops.sweep import build_spec
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.mlops.sweep import SweepRequest, build_spec
 
-    return build_spec(device, "smoke", models="bert-tiny", tasks="sst2", freqs="510,1300.5", steps=3, train_size=32, dev_size=16)
+    return build_spec(board_of(device), SweepRequest("smoke", models="bert-tiny", tasks="sst2", freqs="510,1300.5", steps=3, train_size=32, dev_size=16))
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -133,7 +134,7 @@ def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload
     from mlflow.tracking import MlflowClient
 
     from dvfs_mlops.job.workloads import prepare
-    from dvfs_mlops.mlops.sweep import run_sweep
+    from dvfs_mlops.mlops.sweep import RunOptions, run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     rng = random.Random(f"sweep-{fault}")
@@ -142,10 +143,10 @@ def test_sweep_faults_then_resume_exactly_once(orin6, state_dir, store, workload
     for _ in range(TRIALS):
         _arm(monkeypatch, fault, rng.randint(1, total_steps))
         with contextlib.suppress(Injected, KeyboardInterrupt, SystemExit):
-            run_sweep(spec, JetsonDevice(), announce=lambda m: None)
+            run_sweep(spec, JetsonDevice(), options=RunOptions(announce=lambda m: None))
         _assert_restored(orin6, state_dir)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
-    run_sweep(spec, JetsonDevice(), announce=lambda m: None)
+    run_sweep(spec, JetsonDevice(), options=RunOptions(announce=lambda m: None))
     c = MlflowClient()
     runs = c.search_runs([e.experiment_id for e in c.search_experiments()], filter_string="tags.`dvfs.point` != ''", max_results=5000)
     finished = [r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED"]
@@ -171,7 +172,8 @@ def _refused_request():
 def _arm_store_cuts(monkeypatch, cuts: set[int], fault=None) -> list[int]:
     """Cut the tracking store's connection (as a server restart does) on the given calls (1-based) of what a sweep asks
     and logs: the parent's tags first, then per point its store read (claimed sweeps) and its results. Returns the calls."""
-    from dvfs_mlops.mlops import sweep, tracking
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.sweep import runner
 
     calls: list[int] = []
 
@@ -183,8 +185,8 @@ def _arm_store_cuts(monkeypatch, cuts: set[int], fault=None) -> list[int]:
             return real(*a, **k)
         return call
 
-    monkeypatch.setattr(sweep, "STORE_BACKOFF_S", 0.0)
-    monkeypatch.setattr(sweep, "point_runs", cut_or(sweep.point_runs))
+    monkeypatch.setattr(runner, "STORE_BACKOFF_S", 0.0)
+    monkeypatch.setattr(runner, "point_runs", cut_or(runner.point_runs))
     monkeypatch.setattr(tracking, "log_run_batch", cut_or(tracking.log_run_batch))
     return calls
 
@@ -196,7 +198,7 @@ def test_a_claimed_sweep_rides_out_a_cut_store_connection(orin6, state_dir, stor
 
     from dvfs_mlops.job.workloads import prepare
     from dvfs_mlops.mlops.claims import open_claims
-    from dvfs_mlops.mlops.sweep import run_sweep
+    from dvfs_mlops.mlops.sweep import RunOptions, run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
@@ -205,7 +207,7 @@ def test_a_claimed_sweep_rides_out_a_cut_store_connection(orin6, state_dir, stor
     said: list[str] = []
     claims = open_claims(None, os.environ["MLFLOW_TRACKING_URI"])
     assert claims.kind == "file"
-    out = run_sweep(spec, JetsonDevice(), announce=said.append, claims=claims)
+    out = run_sweep(spec, JetsonDevice(), options=RunOptions(announce=said.append, claims=claims))
     assert len(calls) > 6
     retried = [m for m in said if "the tracking store failed" in m and "trying it again" in m]
     assert len(retried) == 3 and all("Connection broken" in m for m in retried), said
@@ -223,14 +225,15 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
     each point failing that often in turn; unclaimed (no claims), or a request the store refused: at once. Clocks
     restored every time."""
     from dvfs_mlops.errors import TrackingStoreError
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.job.workloads import prepare
     from dvfs_mlops.mlops.claims import NoClaims, open_claims
-    from dvfs_mlops.mlops.sweep import STORE_FAILURES_PER_POINT, build_spec, run_sweep
+    from dvfs_mlops.mlops.sweep import STORE_FAILURES_PER_POINT, RunOptions, SweepRequest, build_spec, run_sweep
 
     monkeypatch.setattr(prepare, "prepare_workload", lambda *a, **k: workload)
     monkeypatch.setattr(JetsonSession, "step", lambda self, profile=None: None)
-    spec = build_spec(JetsonDevice(), "smoke", models="bert-tiny", tasks="sst2", freqs="408,510,816,1300.5", steps=3, train_size=32,
-                      dev_size=16)
+    spec = build_spec(board_of(JetsonDevice()), SweepRequest("smoke", models="bert-tiny", tasks="sst2", freqs="408,510,816,1300.5", steps=3, train_size=32,
+                      dev_size=16))
     assert len(spec.points()) > STORE_FAILURES_PER_POINT + 1  # the budget is over points, not per point
     for claims, fault, tries in ((open_claims(None, os.environ["MLFLOW_TRACKING_URI"]), _cut_connection, STORE_FAILURES_PER_POINT + 1),
                                  (NoClaims(), _cut_connection, 1),
@@ -238,7 +241,7 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
         with monkeypatch.context() as m:  # armed afresh each time, not wrapped around the last arming
             calls = _arm_store_cuts(m, set(range(2, 1000)), fault)
             with pytest.raises(TrackingStoreError, match="re-run the same sweep"):
-                run_sweep(spec, JetsonDevice(), announce=lambda m: None, claims=claims)
+                run_sweep(spec, JetsonDevice(), options=RunOptions(announce=lambda m: None, claims=claims))
         assert len(calls) - 1 == tries  # the parent's tags, then one (failed) store call per try
         _assert_restored(orin6, state_dir)
 
@@ -246,18 +249,23 @@ def test_a_store_that_stays_down_stops_the_sweep_with_one_error(orin6, state_dir
 @pytest.mark.parametrize("fault", FAULTS)
 def test_finetune_faults(orin6, state_dir, store, workload, monkeypatch, fault):
     from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.job.finetune import FinetuneConfig
-    from dvfs_mlops.mlops import registry
+    from dvfs_mlops.job.run import Job
+    from dvfs_mlops.mlops import governor, registry
 
     registry.bootstrap(say=lambda m: None)
     registry.promote("latest", say=lambda m: None)
-    resolved = registry.resolve()
-    monkeypatch.setattr(registry, "resolve", lambda uri=None, config=None: resolved)
+    resolved = governor.load_governor()
+    monkeypatch.setattr(governor, "load_governor", lambda uri=None, direct=True: resolved)
     rng = random.Random(f"finetune-{fault}")
+    options = launcher.LaunchOptions(probe_steps=0, save_model=False)
     for _ in range(TRIALS):
         _arm(monkeypatch, fault, rng.randint(1, 4))
         with pytest.raises((Injected, KeyboardInterrupt, SystemExit)):
-            launcher.run_finetune(JetsonDevice(), workload, FinetuneConfig(steps=4), probe_steps=0, save_model=False, say=lambda m: None)
+            dev = JetsonDevice()
+            board = board_of(dev)
+            launcher.run_finetune(dev, board, Job(workload, FinetuneConfig(steps=4), board.torch_device), options, say=lambda m: None)
         _assert_restored(orin6, state_dir)
 
 
@@ -314,7 +322,7 @@ def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_d
     from dvfs_mlops.errors import DvfsError
     from dvfs_mlops.job.workloads import prepare
     from dvfs_mlops.mlops.claims import open_claims
-    from dvfs_mlops.mlops.sweep import run_sweep
+    from dvfs_mlops.mlops.sweep import RunOptions, run_sweep
 
     def broken(*a, **k):
         raise DvfsError("SST-2/train.tsv: line 3 has no label")
@@ -322,7 +330,7 @@ def test_a_workload_that_fails_to_prepare_frees_its_claim_at_once(orin6, state_d
     monkeypatch.setattr(prepare, "prepare_workload", broken)
     claims = open_claims(None, os.environ["MLFLOW_TRACKING_URI"])
     with pytest.raises(DvfsError, match="has no label"):
-        run_sweep(_tiny_sweep_spec(JetsonDevice()), JetsonDevice(), announce=lambda m: None, claims=claims)
+        run_sweep(_tiny_sweep_spec(JetsonDevice()), JetsonDevice(), options=RunOptions(announce=lambda m: None, claims=claims))
     table = json.loads(claims.path.read_text()) if claims.path.exists() else {}
     assert claims.kind == "file" and not [k for k, row in table.items() if not row.get("done")]
     _assert_restored(orin6, state_dir)

@@ -11,8 +11,9 @@ from dvfs_mlops.mlops.dataset import dataset_from_frame
 from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.policies import FixedPolicy, MaxNPolicy, TreePolicy, paper_tree
-from dvfs_mlops.model.governor.search import ffg_fitter, loocv, paper_score
+from dvfs_mlops.model.governor.search import ffg_fitter, paper_score
 from dvfs_mlops.model.workload import WorkloadFeatures
+from testkit.governor import loocv
 
 F = [306.0, 612.0, 1020.0]
 

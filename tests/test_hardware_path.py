@@ -50,8 +50,7 @@ def test_torch_device_override_trains_on_cpu_and_windows_split_energy(orin6):
     with dev.session(612) as s:
         _set_cur(orin6, 612000000)
         time.sleep(0.05)  # set-up outside the training window
-        result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id,
-                          FinetuneConfig(steps=3, batch_size=8), is_regression=False, session=s, torch_device="cpu")
+        result = finetune(prepared, FinetuneConfig(steps=3, batch_size=8), session=s, torch_device="cpu")
     assert next(result.model.parameters()).device.type == "cpu"
     train, evaluation, whole = s.windows["train"], s.windows["eval"], s.session_report()
     assert s.report() is train  # energy_j means the training steps
@@ -210,16 +209,17 @@ def test_eio_on_a_real_rail_file_is_counted(orin6):
 def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, tmp_path, monkeypatch, empty_store):
     import mlflow
 
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.mlops import sweep as sweep_mod
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
     dev = JetsonDevice(sample_hz=100)
-    spec = sweep_mod.build_spec(dev, "smoke", models="bert-tiny", tasks="rte", freqs="408,612,1020", steps=2, repeats=3,
-                                train_size=32, dev_size=16)
+    spec = sweep_mod.build_spec(board_of(dev), sweep_mod.SweepRequest("smoke", models="bert-tiny", tasks="rte", freqs="408,612,1020", steps=2, repeats=3,
+                                train_size=32, dev_size=16))
     orders = [[p.freq for p in spec.points() if p.repeat == r] for r in range(3)]
     assert all(sorted(o, key=str) == sorted(orders[0], key=str) for o in orders) and len({tuple(o) for o in orders}) > 1
     assert spec.points() == spec.points()  # seeded
-    sweep_mod.run_sweep(spec, dev, announce=lambda _m: None, torch_device="cpu")
+    sweep_mod.run_sweep(spec, dev, board_of(dev, "cpu"), sweep_mod.RunOptions(announce=lambda _m: None))
     df = mlflow.search_runs(experiment_names=["dvfs-sweep"], filter_string="tags.`dvfs.point` != ''")
     assert len(df) == 12
     pinned = df[df["params.freq_mhz"] != "maxn"]

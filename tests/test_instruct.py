@@ -112,7 +112,7 @@ def test_a_tiny_llama_learns_the_synthetic_task(llama: Path):
 
     w = prepare_workload("llama-tiny", "instruct", model_config_path=str(llama), train_size=256, dev_size=32)
     cfg = FinetuneConfig(steps=20, batch_size=16, learning_rate=1e-2)
-    r = finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, cfg, is_regression=False, task_kind="causal_lm")
+    r = finetune(w, cfg)
     assert r.eval_metric == "eval_token_accuracy" and set(r.extra_metrics) == {"eval_loss"}
     assert r.train_loss < 0.85 * np.log(8000), r.train_loss  # from ~ln(8000) = 9.0 at random init
     assert r.extra_metrics["eval_loss"] < 0.85 * np.log(8000) and r.eval_value > 50 / 8000, (r.eval_value, r.extra_metrics)

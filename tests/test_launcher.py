@@ -76,10 +76,10 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
         seen.append(orin6.range_hz)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(launcher, "finetune", exploding)
+    monkeypatch.setattr(launcher, "run_job", exploding)
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=2), probe_steps=0, say=lambda m: None)
+        _launch(JetsonDevice(), w, FinetuneConfig(steps=2), say=lambda m: None, probe_steps=0)
     pinned = seen[0]
     assert pinned[0] == pinned[1] and pinned[0] in [int(f * 1e6) for f in TABLE]  # it was pinned during training
     assert orin6.range_hz == (306000000, 1300500000)  # and restored after the error
@@ -91,7 +91,6 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
 def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, state_dir):
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.app import finetune as launcher
     from dvfs_mlops.hw.jetson import JetsonDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
@@ -111,7 +110,7 @@ def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, 
     w._load = broken
     said, before = [], n_runs()
     with pytest.raises(OSError, match="disk went away"):
-        launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=2), probe_steps=0, say=said.append)
+        _launch(JetsonDevice(), w, FinetuneConfig(steps=2), say=said.append, probe_steps=0)
     assert any(line.startswith("decision: ") for line in said) and not any("pinning" in line for line in said)
     assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.iterdir())
     assert n_runs() == before  # no run was created for it
@@ -339,3 +338,13 @@ def test_evaluate_unknown_policy(tmp_path, empty_store):
     line = _error_line(r)
     assert line.startswith("Error: unknown policy 'magic'; valid policies: ") and "models:/NAME@ALIAS" in line
     assert c.get_experiment_by_name("dvfs-evaluate") is None  # nothing was logged
+
+
+def _launch(device, workload, config, say=print, **options):
+    """`finetune` as the CLI runs it: the board resolved from the device, the job, the launch options."""
+    from dvfs_mlops.app.finetune import LaunchOptions, run_finetune
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.job.run import Job
+
+    board = board_of(device)
+    return run_finetune(device, board, Job(workload, config, board.torch_device), LaunchOptions(**options), say=say)

@@ -159,3 +159,56 @@ def test_pure_modules_import_neither_torch_nor_mlflow(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# ---- the house: what a newcomer can count on ---------------------------------------------------------
+
+def test_few_modules_at_the_top_of_the_package():
+    """The folders are the layers: at most 8 modules sit beside them at the top of dvfs_mlops/."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
+
+
+def _functions():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield path.relative_to(ROOT), node
+
+
+def test_no_function_is_over_100_lines_or_takes_more_than_12_parameters():
+    """Click commands included: a command takes one typed object per option group, not every option."""
+    too_long, too_many = [], []
+    for rel, fn in _functions():
+        a = fn.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs] + ([a.vararg] if a.vararg else []) + ([a.kwarg] if a.kwarg else [])
+        n = len([p for p in params if p.arg not in ("self", "cls")])
+        if fn.end_lineno - fn.lineno + 1 > 100:
+            too_long.append(f"{rel}:{fn.lineno} {fn.name} ({fn.end_lineno - fn.lineno + 1} lines)")
+        if n > 12:
+            too_many.append(f"{rel}:{fn.lineno} {fn.name} ({n} parameters)")
+    assert not too_long and not too_many, "\n".join(too_long + too_many)
+
+
+def test_the_command_line_is_thin():
+    """All CLI code together (the click layer: app/cli.py and its option groups) is at most 600 lines."""
+    click_layer = [p for p in (PACKAGE / "app").glob("*.py") if "import click" in p.read_text()]
+    lines = sum(len(p.read_text().splitlines()) for p in click_layer)
+    assert lines <= 600, {p.name: len(p.read_text().splitlines()) for p in click_layer}
+
+
+def test_settings_is_the_one_module_that_touches_the_environment():
+    touching = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if re.search(r"\bos\.environ\b|\bos\.getenv\b|\bputenv\b",
+                                                                                                  p.read_text()))
+    assert touching == ["dvfs_mlops/settings.py"], touching
+
+
+def test_the_readme_lists_every_environment_variable_with_its_default():
+    from dvfs_mlops.settings import VARIABLES
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| (.+?) \|", section, re.MULTILINE)}
+    assert set(rows) == {v.name for v in VARIABLES}
+    for v in VARIABLES:
+        assert v.default in rows[v.name], (v.name, rows[v.name])

@@ -204,9 +204,8 @@ def test_a_governor_registered_before_the_new_columns_gets_only_the_columns_it_d
 
     from mlflow.types import ColSpec, Schema
 
-    from dvfs_mlops.app.finetune import PolicyModel
+    from dvfs_mlops.mlops.governor import PolicyModel, input_frame
     from dvfs_mlops.mlops.pyfunc import input_example
-    from dvfs_mlops.mlops.registry import input_frame
 
     old = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
                   ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct")])

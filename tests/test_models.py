@@ -160,10 +160,11 @@ def test_precision_trains_with_autocast_is_recorded_and_bf16_costs_less_on_the_t
         expected[precision] = at_816.data.metrics["energy_expected_j"]
     assert len(set(ids.values())) == 3  # a bf16 sweep never resumes an fp32 one
     assert expected["bf16"] < 0.9 * expected["fp32"] and expected["fp16"] < 0.9 * expected["fp32"]
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
-    from dvfs_mlops.mlops.sweep import build_spec
+    from dvfs_mlops.mlops.sweep import SweepRequest, build_spec
 
-    old = build_spec(SimDevice(), "smoke", models="bert-mini", tasks="sst2", freqs="816", steps=2, train_size=32, dev_size=16)
+    old = build_spec(board_of(SimDevice()), SweepRequest("smoke", models="bert-mini", tasks="sst2", freqs="816", steps=2, train_size=32, dev_size=16))
     assert old.sweep_id == ids["fp32"] and "precision" not in old.definition()
 
 
@@ -179,7 +180,6 @@ def test_simulate_takes_the_same_precision_option():
         return json.loads(r.stdout)["points"][2]["energy_j"]
 
     bf16 = energy("--precision", "bf16")
-    assert bf16 == energy("--dtype", "bfloat16")  # the older option still works
     assert bf16 < 0.9 * energy()  # fp32 by default
 
 

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.prior_robustness import IDLE, TABLE, board_workload, run_spread, truth
 from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, PowerPrior, fit_curve
 from dvfs_mlops.model.power_prior import MIN_SPREAD, fit_idle_share, leave_one_out_priors, log_ratio, usable
+from testkit.boards import IDLE, TABLE, board_workload, run_spread, truth
 
 
 def _workload(i: int, ratio_spread: float = 0.03, seed: int = 0) -> dict[str, float]:
-    """Workload i of a synthetic board (benchmarks/prior_robustness.py, where the same boards measure what the prior costs)."""
+    """Workload i of a synthetic board (testkit/boards.py; benchmarks/prior_robustness.py measures what the prior costs on them)."""
     return board_workload(i, ratio_spread, seed)
 
 
@@ -136,13 +136,15 @@ def test_the_sweeps_predictions_lean_on_the_prior_and_say_so(tmp_path, empty_sto
 
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.mlops.sweep.adaptive import _log_predictions
+    from dvfs_mlops.hw.board import Board
+    from dvfs_mlops.mlops.sweep.adaptive import log_predictions
 
     c = MlflowClient(tracking_uri=empty_store)
     run = c.create_run(c.create_experiment("s"))
     rng = np.random.default_rng(2)
     workloads = [(f"m{i}/sst2", _measure(_workload(i), (816.0, 1300.5, 306.0, 612.0), rng, (0.01, 0.02))) for i in range(7)]
-    _log_predictions(c, run.info.run_id, workloads, list(TABLE), ORIN_VOLTAGE_SHAPE, (0.01, 0.02), True)
+    board = Board("sim", "sim-orin", "jetson-agx-orin-64gb", "test", True, tuple(TABLE), ORIN_VOLTAGE_SHAPE, True, 0.01, 0.02)
+    log_predictions(c, run.info.run_id, workloads, board, repeats=1)
     tags = c.get_run(run.info.run_id).data.tags
     assert tags["dvfs.power_prior"].startswith("7 of 7 workloads, each from the others; idle share ")
     rows = list(csv.DictReader(io.StringIO(open(c.download_artifacts(run.info.run_id, "predicted.csv", str(tmp_path))).read())))
@@ -153,20 +155,22 @@ def test_the_sweeps_predictions_lean_on_the_prior_and_say_so(tmp_path, empty_sto
 
     # two workloads say nothing about a board: no prior, and the tag says what one needs
     run = c.create_run(run.info.experiment_id)
-    _log_predictions(c, run.info.run_id, workloads[:2], list(TABLE), ORIN_VOLTAGE_SHAPE, (0.01, 0.02), True)
+    log_predictions(c, run.info.run_id, workloads[:2], board, repeats=1)
     assert c.get_run(run.info.run_id).data.tags["dvfs.power_prior"].startswith("none (it needs the GPU utilisation of at least 6")
 
 
 def test_the_governors_fill_ins_lean_on_the_prior_with_the_utilisation_in_percent():
     """`train`'s fill-ins of an adaptive sweep (governor/dataset.py): the runs log gpu_util_pct (0..100); each gap
     is filled from its fit with the prior of the other workloads, the utilisation taken as a share."""
+    from dvfs_mlops.hw.board import Board
     from dvfs_mlops.model.governor.dataset import fill_from_curves
 
     rng = np.random.default_rng(6)
     workloads = [_measure(_workload(i), (816.0, 1300.5, 306.0, 612.0), rng, (0.01, 0.02)) for i in range(8)]
     measured = [({m.freq_mhz: m.energy_j for m in w}, {m.freq_mhz: m.time_s for m in w}, {m.freq_mhz: 100.0 * m.gpu_util for m in w})
                 for w in workloads]
-    shape = fill_from_curves(measured, TABLE, range(8), noise=0.02)  # the voltage shape fitted across the sweep
+    unknown = Board("jetson", "jetson-agx-orin-64gb", "jetson-agx-orin-64gb", "x", False, tuple(TABLE))  # noise 1 %, 2 %
+    shape = fill_from_curves(measured, TABLE, range(8), unknown)  # its curve unknown: the shape fitted across the sweep
     priors = leave_one_out_priors(workloads, voltage_shape=shape, f_max_mhz=1300.5, noise=0.02)
     for w, (energy, _, util), prior in zip(workloads, measured, priors):
         assert sorted(energy) == sorted(TABLE) and len(util) == 4  # filled; the utilisation stays measured-only

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from dvfs_mlops.job.refine import ProbePlan, Refiner, plan, probe_clocks
+from dvfs_mlops.mlops.governor import GovernorRef
 from dvfs_mlops.model.curve import Measurement
 from tests.conftest import trainer_data
 
@@ -26,7 +27,7 @@ def test_probe_clocks_spread_around_the_start_and_fill_inward_at_the_edges():
 
 def _orin_like(f: float, opt: float) -> Measurement:
     """Per-step time and energy of a workload with the curve model's shape whose optimum is near `opt` MHz."""
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
 
     g, v = f / 1000.0, 1 + ORIN_VOLTAGE_SHAPE * (f / 1300.5) ** 2
     t = 0.05 + 0.04 / g
@@ -43,7 +44,7 @@ def _drive(p: ProbePlan, truth) -> list[float]:
 
 
 def test_probe_plan_walks_one_step_at_a_time_towards_a_far_optimum_and_stays_when_there_is_nothing_to_gain():
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
 
     def truth(opt_clock):
         return lambda f: _orin_like(f, opt_clock)
@@ -65,7 +66,7 @@ def test_probe_plan_walks_one_step_at_a_time_towards_a_far_optimum_and_stays_whe
 
 
 def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
 
     # a flat curve (energy the same at every clock up to 0.1 %): no move is worth its uncertainty
     flat = lambda f: Measurement(f, 1.0, 10.0 * (1 + 0.001 * ((f - 816.0) / 500.0)))
@@ -74,19 +75,20 @@ def test_probe_plan_does_not_move_on_a_saving_within_the_noise():
 
 
 def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes():
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.trace import TraceCache
-    from dvfs_mlops.job.finetune import FinetuneConfig, finetune
+    from dvfs_mlops.job.finetune import FinetuneConfig, profile_only
     from dvfs_mlops.job.workloads.zoo import PRESETS
 
     trace = TraceCache().get(PRESETS["bert-tiny"].config(), 16, 32)
     dev = SimDevice()
     steps = 60
-    session = dev.session(612.0, noise_key="t")
+    session = dev.session(612.0, label="t")
     with session:
-        refiner = Refiner(session, 20, steps, say=lambda m: None)
-        finetune(None, _Split(), _Split(), 0, FinetuneConfig(steps=steps, batch_size=4), is_regression=False, session=session,
-                 trace_for=lambda n: trace, run_training=False, on_step=refiner.on_step)
+        refiner = Refiner(session, 20, steps, board_of(dev), say=lambda m: None)
+        profile_only([30] * 64, FinetuneConfig(steps=steps, batch_size=4), "eval_accuracy", session=session, trace_for=lambda n: trace,
+                     on_step=refiner.on_step)
     res = refiner.result
     probed = [p.freq_mhz for p in res.probes]
     assert res is not None and probed[:3] == [612.0, 408.0, 816.0] and len(probed) <= 5 and len(set(probed)) == len(probed)
@@ -108,16 +110,6 @@ def test_refine_on_the_twin_settles_at_the_fitted_optimum_and_counts_the_probes(
         assert p.energy_j / p.steps == pytest.approx(curve[p.freq_mhz].energy_j, rel=0.1)
 
 
-class _Split:
-    """The minimum a profile-only finetune reads from a split."""
-
-    ids = [[1] * 30] * 64
-    labels = [0] * 64
-
-    def __len__(self):
-        return 64
-
-
 class _Fixed:
     """A governor that always answers 612 MHz (refine is under test here, not the registry)."""
 
@@ -136,10 +128,24 @@ def store(tmp_path_factory, store_template):
 
 @pytest.fixture(autouse=True)
 def _fixed_governor(monkeypatch):
-    from dvfs_mlops.app import finetune as launcher
+    _use_governor(monkeypatch, GovernorRef("test:fixed-612", "fixed", 1))
 
-    monkeypatch.setattr(launcher, "resolve_governor", lambda uri=None: (_Fixed(), {"uri": "test:fixed-612", "name": "fixed", "version": 1,
-                                                                                   "alias": None, "tags": {}}))
+
+def _use_governor(monkeypatch, ref, model=None):
+    """Every load of a governor gives this one (refine is under test here, not the registry)."""
+    from dvfs_mlops.mlops import governor
+
+    monkeypatch.setattr(governor, "load_governor", lambda uri=None, direct=True: governor.Governor(ref, model or _Fixed()))
+
+
+def _launch(device, workload, config, say=print, **options):
+    """`finetune` as the CLI runs it: the board resolved from the device, the job, the launch options."""
+    from dvfs_mlops.app.finetune import LaunchOptions, run_finetune
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.job.run import Job
+
+    board = board_of(device)
+    return run_finetune(device, board, Job(workload, config, board.torch_device), LaunchOptions(**options), say=say)
 
 
 def _logged(run_id):
@@ -153,14 +159,13 @@ def _logged(run_id):
 
 def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops.app import finetune as launcher
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     said: list[str] = []
-    out = launcher.run_finetune(SimDevice(), w, FinetuneConfig(steps=14, batch_size=8), probe_steps=0, refine=8, say=said.append,
+    out = _launch(SimDevice(), w, FinetuneConfig(steps=14, batch_size=8), probe_steps=0, refine=8, say=said.append,
                                 save_model=False)
     r = out["refine"]
     assert r["start_mhz"] == out["decision"]["freq_mhz"] and len(r["probes"]) == 2 and r["simulated"] is True
@@ -179,12 +184,13 @@ def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeyp
 
 def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
     from dvfs_mlops.app.finetune import default_refine
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
 
     class Board:
         simulated = False
 
-    assert default_refine(SimDevice()) == 0 and default_refine(Board()) == 30
+    assert default_refine(board_of(SimDevice())) == 0 and default_refine(Board()) == 30
 
 
 def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_original(orin6, store, state_dir, monkeypatch):
@@ -194,7 +200,7 @@ def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_origi
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
 
-    real = launcher.finetune
+    real = launcher.run_job
     pins: list[tuple[int, int]] = []
     journals: list[dict] = []
 
@@ -205,9 +211,9 @@ def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_origi
             journals.extend(json.loads(p.read_text()) for p in state_dir.glob("restore-*.json"))
         return real(*args, on_step=hook, **kwargs)
 
-    monkeypatch.setattr(launcher, "finetune", watching)
+    monkeypatch.setattr(launcher, "run_job", watching)
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
-    out = launcher.run_finetune(JetsonDevice(), w, FinetuneConfig(steps=16, batch_size=8), probe_steps=0, refine=8,
+    out = _launch(JetsonDevice(), w, FinetuneConfig(steps=16, batch_size=8), probe_steps=0, refine=8,
                                 say=lambda m: None, save_model=False)
     r = out["refine"]
     seen_mhz = [lo / 1e6 for lo, hi in pins if lo == hi]
@@ -224,29 +230,32 @@ def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_origi
 
 def test_refine_needs_a_pinned_session():
     from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
 
     with SimDevice().session(612.0, observe=True) as s, pytest.raises(DvfsError, match="observing session"):
         s.repin(816.0)
+    dev = SimDevice()
+    for session in (dev.session("maxn"), dev.session(612.0, observe=True)):  # nothing pinned: nothing to probe around
+        with session as s, pytest.raises(DvfsError, match="pins none"):
+            Refiner(s, 20, 100, board_of(dev), say=lambda m: None)
 
 
 def test_refine_leans_on_the_governors_power_prior_and_logs_it(store, monkeypatch):
     """A governor version trained on this board's sweep carries its power prior (tag power_prior): refine's fits use it
     with each probe's GPU utilisation, and the run says so (tag refine.power_prior, the printed lines)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops.app import finetune as launcher
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.model.curve import PowerPrior
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
-    meta = {"uri": "test:fixed-612", "name": "fixed", "version": 1, "alias": None,
-            "tags": {"device_profile": "sim-orin", "power_prior": prior.to_json()}}
-    monkeypatch.setattr(launcher, "resolve_governor", lambda uri=None: (_Fixed(), meta))
+    _use_governor(monkeypatch, GovernorRef("test:fixed-612", "fixed", 1, None, {"device_profile": "sim-orin", "power_prior": prior.to_json()}))
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     said: list[str] = []
-    out = launcher.run_finetune(SimDevice(), w, FinetuneConfig(steps=20, batch_size=8), probe_steps=0, refine=12, say=said.append,
+    out = _launch(SimDevice(), w, FinetuneConfig(steps=20, batch_size=8), probe_steps=0, refine=12, say=said.append,
                                 save_model=False)
     run, rows = _logged(out["run_id"])
     assert PowerPrior.from_json(run.data.tags["refine.power_prior"]) == prior
@@ -256,22 +265,32 @@ def test_refine_leans_on_the_governors_power_prior_and_logs_it(store, monkeypatc
 
 
 def test_a_governors_power_prior_is_used_only_on_its_own_board():
+    import dataclasses
+
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE, board_of
     from dvfs_mlops.hw.sim import SimDevice
-    from dvfs_mlops.job.refine import prior_from_governor
     from dvfs_mlops.model.curve import PowerPrior
 
-    prior = PowerPrior(0.15, 0.27, 0.03, 36, 0.43, 1300.5)
+    prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
     tags = {"device_profile": "sim-orin", "power_prior": prior.to_json()}
-    assert prior_from_governor({"tags": tags}, "sim-orin") == prior
-    assert prior_from_governor({"tags": tags}, "jetson-agx-orin") is None  # another board's power curves
-    assert prior_from_governor({"tags": {"device_profile": "sim-orin"}}, "sim-orin") is None  # a version without one
-    assert prior_from_governor({"tags": {**tags, "power_prior": "{not json"}}, "sim-orin") is None  # unreadable: refine without
-    assert prior_from_governor({}, "sim-orin") is None
-    # fitted against another table's top: its ratios mean something else here
-    with SimDevice().session(612.0, noise_key="p") as s:
-        assert Refiner(s, 20, 100, say=lambda m: None, prior=prior).prior == prior
-        other = PowerPrior(0.15, 0.27, 0.03, 36, 0.43, 1600.0)
-        assert Refiner(s, 20, 100, say=lambda m: None, prior=other).prior is None
+    board = board_of(SimDevice())
+    jetson = dataclasses.replace(board, profile="jetson-agx-orin")
+    assert GovernorRef("u", tags=tags).power_prior_for(board) == prior
+    assert GovernorRef("u", tags=tags).power_prior_for(jetson) is None  # another board's power curves
+    assert GovernorRef("u", tags={"device_profile": "sim-orin"}).power_prior_for(board) is None  # a version without one
+    assert GovernorRef("u", tags={**tags, "power_prior": "{not json"}).power_prior_for(board) is None  # unreadable: refine without
+    assert GovernorRef("u").power_prior_for(board) is None
+    with SimDevice().session(612.0, label="p") as s:
+        assert Refiner(s, 20, 100, board, say=lambda m: None, prior=prior).prior == prior
+        # fitted against another table's top: its ratios mean something else here
+        other = dataclasses.replace(prior, f_max_mhz=1600.0)
+        assert Refiner(s, 20, 100, board, say=lambda m: None, prior=other).prior is None
+        # fitted with another voltage curve than this board's own (the twin knows its curve): not this board's either
+        bent = dataclasses.replace(prior, voltage_shape=0.2)
+        assert Refiner(s, 20, 100, board, say=lambda m: None, prior=bent).prior is None
+        # a real board's curve is assumed, not known: the prior's fitted shape replaces the assumption
+        assumed = dataclasses.replace(board, voltage_shape_known=False)
+        assert Refiner(s, 20, 100, assumed, say=lambda m: None, prior=bent).voltage_shape == 0.2
 
 
 def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
@@ -279,7 +298,8 @@ def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
     without the probes' utilisation is not used (the fit is the plain one)."""
     import math
 
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import PowerPrior
 
     k, idle = 0.8, 0.15
 
@@ -308,18 +328,18 @@ def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior
     and the version's power prior in the fits (the decision comes from a resolved governor, not `freq=`)."""
     from transformers import Trainer, TrainingArguments
 
-    from dvfs_mlops.app.finetune import PolicyModel
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.job.finetune import build_model
     from dvfs_mlops.job.workloads.prepare import prepare_workload
-    from dvfs_mlops.mlops import registry
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.mlops.governor import PolicyModel
+    from dvfs_mlops.model.curve import PowerPrior
 
     prior = PowerPrior(0.15, 0.27, 0.03, 36, ORIN_VOLTAGE_SHAPE, 1300.5)
-    meta = {"uri": "models:/dvfs-governor@production", "name": "dvfs-governor", "version": 3, "alias": "production",
-            "tags": {"device_profile": "sim-orin", "power_prior": prior.to_json()}}
-    monkeypatch.setattr(registry, "resolve", lambda uri=None: (PolicyModel({"tree": {"freq_mhz": 612.0}}), meta))
+    ref = GovernorRef("models:/dvfs-governor@production", "dvfs-governor", 3, "production",
+                      {"device_profile": "sim-orin", "power_prior": prior.to_json()})
+    _use_governor(monkeypatch, ref, PolicyModel({"tree": {"freq_mhz": 612.0}}))
     w = prepare_workload("bert-tiny", "sst2", train_size=128, dev_size=16)
 
     train_split, collate = trainer_data(w)

@@ -39,7 +39,8 @@ def test_version_carries_tags_metrics_and_artifacts(store):
     mv = c.get_model_version("dvfs-governor", "1")
     assert {"objective", "device_profile", "sweep_id", "n_workloads"} <= mv.tags.keys()
     assert mv.tags["device_profile"] == "sim-orin" and mv.tags["n_workloads"] == "4"
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, PowerPrior
+    from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
+    from dvfs_mlops.model.curve import PowerPrior
 
     prior = PowerPrior.from_json(mv.tags["power_prior"])  # for refine at launch: all 6 workloads of the sweep, 3 clocks each
     assert prior.workloads == 6 and prior.f_max_mhz == 1300.5 and prior.voltage_shape == pytest.approx(ORIN_VOLTAGE_SHAPE)

@@ -53,7 +53,7 @@ def test_synthetic_is_learnable(task, floor):
     from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", task, train_size=1024, dev_size=256)
-    r = finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, FinetuneConfig(steps=60), is_regression=False)
+    r = finetune(w, FinetuneConfig(steps=60))
     assert r.eval_value >= floor, r.eval_value
 
 
@@ -291,7 +291,7 @@ def test_finetune_is_deterministic():
     from dvfs_mlops.job.workloads.prepare import prepare_workload
 
     w = prepare_workload("bert-tiny", "stsb", train_size=128, dev_size=64)
-    runs = [finetune(w.model_config, w.train, w.dev, w.encoder.pad_id, FinetuneConfig(steps=5, seed=7), is_regression=True)
+    runs = [finetune(w, FinetuneConfig(steps=5, seed=7))
             for _ in range(2)]
     assert runs[0].eval_value == runs[1].eval_value and runs[0].train_loss == runs[1].train_loss
     assert runs[0].eval_metric == "eval_pearson" and runs[0].padded_lengths == runs[1].padded_lengths

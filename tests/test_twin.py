@@ -141,18 +141,19 @@ def test_profiles_by_name_and_params_files(tmp_path):
 
 
 def test_sweep_id_tells_profiles_apart(tmp_path):
+    from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.twin.profiles import load_twin_params
-    from dvfs_mlops.mlops.sweep.spec import build_spec
+    from dvfs_mlops.mlops.sweep.spec import SweepRequest, build_spec
 
     f = tmp_path / "board.yaml"
     f.write_text("profile: my-board\ngpu_k: 20\n")
     default = SimDevice()
-    ids = {name: build_spec(SimDevice(params=load_twin_params(*args)), "smoke").sweep_id
+    ids = {name: build_spec(board_of(SimDevice(params=load_twin_params(*args))), SweepRequest("smoke")).sweep_id
            for name, args in {"default": (), "measured": ("sim-orin-measured",), "file": (None, f)}.items()}
     assert len(set(ids.values())) == 3
-    assert build_spec(default, "smoke").twin_digest == "" and "twin_digest" not in build_spec(default, "smoke").definition()
+    assert build_spec(board_of(default), SweepRequest("smoke")).twin_digest == "" and "twin_digest" not in build_spec(board_of(default), SweepRequest("smoke")).definition()
     f.write_text("profile: my-board\ngpu_k: 21\n")  # the same name, other constants: another sweep
-    assert build_spec(SimDevice(params=load_twin_params(None, f)), "smoke").sweep_id != ids["file"]
+    assert build_spec(board_of(SimDevice(params=load_twin_params(None, f))), SweepRequest("smoke")).sweep_id != ids["file"]
 
 
 # --- mechanics ------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_sim_sessions_deterministic_with_seed_and_noisy_across_repeats(trace_cac
     t = TraceCache(trace_cache_dir).get(PRESETS["bert-mini"].config(), 16, 31)
 
     def run(seed, key):
-        s = SimDevice(seed=seed).session(714, noise_key=key)
+        s = SimDevice(seed=seed).session(714, label=key)
         with s:
             for _ in range(5):
                 s.step(t)
@@ -242,7 +243,7 @@ def test_params_from_yaml_and_unknown_key(tmp_path):
 
 # --- truth that knows its noise -------------------------------------------------------------------
 def _sim_report(trace, seed, key, params=None, freq=714):
-    s = SimDevice(params=params, seed=seed).session(freq, noise_key=key)
+    s = SimDevice(params=params, seed=seed).session(freq, label=key)
     with s:
         with s.window("train"):
             for _ in range(5):
@@ -260,7 +261,7 @@ def test_sim_logs_expected_beside_measured_and_only_the_noise_differs(trace_cach
     assert a.time_expected_s == b.time_expected_s == c.time_expected_s == pytest.approx(5 * est.time_s, rel=1e-12)
     assert a.energy_expected_j == b.energy_expected_j == c.energy_expected_j == pytest.approx(5 * est.energy_j, rel=1e-12)
     for r, seed, key in ((a, 1, "r0"), (b, 1, "r1"), (c, 7, "r0")):  # measured = expected x the draw's noise, nothing else
-        s = SimDevice(seed=seed).session(714, noise_key=key)
+        s = SimDevice(seed=seed).session(714, label=key)
         assert r.duration_s == pytest.approx(r.time_expected_s * s.time_factor, rel=1e-12)
         assert r.energy_j == pytest.approx(r.energy_expected_j * s.time_factor * s.power_factor, rel=1e-12)
         assert r.duration_s != r.time_expected_s and abs(r.energy_j / r.energy_expected_j - 1) < 0.1
@@ -311,7 +312,7 @@ def _simulated_points(cache, board, steps=10):
         for task in ("sst2", "qnli", "mrpc"):
             trace = cache.get(PRESETS[m].config(), 16, TASKS[task].mean_tokens)
             for f in FIT_CLOCKS:
-                s = SimDevice(board, seed=5).session(f, noise_key=f"{m}/{task}")
+                s = SimDevice(board, seed=5).session(f, label=f"{m}/{task}")
                 with s:
                     for _ in range(steps):
                         s.step(trace)

@@ -1,7 +1,8 @@
 """`dvfs-mlops simulate`: the twin's energy curve for one model and batch shape."""
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.hw.twin.params import OrinTwinParams
 from dvfs_mlops.hw.twin.physics import energy_curve, estimate_maxn
@@ -9,6 +10,70 @@ from dvfs_mlops.hw.twin.profiles import load_twin_params
 from dvfs_mlops.hw.twin.trace import TraceCache
 from dvfs_mlops.job.workloads.tokenizer import PAD_TO_MULTIPLE
 from dvfs_mlops.job.workloads.zoo import resolve_model
+
+if TYPE_CHECKING:
+    from dvfs_mlops.app.devices import DeviceChoice
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulateRequest:
+    """What `dvfs-mlops simulate` is asked.
+
+    Attributes:
+        model: a model preset (or None with `model_config`).
+        model_config: a transformers config.json or folder instead of a preset.
+        seq_len: the padded sequence length of a batch (None: the task's mean length).
+        task: trace this task's head ('' none: the bare model).
+        batch_size: examples per training step.
+        precision: fp32, bf16 or fp16.
+    """
+
+    model: str | None = None
+    model_config: str | None = None
+    seq_len: int | None = None
+    task: str = ""
+    batch_size: int = 16
+    precision: str = "fp32"
+
+
+def simulate_command(request: SimulateRequest, twin: DeviceChoice) -> dict[str, Any]:
+    """`dvfs-mlops simulate`: the twin's curve for the request, on the twin that `twin`'s profile options choose.
+
+    Args:
+        request: the model, batch shape, task and precision.
+        twin: the --twin-profile/--twin-params choice.
+
+    Returns:
+        The curve as `simulate_curve` returns it (the `--json` object).
+
+    Raises:
+        DvfsError: both MODEL and --model-config, an unknown model, task or twin profile, a task the model cannot
+            train, or no sequence length.
+    """
+    from dvfs_mlops.app.devices import load_twin
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.job.finetune import PRECISIONS
+
+    r = request
+    dtype = PRECISIONS[r.precision]
+    if r.model and r.model_config:
+        raise DvfsError("give either MODEL or --model-config, not both")
+    return simulate_curve(r.model, r.model_config, r.seq_len, r.batch_size, dtype, params=load_twin(twin), task=r.task or None)
+
+
+def curve_lines(result: dict[str, Any]) -> list[str]:
+    """The curve as `dvfs-mlops simulate` prints it: a heading, one row per clock and maxn, the optimum."""
+    on_task = f" on {result['task']}" if result["task"] else ""
+    lines = [(f"{result['model']}{on_task}: batch {result['batch_size']}, seq {result['seq_len']}, "
+              f"{result['num_params'] / 1e6:.1f}M params on {result['device_profile']} (SIMULATED)"),
+             f"{'freq_mhz':>9} {'time_s':>9} {'power_w':>8} {'energy_j':>9} {'gpu_util':>8}"]
+    for pt in [*result["points"], result["maxn"]]:
+        f = pt["freq_mhz"]
+        name = f"maxn@{pt['settled_mhz']:g}" if f == "maxn" else f"{f:g}"
+        mark = " <- optimal" if f == result["optimal_freq_mhz"] else ""
+        lines.append(f"{name:>9} {pt['time_s']:9.4f} {pt['avg_power_w']:8.2f} {pt['energy_j']:9.4f} {pt['gpu_util_pct']:7.1f}%{mark}")
+    lines.append(f"energy-optimal: {result['optimal_freq_mhz']:g} MHz, saving {100 * result['saving_vs_maxn']:.1f}% vs maxn (simulated)")
+    return lines
 
 
 def simulate_curve(model: str | None, model_config: str | None, seq_len: int | None, batch_size: int = 16,

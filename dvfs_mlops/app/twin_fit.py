@@ -21,11 +21,15 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.twin.fit import FitPoint, FitResult, fit_profile
 from dvfs_mlops.hw.twin.params import OrinTwinParams
+from dvfs_mlops.mlops import schema
+
+if TYPE_CHECKING:
+    from dvfs_mlops.app.devices import DeviceChoice
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,8 @@ CSV_REQUIRED = ("workload", "freq_mhz", "time_s")
 
 @dataclasses.dataclass(frozen=True)
 class TwinFitOutcome:
+    """A fitted twin profile: the fit, where its YAML was written, and what it was fitted to."""
+
     result: FitResult
     path: Path
     source: str  # "sweep <id>" or the CSV's path
@@ -42,6 +48,49 @@ class TwinFitOutcome:
     def to_dict(self) -> dict[str, Any]:
         return {**self.result.to_dict(), "path": str(self.path), "source": self.source, "simulated_input": self.simulated_input,
                 "simulated": True}  # what the profile drives is the twin
+
+    def lines(self) -> list[str]:
+        """The fit as `dvfs-mlops twin fit` prints it: errors of the fitted and the base profile, the fitted
+        constants, and the file written."""
+        r, base = self.result, self.result.base
+        label = " (SIMULATED)" if self.simulated_input else ""
+        lines = [f"twin profile {r.params.profile}: fitted {base.profile} to {r.n_points} points of {r.n_workloads} workloads{label}",
+                 f"{'quantity':<9} {'mean err':>9} {'max err':>9}   {'base mean':>9} {'base max':>9}"]
+        for q, e in r.errors.items():
+            b = r.errors_before[q]
+            lines.append(f"{q:<9} {100 * e.mean:8.2f}% {100 * e.max:8.2f}%   {100 * b.mean:8.2f}% {100 * b.max:8.2f}%")
+        if r.errors_expected is not None:
+            lines.append("against the points' noise-free values (SIMULATED): "
+                         + ", ".join(f"{q} {100 * e.mean:.2f}% mean / {100 * e.max:.2f}% max" for q, e in r.errors_expected.items()))
+        lines += [f"  {k:<24} {getattr(r.params, k):.6g}  (was {getattr(base, k):.6g})" for k in r.fitted]
+        lines.append(f"wrote {self.path}; use it with --twin-params {self.path}")
+        return lines
+
+
+def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = "dvfs-sweep", csv_path: str | None = None,
+                     name: str = "", out: str = "", say: Callable[[str], None] = log.info) -> TwinFitOutcome:
+    """`dvfs-mlops twin fit`: fit the profile that `twin`'s --twin-profile/--twin-params choose (sim-orin by default).
+
+    Args:
+        twin: the base profile's choice.
+        sweep_id: fit to this sweep's measured points ('' none: `csv_path`).
+        experiment: where the sweep's runs are.
+        csv_path: or fit to a CSV of measured points.
+        name: the fitted profile's name ('': fit-<sweep id or CSV name>).
+        out: where to write the YAML ('': <name>.yaml here).
+        say: where progress lines go.
+
+    Returns:
+        The `TwinFitOutcome`.
+
+    Raises:
+        DvfsError: an unknown base profile, neither or both of a sweep and a CSV, unusable points, an unwritable file.
+    """
+    from dvfs_mlops.hw.twin.profiles import load_twin_params
+
+    base = load_twin_params(twin.twin_profile, twin.twin_params)
+    return fit_twin(base, sweep_id=sweep_id or None, experiment=experiment, csv_path=csv_path, name=name or None, out=out or None,
+                    say=say)
 
 
 def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: str = "dvfs-sweep", csv_path: str | None = None,
@@ -143,12 +192,12 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
     if not len(df):
         raise DvfsError(f"sweep {sweep_id!r} has no finished points in experiment {experiment!r}")
     pinned = df[df["params.freq_mhz"] != "maxn"]
-    for tag in (tracking.TAG_CLOCK_HELD, tracking.TAG_OBSERVE):
+    for tag in (schema.TAG_CLOCK_HELD, schema.TAG_OBSERVE):
         column = f"tags.{tag}"
         if column in pinned:
-            pinned = pinned[pinned[column].fillna("") != ("false" if tag == tracking.TAG_CLOCK_HELD else "true")]
+            pinned = pinned[pinned[column].fillna("") != ("false" if tag == schema.TAG_CLOCK_HELD else "true")]
     definition = _sweep_definition(c, df)
-    column = f"tags.{tracking.TAG_SIMULATED}"
+    column = f"tags.{schema.TAG_SIMULATED}"
     simulated = column in df and bool((df[column] == "true").all())
     points: list[FitPoint] = []
     for (model, task), rows in pinned.groupby(["params.model", "params.task"]):
@@ -165,10 +214,9 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
 
 def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
     """The sweep's data sizes: its parent's `sweep_definition`, or the preset `mlflow run` was given."""
-    from dvfs_mlops.mlops import tracking
     from dvfs_mlops.mlops.sweep.spec import PRESETS
 
-    parent_id = df[f"tags.{tracking.TAG_PARENT}"].dropna().iloc[0] if f"tags.{tracking.TAG_PARENT}" in df else None
+    parent_id = df[f"tags.{schema.TAG_PARENT}"].dropna().iloc[0] if f"tags.{schema.TAG_PARENT}" in df else None
     params = c.get_run(parent_id).data.params if parent_id else {}
     if "sweep_definition" in params:
         try:

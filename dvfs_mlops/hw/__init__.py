@@ -23,7 +23,27 @@ BACKENDS = ("auto", "jetson", "nvml", "sim")
 
 def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any = None, gpu_index: int = 0,
                 twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None) -> Device:
-    """Open a backend by name; 'auto' tries jetson, then nvml, then sim, and says which it picked."""
+    """Open a device backend by name.
+
+    `auto` takes jetson where a Jetson GPU devfreq node exists, else nvml where NVML starts and sees
+    GPU `gpu_index`, else the simulated twin.
+
+    Args:
+        name: `auto`, `jetson`, `nvml` or `sim`.
+        sample_hz: power/clock sampling rate of the meter thread (jetson, nvml).
+        nvml_module: a `pynvml`-compatible module used instead of `nvidia-ml-py` (nvml; tests pass a fake).
+        gpu_index: the NVML index of the GPU (nvml).
+        twin_params: the twin's constants (sim; None: the default profile).
+        seed: the twin's noise seed (sim).
+        announce: called once with the one-line "device: ..." statement (`describe_device`); None says nothing.
+
+    Returns:
+        The open `Device`; `close()` it when done.
+
+    Raises:
+        UnknownNameError: `name` is not one of `BACKENDS`.
+        DeviceNotFoundError: `jetson` or `nvml` was asked for explicitly and is not present.
+    """
     if name not in BACKENDS:
         raise unknown("device", name, BACKENDS)
     if name in ("auto", "jetson"):
@@ -51,7 +71,15 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
 
 
 def describe_device(dev: Any, requested: str = "") -> str:
-    """The one-line 'device: ...' announcement (simulation always said so)."""
+    """The one-line "device: ..." statement of an open device; the twin's says its measurements are simulated.
+
+    Args:
+        dev: an open `Device`.
+        requested: the backend name it was opened with; `auto` appends " [auto]".
+
+    Returns:
+        The statement, e.g. "device: nvml (NVIDIA H100, GPU 0) [auto]".
+    """
     if dev.name == "jetson":
         what = f"jetson ({dev.profile}, devfreq {dev.node})"
     elif dev.name == "nvml":
@@ -67,10 +95,21 @@ def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> No
 
 
 def restore_journals(announce: Callable[[str], None] = log.info, directory: Any = None, nvml_module: Any = None) -> int:
-    """Apply every journal left by a dead process; returns how many were restored.
+    """Put back the clocks of every journal a dead process left (`dvfs-mlops restore`).
 
-    A journal whose restore fails is kept and the others are still tried; then RestoreFailedError
-    (the CLI: one line, exit 2) names it.
+    A journal whose owner still runs is skipped (announced), and so is one of an unknown backend. A
+    journal whose restore fails is kept and the others are still tried.
+
+    Args:
+        announce: called with one line per journal restored or skipped, or "nothing to restore".
+        directory: the journal folder (None: the default, `guard.journal_dir()`).
+        nvml_module: a `pynvml`-compatible module for nvml journals (tests pass a fake).
+
+    Returns:
+        How many journals were restored.
+
+    Raises:
+        RestoreFailedError: a restore failed (the first failure is named; its journal is kept for a retry).
     """
     from pathlib import Path
 

@@ -41,7 +41,19 @@ class DeviceInfo:
 
 
 def parse_freq(value: str | float, frequencies_mhz: Sequence[float], tolerance_mhz: float = 0.5) -> FreqRequest:
-    """Turn '816', 816.0 or 'maxn' into a table entry; anything else lists the valid clocks."""
+    """Turn '816', 816.0 or 'maxn' into a clock request of the table.
+
+    Args:
+        value: a clock in MHz (a number or its text), or "maxn" (any case).
+        frequencies_mhz: the device's clock table.
+        tolerance_mhz: how far `value` may be from a table entry and still name it.
+
+    Returns:
+        The table's entry (float), or `MAXN`.
+
+    Raises:
+        UnknownNameError: `value` is neither "maxn" nor within `tolerance_mhz` of a clock; the message lists the table.
+    """
     if isinstance(value, str) and value.strip().lower() == MAXN:
         return MAXN
     try:
@@ -61,12 +73,33 @@ def _fmt_table(frequencies_mhz: Sequence[float]) -> list[str]:
 class FreqSession(abc.ABC):
     """Pin a clock for the duration of a `with` block, meter it, restore on exit.
 
-    Subclasses implement the hooks; `__enter__`/`__exit__` enforce the safe ordering.
+    `Device.session(freq, observe, label)` makes one; use it as a context manager. Subclasses
+    implement the hooks; `__enter__`/`__exit__` enforce the safe ordering. On enter: lock, journal,
+    write the clock, start metering. On exit, whatever happened inside: stop metering, restore,
+    remove the journal, unlock. SIGTERM/SIGHUP inside the block become `SystemExit`, so the restore
+    runs; they are deferred during the write and the restore.
     `step(profile)` is called once per training step: a no-op on real hardware, the way the
     simulated twin advances its virtual clock. `window(name)` meters a part of the session on its
     own (the fine-tune loop uses "train" and "eval"); `report()` is the "train" window when there
     is one, so `energy_j` means the training steps on every backend. With `observe=True` the
     session writes nothing at all (no lock, no journal, no clock): it only meters.
+
+    Args:
+        device: the backend that opened the session (its table, its name in messages).
+        freq: a clock of `device.frequencies_mhz` in MHz, or "maxn" (write nothing: the board's default governor).
+        observe: meter only: no lock, no journal, no clock write (no root needed).
+
+    Attributes:
+        windows: each named window's `EnergyReport`, filled on exit.
+        pins: the clocks `repin` pinned inside the session, in order.
+        context: what the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode).
+
+    Raises:
+        DeviceBusyError: on enter, another process owns the GPU's clock.
+        DevicePermissionError: on enter, the clock write needs root.
+        DvfsError: on enter, another reason the backend cannot pin or meter (e.g. NVML clocks locked by someone else,
+            no power rails to read).
+        RestoreFailedError: on exit (or when enter fails), the clock could not be put back; the journal is kept.
     """
 
     def __init__(self, device: Device, freq: FreqRequest, observe: bool = False):
@@ -117,11 +150,21 @@ class FreqSession(abc.ABC):
 
     # public ----------------------------------------------------------------------------------
     def repin(self, freq: FreqRequest) -> float:
-        """Pin another clock of the table inside the open session (refine's probes); returns it.
+        """Pin another clock of the table inside the open session (refine's probes).
 
-        The restore guarantees are unchanged: the journal written on entry holds the settings found
-        BEFORE the session, whatever was pinned since, and the exit restores those. The write is
-        shielded from SIGTERM/SIGHUP like the first one. Observing sessions pin nothing and refuse.
+        The journal written on entry holds the settings found BEFORE the session, whatever is pinned
+        since, and the exit restores those. The write is shielded from SIGTERM/SIGHUP like the first one.
+
+        Args:
+            freq: a clock of the device's table (MHz, or its text).
+
+        Returns:
+            The clock pinned, as the table writes it.
+
+        Raises:
+            DvfsError: the session observes (it pins nothing), or `freq` is "maxn".
+            UnknownNameError: `freq` is not a clock of the table.
+            NotImplementedError: the backend cannot change the clock inside a session.
         """
         from dvfs_mlops.errors import DvfsError
 
@@ -137,11 +180,22 @@ class FreqSession(abc.ABC):
         return float(new)
 
     def step(self, profile: Any = None) -> None:  # noqa: B027 - an optional hook, not abstract
-        """Called once per training step; real hardware needs nothing."""
+        """Call once per training step: the twin charges the step's time and energy; real hardware does nothing.
+
+        Args:
+            profile: the step's trace (the twin's `StepTrace`); None charges nothing.
+        """
 
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[None]:
-        """Meter the block as window `name` (one window per name per session)."""
+        """Meter the block as window `name` (`begin_window` on entry, `end_window` on exit, also when it raises).
+
+        Args:
+            name: the window's name, e.g. "train" or "eval"; `windows[name]` holds its report after the session.
+
+        Raises:
+            ValueError: a window of that name was already metered in this session.
+        """
         self.begin_window(name)
         try:
             yield
@@ -149,31 +203,66 @@ class FreqSession(abc.ABC):
             self.end_window(name)
 
     def begin_window(self, name: str) -> None:
-        """Start window `name` (for callers without a block to wrap, e.g. a Trainer callback)."""
+        """Start window `name` (for callers without a block to wrap, e.g. a Trainer callback).
+
+        Args:
+            name: the window's name; one window per name per session.
+
+        Raises:
+            ValueError: a window of that name is open or was already metered in this session.
+        """
         if name in self._open_windows or any(w == name for w, _, _ in self._window_marks):
             raise ValueError(f"window {name!r} was already metered in this session")
         self._open_windows[name] = self._mark()
 
     def end_window(self, name: str) -> None:
-        """End window `name` (a no-op if it is not open); a window still open at exit ends there."""
+        """End window `name`; a no-op when it is not open. A window still open at the session's exit ends there.
+
+        Args:
+            name: the window's name, as given to `begin_window`.
+        """
         if name in self._open_windows:
             self._window_marks.append((name, self._open_windows.pop(name), self._mark()))
 
     def window_report(self, name: str) -> EnergyReport:
-        """Window `name`, ended earlier, read while the session is still open (refine's probes)."""
+        """The report of a window that has ended, readable while the session is still open (refine's probes).
+
+        Args:
+            name: the window's name.
+
+        Returns:
+            The window's `EnergyReport`, `clock_held` judged against the clock pinned now.
+
+        Raises:
+            KeyError: no window of that name has ended in this session.
+        """
         for w, a, b in self._window_marks:
             if w == name:
                 return self._finish(self._window_report(a, b))
         raise KeyError(f"window {name!r} has not ended in this session")
 
     def report(self) -> EnergyReport:
-        """The training window's report (the whole session when no window was metered)."""
+        """The report of the "train" window, so `energy_j` means the training steps on every backend.
+
+        Returns:
+            The "train" window's `EnergyReport`, or the whole session's when no "train" window was metered.
+
+        Raises:
+            RuntimeError: the session has not exited yet (the twin returns its running totals instead).
+        """
         if self._report is None:
             return self._snapshot()
         return self.windows.get("train", self._report)
 
     def session_report(self) -> EnergyReport:
-        """The whole session, set-up and evaluation included."""
+        """The report of the whole session, set-up and evaluation included.
+
+        Returns:
+            The session's `EnergyReport`.
+
+        Raises:
+            RuntimeError: the session has not exited yet (the twin returns its running totals instead).
+        """
         if self._report is None:
             return self._snapshot()
         return self._report
@@ -229,7 +318,16 @@ class FreqSession(abc.ABC):
 
 @runtime_checkable
 class Device(Protocol):
-    """A GPU whose clock can be pinned and whose energy can be metered."""
+    """A GPU whose clock can be pinned and whose energy can be metered (`open_device` returns one).
+
+    Attributes:
+        name: the backend: jetson, nvml or sim.
+        profile: the board profile, e.g. jetson-agx-orin-64gb, sim-orin.
+        simulated: True for the twin, whose measurements are simulated.
+        torch_device: where training runs: jetson "cuda", nvml "cuda:<k>" (the CUDA device with the GPU's UUID), sim "cpu".
+        device_id: which board: the Jetson's serial, the NVML GPU's UUID, the host on the twin.
+        frequencies_mhz: the clock table, ascending, read from the hardware (the twin: its profile's table).
+    """
 
     name: str  # backend name: jetson | nvml | sim
     profile: str  # e.g. jetson-agx-orin-64gb, sim-orin
@@ -240,6 +338,21 @@ class Device(Protocol):
     @property
     def frequencies_mhz(self) -> list[float]: ...
 
-    def session(self, freq: FreqRequest, observe: bool = False) -> FreqSession: ...
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> FreqSession:
+        """A session that pins `freq` for a `with` block and meters it.
+
+        Args:
+            freq: a clock of `frequencies_mhz` in MHz, or "maxn" (write nothing: the board's default).
+            observe: meter only: no lock, no journal, no clock write.
+            label: names what the session measures (a sweep point, a probe); the twin seeds its run-to-run noise
+                from it, hardware ignores it.
+
+        Returns:
+            The `FreqSession`, not yet entered.
+
+        Raises:
+            UnknownNameError: `freq` is not a clock of the table.
+        """
+        ...
 
     def info(self) -> DeviceInfo: ...

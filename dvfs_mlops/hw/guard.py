@@ -67,7 +67,7 @@ def lock_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """The journal dir (kept for callers that knew one state dir)."""
+    """The journal dir, the same as `journal_dir()`."""
     return journal_dir()
 
 
@@ -80,18 +80,6 @@ def restore_failed(device_key: str, cause: BaseException | str, journal: Path) -
 
 def _safe_key(device_key: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in device_key)
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclasses.dataclass

@@ -248,7 +248,8 @@ class JetsonDevice:
                 self._write("governor", gov)
 
     # API ---------------------------------------------------------------------------------------
-    def session(self, freq: FreqRequest, observe: bool = False) -> JetsonSession:
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> JetsonSession:
+        """A session at `freq` (`label` names the measurement; real hardware needs nothing of it)."""
         return JetsonSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe)
 
     def close(self) -> None:

@@ -33,7 +33,27 @@ HELD_SHARE = 0.95
 
 @dataclasses.dataclass
 class EnergyReport:
-    """Energy of one metered interval. JSON keys are the field names."""
+    """Energy of one metered interval (a session or one of its windows). JSON keys are the field names.
+
+    Attributes:
+        duration_s: the interval's length.
+        energy_j: CPU + GPU rails (GPU only where no CPU rail exists; every rail where neither is known).
+        energy_total_j: every rail.
+        energy_by_rail_j: joules per rail name.
+        avg_power_w: `energy_total_j / duration_s`.
+        peak_power_w: the highest sampled total power.
+        gpu_util_pct: the mean GPU load (0..100), None where the backend cannot read it.
+        samples: power samples taken (the twin: steps charged).
+        simulated: True for the twin's reports.
+        clock_mhz_measured: the time-weighted mean of the GPU clock read back, None where it cannot be read.
+        clock_held: whether the clock stayed within one table step of the pinned one >= 95 % of the time; None
+            where nothing was pinned (maxn, observe) or no clock was read.
+        samples_failed: samples that could not be read (after one retry) and were skipped.
+        power_series_w: total power per sample (left out of `to_dict()` unless asked for).
+        energy_expected_j: the twin only: `energy_j` without its run-to-run noise; None on real backends.
+        time_expected_s: the twin only: `duration_s` without its run-to-run noise; None on real backends.
+        meter_degraded: (property) more than 1 % of the sample reads failed.
+    """
 
     duration_s: float
     energy_j: float  # CPU + GPU, as in the study (GPU only where no CPU rail exists)
@@ -67,6 +87,14 @@ class EnergyReport:
         return attempts > 0 and self.samples_failed / attempts > DEGRADED_SHARE
 
     def to_dict(self, with_series: bool = False) -> dict[str, Any]:
+        """The JSON form: every field and `meter_degraded`; the twin's expected values only where set.
+
+        Args:
+            with_series: keep `power_series_w`.
+
+        Returns:
+            A dict of plain values.
+        """
         d = dataclasses.asdict(self)
         d["meter_degraded"] = self.meter_degraded
         if not with_series:
@@ -180,6 +208,18 @@ class PowerSampler:
 
     A sample is taken at start, at every `mark()` and at stop, so even a window shorter than one
     period is integrated over its whole length.
+
+    Args:
+        read_rails: returns the watts of each rail, in the order of `rails`.
+        rails: the rail names.
+        read_util: returns the GPU load in % (None: not read).
+        hz: the sampling rate of the thread.
+        clock: the time source (seconds).
+        read_clock: returns the GPU clock actually running, in MHz (None: not read).
+        retry_delay_s: the pause before the one retry of a failed read.
+
+    Raises:
+        ValueError: `hz` is not positive.
     """
 
     def __init__(
@@ -210,6 +250,7 @@ class PowerSampler:
 
     @property
     def samples_failed(self) -> int:
+        """Samples that could not be read so far (each after one retry)."""
         return len(self._failed_at)
 
     def _read_once(self) -> _Sample:
@@ -257,12 +298,17 @@ class PowerSampler:
                 next_t = clock() + period
 
     def start(self) -> None:
+        """Take the first sample on the caller's thread, then start the sampling thread."""
         self._sample()
         self._thread = threading.Thread(target=self._run, name="dvfs-power-sampler", daemon=True)
         self._thread.start()
 
     def mark(self) -> int:
-        """Sample now (on the caller's thread) and return the sample's index: a window boundary."""
+        """Sample now (on the caller's thread): a window boundary.
+
+        Returns:
+            The index of the newest sample (after `stop()`, the last one; no new sample is taken).
+        """
         if self._stop.is_set():
             return len(self._samples) - 1
         return self._sample()
@@ -277,7 +323,18 @@ class PowerSampler:
 
     def report(self, start: int = 0, end: int | None = None, energy_override_j: Mapping[str, float] | None = None,
                pinned_mhz: float | None = None, table_mhz: Sequence[float] = ()) -> EnergyReport:
-        """The report of samples `start..end` (inclusive; default: everything, after stopping)."""
+        """The report of samples `start..end`, both included.
+
+        Args:
+            start: the first sample's index (a `mark()`).
+            end: the last sample's index (a `mark()`); None stops the sampler and takes everything from `start`.
+            energy_override_j: joules per rail from a hardware energy counter, used instead of the integral.
+            pinned_mhz: the clock pinned, so `clock_held` is judged sample by sample (None: not judged).
+            table_mhz: the clock table, whose widest step is the tolerance of that judgement.
+
+        Returns:
+            The interval's `EnergyReport`, failed samples inside it counted in `samples_failed`.
+        """
         if end is None:
             self.stop()
             end = len(self._samples) - 1

@@ -172,7 +172,8 @@ class NvmlDevice:
             return float(self.nvml.nvmlDeviceGetTemperature(self.handle, getattr(self.nvml, "NVML_TEMPERATURE_GPU", 0)))
         return None
 
-    def session(self, freq: FreqRequest, observe: bool = False) -> NvmlSession:
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> NvmlSession:
+        """A session at `freq` (`label` names the measurement; real hardware needs nothing of it)."""
         return NvmlSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe)
 
     def info(self) -> DeviceInfo:

@@ -20,7 +20,6 @@ class TorchDeviceError(DvfsError):
 
 def resolve_torch_device(device: Any, override: str | None = None) -> str:
     """The torch device to train on for `device`, checked; raises TorchDeviceError before any clock write."""
-
     wanted = override or settings.torch_device_override() or getattr(device, "torch_device", "cpu")
     if not str(wanted).startswith("cuda"):
         return str(wanted)

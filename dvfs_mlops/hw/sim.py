@@ -58,9 +58,10 @@ class SimDevice:
             self._curves[trace.key] = (curve, estimate_maxn(trace, self.params, curve))
         return self._curves[trace.key]
 
-    def session(self, freq: FreqRequest, noise_key: str = "", observe: bool = False) -> SimSession:
-        """`observe=True`: the twin runs as found, i.e. under its default governor (maxn)."""
-        return SimSession(self, parse_freq(freq, self.frequencies_mhz), noise_key, observe=observe)
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> SimSession:
+        """A session at `freq`. `observe=True`: the twin runs as found, i.e. under its default governor (maxn).
+        `label` names the measurement (a sweep point, a probe): with the seed and the clock it seeds this run's noise."""
+        return SimSession(self, parse_freq(freq, self.frequencies_mhz), label, observe=observe)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -75,9 +76,9 @@ class SimDevice:
 class SimSession(FreqSession):
     device: SimDevice
 
-    def __init__(self, device: SimDevice, freq: FreqRequest, noise_key: str = "", observe: bool = False):
+    def __init__(self, device: SimDevice, freq: FreqRequest, label: str = "", observe: bool = False):
         super().__init__(device, MAXN if observe else freq, observe=observe)
-        self._noise_key = noise_key
+        self._label = label
         self._draw_noise(freq)
         self._time_s = 0.0
         self._busy_s = 0.0
@@ -90,8 +91,8 @@ class SimSession(FreqSession):
         self.effective_mhz: float | None = None
 
     def _draw_noise(self, freq: FreqRequest) -> None:
-        """This session's run-to-run noise at `freq` (seeded: same seed, key and clock, same draw)."""
-        digest = hashlib.sha256(f"{self.device.seed}|{freq_label(freq)}|{self._noise_key}".encode()).digest()
+        """This session's run-to-run noise at `freq` (seeded: same seed, label and clock, same draw)."""
+        digest = hashlib.sha256(f"{self.device.seed}|{freq_label(freq)}|{self._label}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         p = self.device.params
         self.time_factor = float(1.0 + p.noise_time * rng.standard_normal())

@@ -34,6 +34,7 @@ from dvfs_mlops.clocks import FreqRequest
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.job.workloads.adapters import count_base, count_trainable, peft_of
 from dvfs_mlops.job.workloads.zoo import ENCODER_TYPES
+from dvfs_mlops.mlops.governor import GovernorRef
 from dvfs_mlops.model.workload import WorkloadFeatures
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,41 @@ def _dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
 
 
 class DvfsCallback(TrainerCallback):
+    """A transformers `TrainerCallback` that runs `Trainer.train()` at the governor's clock and meters it.
+
+    Use it as a context manager around `train()` (module doc): on train begin it opens the device,
+    computes the features, decides, pins and starts the "train" window; on train end (or when the
+    `with` block exits, or at interpreter exit) it restores the clock.
+
+    Args:
+        governor: a `models:/` URI of the governor (None: the registry's production alias).
+        device: a backend name for `open_device` (auto, jetson, nvml, sim), or an open `Device`.
+        freq: pin this clock (MHz or "maxn") instead of asking the governor.
+        gpu_util_pct: the `gpu_util_pct` feature (None: the twin's estimate at maxn for this model and batch).
+        avg_seq_len: the `avg_seq_len` feature (None: the mean unpadded length of the first 2000 training examples).
+        sample_hz: the meter's sampling rate when `device` is a name.
+        announce: where the one-line device and decision statements (and refine's lines) go; default the module
+            logger at INFO, `print` shows them, None says nothing.
+        observe: meter without writing any clock (no root needed); no refining.
+        torch_device: where the model trains when it is not the backend's device, on purpose (None: the backend's).
+        refine: at most this many training steps spent probing clocks around the governor's
+            (`dvfs_mlops/job/refine.py`), the rest at the clock the curve model settles on; 0 is off.
+
+    Attributes:
+        report: the `EnergyReport` of the training window, after training (None before).
+        decision: `freq`, `path` (the decision path) and `governor` (name, version, alias, uri).
+        features: the `WorkloadFeatures` the governor decided on.
+        precision: fp32, bf16 or fp16, from the Trainer's arguments.
+        refined: (property) the `RefineResult` of probe-and-refine; None without refine.
+
+    Raises:
+        DvfsError: on train begin, the features cannot be computed (a model config without a layer count or hidden
+            size; `avg_seq_len` not computable from the data: pass it) or the governor cannot be loaded; any of
+            `open_device`'s and the session's errors.
+        TorchDeviceError: on train begin, the model sits on another device than the backend's, or the backend trains
+            on CUDA and torch has none; before any clock is touched.
+    """
+
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
                  announce: Any = logger.info, observe: bool = False, torch_device: str | None = None, refine: int = 0):
@@ -74,6 +110,7 @@ class DvfsCallback(TrainerCallback):
         self._refiner: Any = None
         self.announce = announce or (lambda _m: None)
         self.device: Any = None
+        self.board: Any = None
         self.session: Any = None
         self.decision: dict[str, Any] = {}
         self.features: WorkloadFeatures | None = None
@@ -134,22 +171,37 @@ class DvfsCallback(TrainerCallback):
                                 peft_of(model), kind=kind)
 
     def _check_placement(self, model: Any) -> None:
-        from dvfs_mlops.hw.placement import TorchDeviceError, resolve_torch_device
+        """The model must sit on the board's torch device: a clock pinned on a GPU that does not train saves nothing."""
+        from dvfs_mlops.hw.placement import TorchDeviceError
 
-        wanted = resolve_torch_device(self.device, self.torch_device)  # CUDA missing: one clear error
+        wanted = self.board.torch_device
         try:
             actual = str(next(model.parameters()).device)
         except (StopIteration, AttributeError):
             return
         if wanted.split(":")[0] != actual.split(":")[0]:
-            raise TorchDeviceError(f"the model is on {actual} but the {self.device.name} backend meters {wanted}: the clock would "
+            raise TorchDeviceError(f"the model is on {actual} but the {self.board.backend} backend meters {wanted}: the clock would "
                                    f"be pinned on a GPU that does not train; let Trainer place the model (TrainingArguments "
                                    f"use_cpu=False) or pass DvfsCallback(torch_device={actual!r}) on purpose")
+
+    def _decide(self, feats: WorkloadFeatures) -> tuple[FreqRequest, str, GovernorRef]:
+        """The clock (the caller's, else the governor's for these features), the decision path, and which governor."""
+        if self.freq_override is not None:
+            return self.freq_override, f"fixed by the caller: {self.freq_override}", GovernorRef("")
+        from dvfs_mlops.mlops.governor import load_governor
+
+        governor = load_governor(self.governor_uri)
+        governor.check_board(self.board, False, self.announce)
+        freq, path = governor.decide(feats, self.board.frequencies_mhz)
+        return freq, path, governor.ref
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
         import mlflow
 
+        from dvfs_mlops.hw.board import board_of
+
         self.device = self._open_device()
+        self.board = board_of(self.device, self.torch_device)  # CUDA missing: one clear error, before any clock
         if model is not None:
             self._check_placement(model)
         batch = int(getattr(args, "per_device_train_batch_size", 8))
@@ -162,28 +214,22 @@ class DvfsCallback(TrainerCallback):
 
             feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
         self.features = feats
-        if self.freq_override is not None:
-            freq, path, meta = self.freq_override, f"fixed by the caller: {self.freq_override}", {"uri": None, "tags": {}}
-        else:
-            from dvfs_mlops.app.finetune import check_profile, decide
-            from dvfs_mlops.mlops.registry import resolve
-
-            gov, meta = resolve(self.governor_uri)
-            check_profile(meta, self.device, False, self.announce)
-            freq, path = decide(gov, meta, feats, self.device.frequencies_mhz)
-        self.decision = {"freq": freq, "path": path, "governor": {k: v for k, v in meta.items() if k != "tags"}}
+        freq, path, ref = self._decide(feats)
+        self.decision = {"freq": freq, "path": path, "governor": ref.to_dict() if ref.uri else {"uri": None}}
         self.announce(f"dvfs: {path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         active = mlflow.active_run()
         self._run_id = active.info.run_id if active else None
-        session = self.device.session(freq, observe=self.observe, **({"noise_key": "trainer"} if self.device.simulated else {}))
+        session = self.device.session(freq, observe=self.observe, label="trainer")
         session.__enter__()
         self.session = session
         session.begin_window("train")
-        if self.refine and not self.observe:
-            from dvfs_mlops.job.refine import Refiner, prior_from_governor
+        if self.refine and session.pinned_mhz is None:
+            self.announce("refine: off, nothing is pinned (maxn or observe), so there is no clock to move")
+        elif self.refine:
+            from dvfs_mlops.job.refine import Refiner
 
-            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), say=self.announce,
-                                    prior=prior_from_governor(meta, self.device.profile))
+            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), self.board, say=self.announce,
+                                    prior=ref.power_prior_for(self.board) if ref.uri else None)
         if not self._atexit_registered:
             atexit.register(self.close)
             self._atexit_registered = True
@@ -205,24 +251,8 @@ class DvfsCallback(TrainerCallback):
             self._log(self._run_id)
 
     def _log(self, run_id: str) -> None:
-        from dvfs_mlops.mlops import tracking
+        from dvfs_mlops.mlops import records, tracking
 
-        r = self.report
-        metrics = {"dvfs_energy_j": r.energy_j, "dvfs_energy_total_j": r.energy_total_j, "dvfs_avg_power_w": r.avg_power_w,
-                   "dvfs_peak_power_w": r.peak_power_w, "dvfs_time_s": r.duration_s, "dvfs_gpu_util_pct": r.gpu_util_pct,
-                   "dvfs_clock_mhz_measured": r.clock_mhz_measured,
-                   "dvfs_clock_held": None if r.clock_held is None else float(r.clock_held),
-                   "dvfs_samples_failed": float(r.samples_failed)}
-        g = self.decision.get("governor", {})
-        tags = {"dvfs.freq_mhz": str(self.decision.get("freq")), "decision.path": str(self.decision.get("path")),
-                "governor.uri": str(g.get("uri")), "governor.version": str(g.get("version") or ""),
-                "dvfs.simulated": str(r.simulated).lower(), "dvfs.precision": self.precision}
-        if self.features is not None:
-            tags["dvfs.trainable_params"] = str(self.features.trainable_params)
-        if self._closed_session is not None:
-            from dvfs_mlops.mlops import records
-
-            tags.update(records.session_tags(self._closed_session, r))
-        if self.refined is not None:
-            tags.update({**self.refined.tags(), "dvfs.freq_mhz": f"{self.refined.chosen_mhz:g}"})
-        tracking.log_run_batch(tracking.client(), run_id, metrics=metrics, tags=tags)
+        record = records.callback_record(self._closed_session, self.report, self.board, self.decision, self.features, self.precision,
+                                         self.refined)
+        record.log(tracking.client(), run_id)

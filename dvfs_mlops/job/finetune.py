@@ -6,10 +6,10 @@ hardware). It calls `session.step(trace)` once per training step (the twin charg
 hardware ignores it) and meters two windows: "train" (the optimisation steps only: what
 `energy_j` and `time_s` mean on every backend) and "eval"; model build is neither. Window edges
 wait for the GPU (synchronize), so queued work is charged to the window that queued it.
-`run_training=False` is the twin's profile-only mode: the same batches are planned and charged,
-nothing is computed.
+`profile_only` is the twin's profile-only job: the same batches are planned and charged, nothing is computed.
+`job/run.py` chooses between them for a metered job.
 
-A causal-LM task (`task_kind="causal_lm"`, the instruct task) trains the model's LM head with the
+A causal-LM task (the instruct task) trains the model's LM head with the
 loss on response tokens only (labels -100 on the prompt and padding) and reports next-token
 accuracy on the response tokens (`eval_token_accuracy`) and their mean cross-entropy (`eval_loss`).
 """
@@ -26,7 +26,6 @@ import numpy as np
 
 from dvfs_mlops.hw.placement import synchronize
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec
-from dvfs_mlops.job.workloads.tasks import eval_metric
 from dvfs_mlops.job.workloads.tokenizer import IGNORE_INDEX, Encoded, collate, lm_labels, padded_length
 
 # --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
@@ -102,30 +101,26 @@ def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | No
     return peft.apply(model, str(getattr(config, "model_type", "")), task_kind)
 
 
-def finetune(
-    model_config: Any,
-    train: Encoded,
-    dev: Encoded,
-    pad_id: int,
-    config: FinetuneConfig,
-    *,
-    is_regression: bool,
-    session: Any = None,
-    trace_for: Callable[[int], Any] | None = None,
-    run_training: bool = True,
-    pretrained: str | None = None,
-    on_step: Callable[[int, float | None], None] | None = None,
-    torch_device: str = "cpu",
-    task_kind: str | None = None,
-) -> FinetuneResult:
-    """Fine-tune on `torch_device` (or, with run_training=False, only plan and charge) and evaluate on dev.
+def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trace_for: Callable[[int], Any] | None = None,
+             torch_device: str = "cpu", on_step: Callable[[int, float | None], None] | None = None,
+             pretrained: str | None = None) -> FinetuneResult:
+    """Fine-tune a prepared workload on `torch_device` and evaluate it on its dev split.
 
-    `task_kind="causal_lm"`: train the causal LM on `train.response_start`'s response tokens (else a classifier)."""
-    causal = task_kind == "causal_lm"
-    metric = eval_metric(causal, is_regression)
-    if not run_training:
-        return profile_only([len(x) for x in train.ids], config, metric, session=session, trace_for=trace_for, on_step=on_step,
-                            torch_device=torch_device)
+    Args:
+        workload: a `PreparedWorkload` (its data, tokenizer and model config are loaded here if they were not).
+        config: steps (or epochs), batch size, learning rate, seed, precision, LoRA.
+        session: an open `FreqSession` metering the windows "train" and "eval" (None: no metering).
+        trace_for: padded length -> the twin's step trace, charged once per step (the twin's sessions only).
+        torch_device: where the model and every batch live.
+        on_step: called after each step with (step, loss) (probe-and-refine moves the clock from here).
+        pretrained: load these weights (a hub name or a folder) instead of a random init.
+
+    Returns:
+        The `FinetuneResult`: steps, loss, the evaluation metric, the padded length of every step, the model.
+    """
+    train, dev, task = workload.train, workload.dev, workload.task
+    causal, is_regression, pad_id, model_config = task.causal_lm, task.is_regression, workload.pad_id, workload.model_config
+    metric = task.metric
     steps = num_steps(config, len(train))
     batches = plan_batches(len(train), steps, config.batch_size, config.seed)
     lengths = [padded_length([len(train.ids[i]) for i in b]) for b in batches]
@@ -133,8 +128,7 @@ def finetune(
     import torch
 
     torch.manual_seed(config.seed)
-    model = build_model(model_config, config.seed, config.attn_implementation, pretrained,
-                        "causal_lm" if causal else "classification", config.peft).to(torch_device)
+    model = build_model(model_config, config.seed, config.attn_implementation, pretrained, task.kind, config.peft).to(torch_device)
     amp = _autocast(torch_device, config.precision)
     scaler = torch.amp.GradScaler(torch.device(torch_device).type, enabled=config.precision == "fp16")
     model.train()

@@ -8,7 +8,7 @@ windows), read while the session is still open. The probing is sequential (`Prob
 and the clocks two table steps either side of it; then the curve model, fitted to every probe so far,
 may move the clock ONE table step, and only where its predicted saving exceeds `MOVE_Z` standard
 deviations of that saving (the fit's own uncertainty, with the board's per-window noise as a floor:
-`curve.noise_for`). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
+`Board.noise`). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
 clock itself may go unprobed: the fit speaks for it) and the same test
 is made from there, while the budget lasts; once it says stay, `repin` keeps the clock for the
 remaining steps. Probing costs energy at clocks off the optimum, so it stops as soon as the test
@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve, noise_for, voltage_shape_for
+from dvfs_mlops.hw.board import Board
+from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,19 @@ MAX_PROBE_CLOCKS = 7
 FIRST_STRIDE = 2  # the first probes: the start and the clocks this many table steps either side
 MOVE_Z = 0.5  # move one table step only on a predicted saving above this many of its standard deviations
 WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-step costs: allocation, autotuning)
-PRIOR_TAG = "power_prior"  # the governor version's tag holding its training sweep's power prior (JSON)
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One probe window: `steps` training steps at `freq_mhz`."""
+    """One probe window: `steps` training steps at `freq_mhz`.
+
+    Attributes:
+        freq_mhz: the clock probed.
+        steps: training steps in the window.
+        time_s: the window's time.
+        energy_j: the window's energy (CPU + GPU, `EnergyReport.energy_j`).
+        gpu_util: the GPU's busy share of the window (0..1), None where the meter did not read it.
+    """
 
     freq_mhz: float
     steps: int
@@ -53,11 +61,25 @@ class Probe:
     gpu_util: float | None = None  # the GPU's busy share of the window (0..1), where the meter read it
 
     def per_step(self) -> Measurement:
+        """The window as one step's `Measurement`: time and energy divided by `steps`."""
         return Measurement(self.freq_mhz, self.time_s / self.steps, self.energy_j / self.steps, self.gpu_util)
 
 
 @dataclasses.dataclass
 class RefineResult:
+    """What probe-and-refine did: the probes, the clock it settled on and why.
+
+    Attributes:
+        start_mhz: the session's clock when refining began (the governor's choice).
+        chosen_mhz: the clock the rest of the job ran at.
+        probes: the probe windows, in the order run.
+        predicted: the curve model's prediction per training step at every clock of the table (empty when no fit
+            was made).
+        reason: why the job settled where it did.
+        prior: the board power prior the last fit leaned on; None where none was used.
+        probe_steps: (property) training steps spent in probe windows.
+    """
+
     start_mhz: float
     chosen_mhz: float
     probes: list[Probe]
@@ -68,12 +90,6 @@ class RefineResult:
     @property
     def probe_steps(self) -> int:
         return sum(p.steps for p in self.probes)
-
-    def tags(self) -> dict[str, str]:
-        return {"refine.start_mhz": f"{self.start_mhz:g}", "refine.chosen_mhz": f"{self.chosen_mhz:g}",
-                "refine.probes": ",".join(f"{p.freq_mhz:g}x{p.steps}" for p in self.probes),
-                "refine.probe_steps": str(self.probe_steps), "refine.reason": self.reason,
-                "refine.power_prior": self.prior.to_json() if self.prior is not None else "none"}
 
     def to_csv(self) -> str:
         """refine.csv: the probes as measured, then every clock as predicted (per step), the choice marked."""
@@ -90,6 +106,7 @@ class RefineResult:
         return out.getvalue()
 
     def lines(self) -> list[str]:
+        """The result as "refine: ..." lines for the log: the probes, the clock settled on, the prior used."""
         probes = ", ".join(f"{p.freq_mhz:g} MHz {p.per_step().energy_j:.4g} J/step" for p in self.probes)
         out = [f"refine: probed {probes} ({self.probe_steps} steps)",
                f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
@@ -101,7 +118,18 @@ class RefineResult:
 
 
 def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride: int = FIRST_STRIDE) -> list[float]:
-    """The start clock, then clocks `stride` table steps apart on both sides (filled inward at the table's edges)."""
+    """The first probe clocks: the start, then clocks `stride` table steps apart on both sides, alternating up and down.
+
+    Args:
+        start_mhz: the starting clock (snapped to the nearest of the table).
+        table: the device's clock table.
+        n_clocks: how many clocks are wanted.
+        stride: table steps between neighbouring probes.
+
+    Returns:
+        Up to `n_clocks` distinct clocks of the table, the start first; at the table's edges the missing ones are
+        filled with the unused clocks nearest the start.
+    """
     freqs = sorted(float(f) for f in table)
     i = min(range(len(freqs)), key=lambda k: abs(freqs[k] - start_mhz))
     wanted: list[int] = []
@@ -119,10 +147,21 @@ def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride
 
 
 def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[float], int]:
-    """(the first probe clocks, steps per probe window) for a budget of probe steps; no clocks when it is too small.
+    """The first round of probes for a budget of probe steps.
 
-    At most `budget // steps` windows in all (`ProbePlan.windows`); the first round is the start and
-    its neighbours `FIRST_STRIDE` steps away, the later ones (after a move) are decided by the fit."""
+    A window is `MIN_PROBE_STEPS` steps, or `budget // MAX_PROBE_CLOCKS` where that is more; at most
+    `budget // steps` windows in all (`ProbePlan.windows`). The first round is the start and its
+    neighbours `FIRST_STRIDE` table steps away; the later ones (after a move) are decided by the fit.
+
+    Args:
+        budget: training steps that may be spent probing.
+        start_mhz: the starting clock.
+        table: the device's clock table.
+
+    Returns:
+        (the first round's clocks, at most three; steps per probe window); ([], 0) when the budget (or the table)
+        allows fewer than two windows.
+    """
     per = max(MIN_PROBE_STEPS, budget // MAX_PROBE_CLOCKS)
     windows = min(budget // per, len(table))
     if windows < 2:
@@ -134,12 +173,27 @@ class ProbePlan:
     """The sequential probe design, apart from any session (the benchmark and `Refiner` both drive it).
 
     `next_clock()` says which clock to probe next, or None once settled (`chosen_mhz`); `record()` takes
-    each probe's per-step measurement, in the order asked."""
+    each probe's per-step measurement, in the order asked.
+
+    Args:
+        start_mhz: the starting clock (snapped to the nearest of the table).
+        table: the device's clock table.
+        budget: training steps that may be spent probing (`plan`).
+        voltage_shape: r of the board's voltage curve.
+        noise: (relative time noise, relative power noise) of one probe window.
+        max_steps: the probe steps the job leaves room for (None: no limit beside the budget).
+        prior: the board's power prior (used where the probes carry their GPU utilisation).
+
+    Attributes:
+        chosen_mhz: the clock settled on; None while probing.
+        reason: why it settled there.
+        predicted: the last fit's prediction per step at every clock of the table.
+        prior_used: the prior the last fit leaned on (None: none, or a probe lacked its utilisation).
+        measured: each probed clock's per-step measurement, in the order probed.
+    """
 
     def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
                  noise: tuple[float, float], max_steps: int | None = None, prior: PowerPrior | None = None):
-        """`max_steps`: the probe steps the job leaves room for (None: no limit beside the budget); `prior`: the
-        board's power prior (used where the probes carry their GPU utilisation)."""
         self.table = sorted(float(f) for f in table)
         self.voltage_shape, self.noise, self.prior = voltage_shape, noise, prior
         self.prior_used: PowerPrior | None = None  # the prior the last fit leaned on (None: a probe lacked its utilisation)
@@ -155,6 +209,11 @@ class ProbePlan:
         self.reason = "" if self.queue else "no probes"
 
     def next_clock(self) -> float | None:
+        """The clock to probe next, fitting and deciding once the queued probes are measured.
+
+        Returns:
+            The clock, or None once settled (`chosen_mhz`, `reason`).
+        """
         while self.chosen_mhz is None:
             if self.queue:
                 return self.queue[0]
@@ -162,6 +221,11 @@ class ProbePlan:
         return None
 
     def record(self, m: Measurement) -> None:
+        """Take the per-step measurement of the clock `next_clock()` returned (recorded at that clock).
+
+        Args:
+            m: one training step's time, energy and GPU utilisation at that clock.
+        """
         f = self.queue.pop(0)
         self.measured[f] = dataclasses.replace(m, freq_mhz=f)
 
@@ -202,33 +266,44 @@ class ProbePlan:
 
 
 class Refiner:
-    """Call `on_step(step, loss)` after every charged training step of a session opened at `start_mhz`."""
+    """Probe-and-refine driven from a training loop: call `on_step(step)` after every charged training step.
 
-    def __init__(self, session: Any, budget: int, total_steps: int, *, voltage_shape: float | None = None,
-                 noise: tuple[float, float] | None = None, warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None,
-                 prior: PowerPrior | None = None):
-        """`prior`: the board's power prior (`prior_from_governor`); its ratios were fitted with its own voltage
-        shape and table top, so it is used only on a table with that top, and its shape then replaces the default."""
+    Probing starts from the session's clock (the governor's choice). When the budget or the job is too
+    small to probe, it is done at once (`active` False, `result` says why) and the clock is left as it is.
+
+    Args:
+        session: an entered `FreqSession` that pins a clock of the table (not observing, not maxn).
+        budget: the most training steps spent probing (a ceiling, not a quota).
+        total_steps: the job's training steps; at least one is left for the settled clock.
+        board: the board (its table, voltage shape and per-window noise).
+        prior: the board's power prior (the governor version's, `GovernorRef.power_prior_for(board)`). Its ratios
+            were fitted with its own voltage shape and table top, so it is used only on a table with that top, and
+            its shape then replaces the board's where that is assumed, not known.
+        warmup: steps at the starting clock before the first probe.
+        say: where the "refine: ..." lines go (None: this module's logger at INFO).
+
+    Raises:
+        DvfsError: the session pins no clock (maxn): there is no clock to probe around.
+
+    Attributes:
+        result: the `RefineResult` once settled; None while probing.
+        active: (property) still probing.
+    """
+
+    def __init__(self, session: Any, budget: int, total_steps: int, board: Board, *, prior: PowerPrior | None = None,
+                 warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
+        if session.pinned_mhz is None:
+            raise DvfsError("refine probes around a pinned clock, and this session pins none (maxn or observe); "
+                            "give it a clock of the table")
         self.session = session
-        self.table = sorted(float(f) for f in session.device.frequencies_mhz)
-        self.start_mhz = float(session.freq)
-        if prior is not None and prior.f_max_mhz is not None and abs(prior.f_max_mhz - self.table[-1]) > 0.5:
-            log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
-                     prior.f_max_mhz, self.table[-1])
-            prior = None
-        if prior is not None and prior.voltage_shape is not None and voltage_shape is not None and abs(voltage_shape - prior.voltage_shape) > 1e-9:
-            log.info("refine: the power prior was fitted with voltage shape %g, this fit is asked for %g; not used",
-                     prior.voltage_shape, voltage_shape)
-            prior = None
-        self.prior = prior
-        if voltage_shape is None and prior is not None and prior.voltage_shape is not None:
-            voltage_shape = prior.voltage_shape
-        self.voltage_shape = voltage_shape_for(session.device) if voltage_shape is None else voltage_shape
-        self.noise = noise_for(session.device) if noise is None else noise
+        self.table = sorted(float(f) for f in board.frequencies_mhz)
+        self.start_mhz = float(session.pinned_mhz)
+        self.prior, self.voltage_shape = _usable_prior(prior, board)
+        self.noise = board.noise()
         self.warmup = warmup
         self.say = say or log.info
         self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
-                              max_steps=max(total_steps - warmup - 1, 0), prior=prior)  # at least one step left at the settled clock
+                              max_steps=max(total_steps - warmup - 1, 0), prior=self.prior)  # at least one step left at the settled clock
         self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
         self.per_probe = per = self.plan.per_probe
         self.result: RefineResult | None = None
@@ -252,6 +327,19 @@ class Refiner:
         self.session.begin_window(f"probe@{clock:g}")
 
     def on_step(self, step: int, loss: float | None = None) -> None:
+        """Advance probing by one finished training step: open, close and read probe windows, repin, settle.
+
+        The first probe window opens once `warmup` steps have run; each closes after its steps, and the
+        plan then names the next clock or settles, pinning the chosen clock for the rest of the job and
+        saying the result. A no-op once settled.
+
+        Args:
+            step: the 0-based index of the step that just finished.
+            loss: the step's loss (not used).
+
+        Raises:
+            DvfsError: the session cannot move its clock (an observing session).
+        """
         if self._done:
             return
         if self._clock is None:
@@ -287,18 +375,18 @@ class Refiner:
             self.say(line)
 
 
-def prior_from_governor(meta: dict[str, Any], device_profile: str) -> PowerPrior | None:
-    """The power prior a governor version carries (tag `power_prior`), where it was trained on this device
-    profile's sweep; None otherwise (another board's power curves say nothing about this one's)."""
-    tags = meta.get("tags") or {}
-    text = tags.get(PRIOR_TAG)
-    if not text:
-        return None
-    if tags.get("device_profile") != device_profile:
-        log.info("refine: governor's power prior is of %s, this device is %s; not used", tags.get("device_profile"), device_profile)
-        return None
-    try:
-        return PowerPrior.from_json(text)
-    except DvfsError as e:
-        log.warning("refine: the governor's %s tag is unreadable (%s); refining without it", PRIOR_TAG, e)
-        return None
+def _usable_prior(prior: PowerPrior | None, board: Board) -> tuple[PowerPrior | None, float]:
+    """(the prior, if it belongs to this board; the voltage shape the fits use)."""
+    if prior is None:
+        return None, board.voltage_shape
+    if prior.f_max_mhz is not None and abs(prior.f_max_mhz - board.f_max_mhz) > 0.5:
+        log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
+                 prior.f_max_mhz, board.f_max_mhz)
+        return None, board.voltage_shape
+    if prior.voltage_shape is None:
+        return prior, board.voltage_shape
+    if board.voltage_shape_known and abs(prior.voltage_shape - board.voltage_shape) > 1e-9:
+        log.info("refine: the power prior was fitted with voltage shape %g, this board's is %g; not used",
+                 prior.voltage_shape, board.voltage_shape)
+        return None, board.voltage_shape
+    return prior, prior.voltage_shape

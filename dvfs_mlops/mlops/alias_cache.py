@@ -1,7 +1,7 @@
 """A resolved governor, remembered between decisions while its SQLite store has not been written.
 
-Importing MLflow and opening its SQLAlchemy store is most of a decision's time (about 2.4 s of a
-2.7 s `finetune --dry-run` on a 2-core VM; `python -m benchmarks decision`). What
+Importing MLflow and opening its SQLAlchemy store is most of a decision's time (`python -m benchmarks
+decision` measures it). What
 `models:/name@alias` resolves to can change only when the store is written, and for a `sqlite:///`
 store a write is visible from the file system. So the launcher keeps what its last resolution found
 (version, alias, tags, policy.json) with a stamp of the database files (size, mtime_ns, inode and

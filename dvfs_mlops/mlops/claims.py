@@ -6,8 +6,8 @@ MLflow's REST API has no compare-and-set, so a claim lives in what the fleet alr
   PostgreSQL runs under the row's lock: of two workers only one gets the row back.
 - `FileClaims` (a `sqlite:///` or file tracking store: workers on one machine): a JSON table beside the store,
   read and written under an exclusive `flock`.
-- `NoClaims` (an http(s) tracking server and no claims URI): every claim succeeds, which is the behaviour before
-  claims existed; safe only for workers given disjoint sweeps (logged once).
+- `NoClaims` (an http(s) tracking server and no claims URI): every claim succeeds, so nothing keeps two workers
+  off one point; safe only for workers given disjoint sweeps (logged once).
 
 A claim is a lease: it expires `ttl_s` after its last renewal. The worker renews it from a heartbeat thread while
 the point runs, so only a worker that died (or lost its network for a whole TTL) loses it; another worker then

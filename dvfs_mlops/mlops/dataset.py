@@ -7,8 +7,9 @@ import math
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.mlops import tracking
-from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves, power_noise
+from dvfs_mlops.hw.board import Board
+from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves
 from dvfs_mlops.model.workload import WorkloadFeatures
 
 log = logging.getLogger(__name__)
@@ -20,11 +21,11 @@ def _num(v: Any) -> float:
 
 def unheld_points(df: Any) -> list[str]:
     """Point keys of pinned runs whose measured clock did not hold (tag dvfs.clock_held=false)."""
-    col = f"tags.{tracking.TAG_CLOCK_HELD}"
+    col = f"tags.{schema.TAG_CLOCK_HELD}"
     if col not in df:
         return []
     bad = df[df[col] == "false"]
-    key_col = f"tags.{tracking.TAG_POINT}"
+    key_col = f"tags.{schema.TAG_POINT}"
     return sorted(str(k) for k in (bad[key_col] if key_col in bad else bad["run_id"]))
 
 
@@ -60,18 +61,21 @@ def _maxn_mean(m: Any, column: str) -> float | None:
 
 def _adaptive(g: Any) -> bool:
     """An adaptive sweep's workload (sweep/adaptive.py): its unmeasured clocks are left to the curve model."""
-    return "tags.dvfs.strategy" in g and bool((g["tags.dvfs.strategy"] == "adaptive").all())
+    col = f"tags.{schema.TAG_STRATEGY}"
+    return col in g and bool((g[col] == "adaptive").all())
 
 
-def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True) -> GovernorDataset:
-    """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset.
+def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True,
+                       board: Board | None = None) -> GovernorDataset:
+    """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset, on the sweep's `board` (its record;
+    None: a board nothing is known of).
 
     Partial sweeps are valid: a workload needs maxn (its gpu_util_pct and the slowdown reference) and at least
     one pinned clock; clocks it lacks are simply not among its choices. Unusable workloads are named."""
     if not len(df):
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
-    named = f"tags.{tracking.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
+    named = f"tags.{schema.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
     df["_workload"] = df["params.model"] + "/" + df["params.task"]
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
@@ -113,7 +117,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
                                     dict(util)))
     repeats = int(pinned.groupby(["_workload", "params.freq_mhz"]).size().median()) if len(pinned) else 1
     if gaps:
-        shape = fill_from_curves(measured, freqs, gaps, power_noise(device_profile, repeats))
+        shape = fill_from_curves(measured, freqs, gaps, board, repeats)
         log.info("sweep %s: %d adaptive workload(s) filled from their curve fits (voltage shape %.2f, fitted across the sweep)",
                  sweep_id or "?", len(gaps), shape)
     if missing:
@@ -124,7 +128,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     if partial:
         log.info("sweep %s: %d workload(s) measured only some clocks; policies are judged among the clocks each has",
                  sweep_id or "?", len(partial))
-    return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated, repeats)
+    return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated, repeats, board)
 
 
 def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep", *, sweeps_filter: str = "",
@@ -160,14 +164,29 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-swee
     label = ids[0] if len(ids) == 1 else ",".join(ids)
     profiles = sorted({str(p) for p in df["params.device_profile"].dropna()})
     if len(profiles) > 1 and not mix_profiles:
-        by = {p: sorted(set(df[df["params.device_profile"] == p][f"tags.{tracking.TAG_SWEEP}"])) for p in profiles}
+        by = {p: sorted(set(df[df["params.device_profile"] == p][f"tags.{schema.TAG_SWEEP}"])) for p in profiles}
         shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
         raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
                         "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
     if len(ids) > 1:
         _check_comparable(df)
-    simulated = bool((df[f"tags.{tracking.TAG_SIMULATED}"].astype(str) == "true").all())
-    return dataset_from_frame(df, label, "+".join(profiles), simulated)
+    simulated = bool((df[f"tags.{schema.TAG_SIMULATED}"].astype(str) == "true").all())
+    return dataset_from_frame(df, label, "+".join(profiles), simulated, _one_board(c, [exp.experiment_id], ids, df))
+
+
+def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any) -> Board:
+    """The board of the sweeps: their common record, or, where a fleet's sweeps ran on boards whose curves or noise
+    differ, an assumed board on their clocks (each fit then estimates its own)."""
+    from dvfs_mlops.hw.board import legacy_board
+    from dvfs_mlops.mlops.queries import sweep_board
+
+    sweep_col = df[f"tags.{schema.TAG_SWEEP}"]
+    boards = [sweep_board(c, experiment_ids, sid, df[sweep_col == sid]) for sid in sweep_ids]
+    same = {(b.frequencies_mhz, b.voltage_shape, b.voltage_shape_known, b.noise_time, b.noise_power) for b in boards}
+    if len(same) == 1:
+        return boards[0]
+    clocks = sorted({float(f) for f in df["params.freq_mhz"] if f != "maxn"})
+    return legacy_board("+".join(sorted({b.profile for b in boards})), clocks)
 
 
 def _check_comparable(df: Any) -> None:
@@ -177,6 +196,6 @@ def _check_comparable(df: Any) -> None:
     for workload, g in df.groupby(names):
         differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
         if differ:
-            sweeps = ", ".join(sorted(set(g[f"tags.{tracking.TAG_SWEEP}"])))
+            sweeps = ", ".join(sorted(set(g[f"tags.{schema.TAG_SWEEP}"])))
             raise DvfsError(f"workload {workload} was measured with different {', '.join(differ)} by sweeps {sweeps}; "
                             "their energies are not comparable: train on sweeps of the same job definition")

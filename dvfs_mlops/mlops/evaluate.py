@@ -21,8 +21,9 @@ import numpy as np
 from dvfs_mlops import settings
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
-from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.mlops.governor import Governor
 from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective, parse_objective
 from dvfs_mlops.model.governor.policies import (
@@ -36,31 +37,25 @@ from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
 
 logger = logging.getLogger(__name__)
 
-EVALUATE_EXPERIMENT = "dvfs-evaluate"
 BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
 
 
 @dataclasses.dataclass
-class PyfuncPolicy:
-    """A registered governor (any models:/ URI) as a policy."""
+class GovernorPolicy:
+    """A registered governor (any models:/ URI, `load_governor`) as a policy."""
 
-    model: Any
-    meta: dict[str, Any]
+    governor: Governor
     name: str
-
-    objective: str | None = None  # passed to a curve governor; a classifier (or an older version) decides for its own
+    objective: str | None = None  # passed to a curve governor; one that refuses it (a classifier) decides for its own
 
     def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
-        from dvfs_mlops.mlops.registry import input_frame
-
-        row = input_frame(self.model, [features.as_row() if hasattr(features, "as_row") else dict(features)])
-        params: dict[str, Any] = {"frequencies": list(frequencies or [])}
+        table = list(frequencies or [])
         if self.objective:
             try:
-                return float(self.model.predict(row, params={**params, "objective": self.objective})["freq_mhz"].iloc[0])
-            except Exception as e:  # noqa: BLE001 - a classifier trained for one objective refuses another
+                return self.governor.decide(features, table, self.objective)[0]
+            except DvfsError as e:  # a classifier trained for one objective refuses another
                 logger.debug("%s decides for its own objective, not %s: %s", self.name, self.objective, e)
-        return float(self.model.predict(row, params=params)["freq_mhz"].iloc[0])
+        return self.governor.decide(features, table)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +183,7 @@ def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySum
 
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
-    from dvfs_mlops.mlops.registry import resolve
+    from dvfs_mlops.mlops.governor import load_governor
 
     policies: dict[str, Any] = {}
     for name in names:
@@ -205,14 +200,14 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
             policies[name] = paper_tree()
         elif name == "production" or name.startswith("models:/"):
             try:
-                model, meta = resolve(None if name == "production" else name)
+                governor = load_governor(None if name == "production" else name)
             except DvfsError as e:
                 if name == "production":
                     say(f"skipping 'production': {e}")
                     continue
                 raise
-            label = name if name != "production" else f"production (v{meta['version']})"
-            policies[label] = PyfuncPolicy(model, meta, label, objective.name)
+            label = name if name != "production" else f"production (v{governor.ref.version})"
+            policies[label] = GovernorPolicy(governor, label, objective.name)
         else:
             raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
     return policies
@@ -237,7 +232,7 @@ def format_table(report: EvalReport) -> str:
                  + (", expected = against the expected oracle" if expected else "")
                  + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
     if report.run_id:
-        lines.append(f"logged run {report.run_id} in {EVALUATE_EXPERIMENT}")
+        lines.append(f"logged run {report.run_id} in {schema.EVALUATE_EXPERIMENT}")
     return "\n".join(lines)
 
 
@@ -275,13 +270,13 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", 
         import pandas as pd
 
         c = tracking.client()
-        tags = {tracking.TAG_SWEEP: report.sweep_id, tracking.TAG_SIMULATED: str(report.simulated).lower()}
+        tags = {schema.TAG_SWEEP: report.sweep_id, schema.TAG_SIMULATED: str(report.simulated).lower()}
         env_run = settings.mlflow_run_id()  # under `mlflow run . -e evaluate`
         if env_run:
             run = c.get_run(env_run)
             tracking.log_run_batch(c, env_run, tags=tags)
         else:
-            run = c.create_run(tracking.experiment_id(c, EVALUATE_EXPERIMENT), run_name=f"evaluate {report.sweep_id} {split}", tags=tags)
+            run = c.create_run(tracking.experiment_id(c, schema.EVALUATE_EXPERIMENT), run_name=f"evaluate {report.sweep_id} {split}", tags=tags)
         metrics = {}
         for s in report.summaries:
             key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")

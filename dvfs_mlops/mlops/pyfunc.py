@@ -34,7 +34,7 @@ def signature(default_objective: str = "energy") -> Any:
 
     inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
                      ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct"),
-                     # later columns, optional: a caller from before them is a full fine-tune in fp32 (policy_tree.feature_value)
+                     # optional columns: a row without them is a full fine-tune in fp32 (policy_tree.feature_value)
                      ColSpec("long", "trainable_params", required=False), ColSpec("string", "precision", required=False)])
     outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
     params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),

@@ -1,29 +1,59 @@
-"""What one metered session logs to MLflow: metrics, tags and params, the same for every command.
+"""What a run logs, built in one place: a metered job's params, metrics, tags and power series (`RunRecord`).
 
-The sweep, the launcher and the Trainer callback all log a session through these functions, so
-`energy_j` (training steps only), `clock_mhz_measured`, `clock_held` and the flags mean the same
-thing in every run.
+A sweep point and `dvfs-mlops finetune` log a job through `job_record`, and `DvfsCallback` logs its session through
+`callback_record`, so `energy_j` (the training steps only), `clock_mhz_measured`, `clock_held` and the flags mean the
+same thing in every run. The callers add only what is theirs: a point its sweep's tags, a fine-tune its governor's.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
+from dvfs_mlops.hw.board import Board
 from dvfs_mlops.hw.meter import EnergyReport
-from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops import schema
 
+POWER_SERIES_MAX_POINTS = 1000
 # Backend observations (FreqSession.context) that are numbers: logged as metrics.
 _CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "emc_mhz", "nvpmodel_gpu_max_mhz", "gpu_temp_c_max")
 # ... and text: logged as params.
 _CONTEXT_PARAMS = ("nvpmodel_mode",)
+# The callback logs into the user's own run: a few report metrics, prefixed (`dvfs_energy_j`, ...).
+_CALLBACK_METRICS = {"energy_j": "dvfs_energy_j", "energy_total_j": "dvfs_energy_total_j", "avg_power_w": "dvfs_avg_power_w",
+                     "peak_power_w": "dvfs_peak_power_w", "time_s": "dvfs_time_s", "gpu_util_pct": "dvfs_gpu_util_pct",
+                     "clock_mhz_measured": "dvfs_clock_mhz_measured", "clock_held": "dvfs_clock_held",
+                     "samples_failed": "dvfs_samples_failed"}
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """Everything one run logs (`tracking.log_run_batch` writes it in as few requests as MLflow allows)."""
+
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    series: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+    def plus(self, *, params: Mapping[str, Any] = {}, metrics: Mapping[str, float | None] = {},
+             tags: Mapping[str, str] = {}) -> RunRecord:
+        """This record with more params, metrics and tags (a caller's own)."""
+        return RunRecord({**self.params, **params}, {**self.metrics, **metrics}, {**self.tags, **tags}, dict(self.series))
+
+    def log(self, client: Any, run_id: str) -> None:
+        """Write the record to run `run_id`."""
+        from dvfs_mlops.mlops import tracking
+
+        tracking.log_run_batch(client, run_id, params=self.params, metrics=self.metrics, tags=self.tags, series=self.series)
 
 
 def report_metrics(report: EnergyReport) -> dict[str, float | None]:
-    """The training window's energy, time, power, utilisation and the verified clock."""
-    t = report.duration_s
+    """The training window's energy, time, power, utilisation and the verified clock (None values are not logged)."""
     return {
         "energy_j": report.energy_j, "energy_gpu_j": report.energy_gpu_j, "energy_cpu_j": report.energy_cpu_j,
         "energy_total_j": report.energy_total_j, "avg_power_w": report.avg_power_w, "peak_power_w": report.peak_power_w,
-        "time_s": t, "gpu_util_pct": report.gpu_util_pct, "clock_mhz_measured": report.clock_mhz_measured,
+        "time_s": report.duration_s, "gpu_util_pct": report.gpu_util_pct, "clock_mhz_measured": report.clock_mhz_measured,
         "clock_held": None if report.clock_held is None else float(report.clock_held),
         "samples_failed": float(report.samples_failed),
         # the twin's noise-free values (None, so not logged, on real backends)
@@ -32,7 +62,7 @@ def report_metrics(report: EnergyReport) -> dict[str, float | None]:
 
 
 def session_metrics(session: Any) -> dict[str, float | None]:
-    """Evaluation and whole-session energy beside the training window, and numeric observations."""
+    """Evaluation and whole-session energy beside the training window, and the backend's numeric observations."""
     out: dict[str, float | None] = {}
     evaluation = session.windows.get("eval")
     if evaluation is not None:
@@ -48,37 +78,108 @@ def session_metrics(session: Any) -> dict[str, float | None]:
     return out
 
 
-def session_tags(session: Any, report: EnergyReport) -> dict[str, str]:
-    """Flags a reader must see: clock held or not, observe mode, a degraded meter, above the mode cap."""
-    tags: dict[str, str] = {tracking.TAG_DEVICE_ID: str(getattr(session.device, "device_id", ""))}
+def session_tags(session: Any, report: EnergyReport, board: Board) -> dict[str, str]:
+    """Which board, and the flags a reader must see: clock held or not, observe mode, a degraded meter, above the
+    nvpmodel mode's cap."""
+    tags: dict[str, str] = {schema.TAG_DEVICE_ID: board.device_id}
     if report.clock_held is not None:
-        tags[tracking.TAG_CLOCK_HELD] = str(report.clock_held).lower()
+        tags[schema.TAG_CLOCK_HELD] = str(report.clock_held).lower()
     if session.observe:
-        tags[tracking.TAG_OBSERVE] = "true"
+        tags[schema.TAG_OBSERVE] = "true"
     if report.meter_degraded:
-        tags[tracking.TAG_METER_DEGRADED] = "true"
+        tags[schema.TAG_METER_DEGRADED] = "true"
     if session.context.get("above_mode_cap"):
-        tags[tracking.TAG_ABOVE_MODE_CAP] = "true"
+        tags[schema.TAG_ABOVE_MODE_CAP] = "true"
     return tags
 
 
 def session_params(session: Any) -> dict[str, str]:
+    """The backend's text observations (nvpmodel mode) and, on hardware, the GPU's index."""
     device = session.device
     params = {k: str(session.context[k]) for k in _CONTEXT_PARAMS if k in session.context}
-    if device.name == "nvml" or device.name == "jetson":
+    if device.name in ("nvml", "jetson"):
         params["device_index"] = str(getattr(device, "index", 0))
     return params
 
 
-def point_metrics(report: EnergyReport, result: Any, effective_mhz: float | None,
-                  session: Any = None) -> dict[str, float | None]:
-    """A point's metrics (sweep and launcher alike): the training window (energy_j, time_s, ...), eval
-    apart, the verified clock. `result` is a `finetune.FinetuneResult`."""
+def downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> list[float]:
+    """At most `n` evenly spaced samples of a series (MLflow logs each as one metric step)."""
+    if len(series) <= n:
+        return list(series)
+    step = len(series) / n
+    return [series[int(i * step)] for i in range(n)]
+
+
+def job_record(job: Any, board: Board, session: Any, result: Any, freq: FreqRequest, *, profiled: bool = False) -> RunRecord:
+    """A metered job's run: the workload and its training (params), the training window and the session around it
+    (metrics), which board and what the meter saw (tags), and the power series.
+
+    Args:
+        job: the `job.run.Job` that ran.
+        board: the board it ran on.
+        session: its `FreqSession`, exited.
+        result: its `FinetuneResult`.
+        freq: the clock it ran at (the settled one after refine) or "maxn".
+        profiled: a profile-only job (the twin): `steps` is 0 and `profile_steps` the steps charged.
+
+    Returns:
+        The `RunRecord`.
+    """
+    f, cfg, report = job.workload.features, job.config, session.report()
+    task = job.workload.task
+    params = {
+        "model": job.workload.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
+        "num_params": f.num_params, "task": task.name, "avg_seq_len": round(f.avg_seq_len, 3), "freq_mhz": freq_label(freq),
+        "device": board.backend, "device_profile": board.profile, "batch_size": cfg.batch_size,
+        "steps": 0 if profiled else result.steps, "seed": cfg.seed, "split": task.split, "data_source": job.workload.data_source,
+        "precision": cfg.precision, "trainable_params": f.trainable_params, **cfg.peft.params(),
+        **({"profile_steps": result.steps} if profiled else {}), "torch_device": job.torch_device, **session_params(session),
+    }
+    return RunRecord(params, point_metrics(report, result, _clock_ran(session, freq), session),
+                     session_tags(session, report, board), {"power_w": downsample(report.power_series_w)})
+
+
+def _clock_ran(session: Any, freq: FreqRequest) -> float | None:
+    """The clock the job ran at: None when observing; the twin's own (maxn settles somewhere), else the pin."""
+    if session.observe:
+        return None
+    return getattr(session, "effective_mhz", None) or (None if freq == MAXN else float(freq))
+
+
+def point_metrics(report: EnergyReport, result: Any, clock_mhz: float | None, session: Any = None) -> dict[str, float | None]:
+    """A job's metrics: the training window (energy_j, time_s, ...), the evaluation, throughput, the clock it ran at
+    (`clock_mhz`), and the session around it."""
     t = report.duration_s
     samples = result.train_samples
     return {
         **report_metrics(report), result.eval_metric: result.eval_value, **getattr(result, "extra_metrics", {}),
         "samples_per_s": samples / t if t > 0 else None, "energy_per_sample_j": report.energy_j / samples if samples else None,
-        "wall_time_s": result.wall_time_s, "clock_mhz": effective_mhz,
+        "wall_time_s": result.wall_time_s, "clock_mhz": clock_mhz,
         **(session_metrics(session) if session is not None else {}),
     }
+
+
+def refine_tags(refined: Any) -> dict[str, str]:
+    """Probe-and-refine's tags (`refine.*`): where it started and settled, the probes, why, and the prior it used."""
+    p = schema.REFINE_PREFIX
+    return {f"{p}start_mhz": f"{refined.start_mhz:g}", f"{p}chosen_mhz": f"{refined.chosen_mhz:g}",
+            f"{p}probes": ",".join(f"{q.freq_mhz:g}x{q.steps}" for q in refined.probes),
+            f"{p}probe_steps": str(refined.probe_steps), f"{p}reason": refined.reason,
+            f"{p}power_prior": refined.prior.to_json() if refined.prior is not None else "none"}
+
+
+def callback_record(session: Any, report: EnergyReport, board: Board, decision: Mapping[str, Any], features: Any,
+                    precision: str, refined: Any = None) -> RunRecord:
+    """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board."""
+    reported = report_metrics(report)
+    metrics = {name: reported[key] for key, name in _CALLBACK_METRICS.items()}
+    g = decision.get("governor", {})
+    tags = {schema.TAG_CALLBACK_FREQ: str(decision.get("freq")), schema.TAG_DECISION_PATH: str(decision.get("path")),
+            schema.TAG_GOVERNOR_URI: str(g.get("uri")), schema.TAG_GOVERNOR_VERSION: str(g.get("version") or ""),
+            schema.TAG_SIMULATED: str(report.simulated).lower(), schema.TAG_CALLBACK_PRECISION: precision}
+    if features is not None:
+        tags[schema.TAG_CALLBACK_TRAINABLE] = str(features.trainable_params)
+    tags.update(session_tags(session, report, board))
+    if refined is not None:
+        tags.update({**refine_tags(refined), schema.TAG_CALLBACK_FREQ: f"{refined.chosen_mhz:g}"})
+    return RunRecord(metrics=metrics, tags=tags)

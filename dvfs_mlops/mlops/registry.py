@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops import schema, tracking
 
 log = logging.getLogger(__name__)
 
-GOVERNOR_EXPERIMENT = "dvfs-governor"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +57,12 @@ def _client() -> Any:
     return tracking.check_reachable()
 
 
-def _version(c: Any, name: str, version: str | int) -> Any:
+def get_version(c: Any, name: str, version: str | int) -> Any:
+    """A version of the registered model by number, or "latest".
+
+    Raises:
+        DvfsError: no such version (the message lists the ones there are).
+    """
     if str(version) == "latest":
         versions = c.search_model_versions(f"name='{name}'")
         if not versions:
@@ -72,7 +76,8 @@ def _version(c: Any, name: str, version: str | int) -> Any:
         raise DvfsError(f"{name} has no version {version}; versions: {shown}") from None
 
 
-def _alias_version(c: Any, name: str, alias: str) -> Any | None:
+def alias_version(c: Any, name: str, alias: str) -> Any | None:
+    """The version that holds `alias`, None when none does (or the model does not exist)."""
     try:
         return c.get_model_version_by_alias(name, alias)
     except Exception:  # noqa: BLE001 - no such alias (or model)
@@ -107,7 +112,7 @@ def list_versions(config: RegistryConfig | None = None) -> list[dict[str, Any]]:
 def show_version(version: str | int, config: RegistryConfig | None = None) -> dict[str, Any]:
     cfg = config or load_config()
     c = _client()
-    return describe(c, _version(c, cfg.name, version))
+    return describe(c, get_version(c, cfg.name, version))
 
 
 @dataclasses.dataclass
@@ -119,8 +124,8 @@ class GateResult:
 
 def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]:
     cand = version_metrics(c, candidate)
-    baseline = candidate.tags.get("dvfs.baseline") == "true"
-    prod = _alias_version(c, cfg.name, cfg.production)
+    baseline = candidate.tags.get(schema.TAG_BASELINE) == "true"
+    prod = alias_version(c, cfg.name, cfg.production)
     prod_m = version_metrics(c, prod) if prod is not None and prod.version != candidate.version else None
     out = []
     for gate in cfg.gates:
@@ -179,7 +184,7 @@ def promote(version: str | int, force: bool = False, config: RegistryConfig | No
     """Gate, then move `production` to VERSION and the old production to `previous`."""
     cfg = config or load_config()
     c = _client()
-    cand = _version(c, cfg.name, version)
+    cand = get_version(c, cfg.name, version)
     results = check_gates(c, cfg, cand)
     for r in results:
         mark = {True: "pass", False: "FAIL", None: "n/a "}[r.passed]
@@ -188,7 +193,7 @@ def promote(version: str | int, force: bool = False, config: RegistryConfig | No
     if failed and not force:
         raise DvfsError(f"version {version} failed gate(s) {', '.join(r.name for r in failed)} "
                         f"({'; '.join(r.detail for r in failed)}); fix it or pass --force")
-    old = _alias_version(c, cfg.name, cfg.production)
+    old = alias_version(c, cfg.name, cfg.production)
     if old is not None and old.version == cand.version:
         say(f"{cfg.name} v{cand.version} is already {cfg.production}; nothing changed")
         return results
@@ -201,8 +206,8 @@ def promote(version: str | int, force: bool = False, config: RegistryConfig | No
 def rollback(config: RegistryConfig | None = None, say: Callable[[str], None] = log.info) -> None:
     cfg = config or load_config()
     c = _client()
-    prev = _alias_version(c, cfg.name, cfg.previous)
-    prod = _alias_version(c, cfg.name, cfg.production)
+    prev = alias_version(c, cfg.name, cfg.previous)
+    prod = alias_version(c, cfg.name, cfg.production)
     if prev is None:
         raise DvfsError(f"{cfg.name} has no '{cfg.previous}' version to roll back to (promote one first)")
     _set_production(c, cfg, prev, prod)
@@ -210,7 +215,7 @@ def rollback(config: RegistryConfig | None = None, say: Callable[[str], None] = 
 
 
 def governor_experiment(c: Any) -> str:
-    return tracking.experiment_id(c, GOVERNOR_EXPERIMENT)
+    return tracking.experiment_id(c, schema.GOVERNOR_EXPERIMENT)
 
 
 def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] = log.info) -> int:
@@ -224,8 +229,9 @@ def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] =
     c = _client()
     exp = governor_experiment(c)
     policy = paper_tree().policy
-    tags = {"dvfs.baseline": "true", "objective": policy.get("objective", "energy"), "device_profile": policy.get("device_profile", ""),
-            "sweep_id": "", "n_workloads": "published", "source": "paper-mlg"}
+    tags = {schema.TAG_BASELINE: "true", schema.TAG_OBJECTIVE: policy.get("objective", "energy"),
+            schema.TAG_VERSION_PROFILE: policy.get("device_profile", ""), schema.TAG_VERSION_SWEEP: "", schema.TAG_N_WORKLOADS: "published",
+            schema.TAG_SOURCE: "paper-mlg"}
     with mlflow.start_run(experiment_id=exp, run_name="bootstrap paper-mlg") as run:
         mlflow.set_tags(tags)
         info = log_governor(policy, registered_name=cfg.name)
@@ -235,48 +241,3 @@ def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] =
     say(f"registered the published tree as {cfg.name} v{version} (run {run.info.run_id}); "
         f"promote it with: dvfs-mlops registry promote {version}")
     return version
-
-
-def resolve(uri: str | None = None, config: RegistryConfig | None = None) -> tuple[Any, dict[str, Any]]:
-    """Load a governor (default models:/<name>@production): (pyfunc model, {name, version, alias, uri, tags})."""
-    import mlflow
-
-    cfg = config or load_config()
-    c = _client()
-    target = uri or f"models:/{cfg.name}@{cfg.production}"
-    meta: dict[str, Any] = {"uri": target, "name": None, "version": None, "alias": None, "tags": {}}
-    if target.startswith("models:/"):
-        rest = target[len("models:/"):]
-        name, _, ref = rest.partition("@") if "@" in rest else (rest.partition("/")[0], "", rest.partition("/")[2])
-        meta["name"] = name
-        if "@" in rest:
-            mv = _alias_version(c, name, ref)
-            if mv is None:
-                hint = ("register one with `dvfs-mlops train` (or `dvfs-mlops registry bootstrap` for the published tree), "
-                        "then `dvfs-mlops registry promote VERSION`")
-                raise DvfsError(f"no {name} version has alias '{ref}'; {hint}")
-            meta["alias"] = ref
-        else:
-            mv = _version(c, name, ref)
-        meta["version"] = int(mv.version)
-        meta["tags"] = dict(mv.tags)
-    try:
-        model = mlflow.pyfunc.load_model(target)
-    except Exception as e:  # noqa: BLE001
-        raise DvfsError(f"cannot load governor {target}: {str(e).splitlines()[0][:200]}") from None
-    return model, meta
-
-
-def input_frame(model: Any, rows: list[dict[str, Any]]) -> Any:
-    """The rows as the governor's input, with only the columns its signature declares: a version registered before
-    `trainable_params` and `precision` existed would otherwise make MLflow warn about the extra inputs on every call
-    (it ignores them either way). A model without a signature (our PolicyModel) gets every column."""
-    import pandas as pd
-
-    frame = pd.DataFrame(rows)
-    try:
-        schema = model.metadata.get_input_schema()
-        names = schema.input_names() if schema is not None else None
-    except AttributeError:
-        names = None
-    return frame[[c for c in frame.columns if c in names]] if names else frame

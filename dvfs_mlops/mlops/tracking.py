@@ -17,21 +17,6 @@ from typing import Any
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
 
-TAG_WORKLOAD = "dvfs.workload"
-TAG_POINT = "dvfs.point"
-TAG_SWEEP = "dvfs.sweep_id"
-TAG_SIMULATED = "dvfs.simulated"
-TAG_REPLAY = "dvfs.sim_replay"
-TAG_PROFILE_ONLY = "dvfs.profile_only"
-TAG_PARENT = "mlflow.parentRunId"
-TAG_DEVICE_ID = "dvfs.device_id"  # which board: the Jetson's serial, the NVML GPU's UUID, the host on the twin; --device-id
-TAG_CLAIM_LOST = "dvfs.claim_lost"  # "true": a point's run whose claim another worker took over (dvfs_mlops/mlops/claims.py)
-TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin
-TAG_OBSERVE = "dvfs.observe"  # "true": metered only, nothing written to the clocks
-TAG_METER_DEGRADED = "dvfs.meter_degraded"  # "true": more than 1 % of power samples failed
-TAG_ABOVE_MODE_CAP = "dvfs.above_mode_cap"  # "true": pinned above the nvpmodel mode's GPU cap
-
-
 # MLflow error codes of a store that failed to answer (a 5xx, a restarting database), not of a refused request.
 TRANSIENT_ERROR_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED",
                                    "ABORTED", "IO_ERROR"})

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops import settings
-from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
@@ -26,62 +26,105 @@ class TrainOutcome:
     model_uri: str
 
 
-def train_governor(sweep_id: str | None = None, experiment: str = "dvfs-sweep", objective: str = "energy", trials: int = 60,
-                   seed: int = 0, register: bool = True, say: Callable[[str], None] = log.info, storage: str | None = None,
-                   study_name: str | None = None, cv_split: str = "auto", outer_trials: int | None = None, sweeps_filter: str = "",
-                   mix_profiles: bool = False) -> TrainOutcome:
-    """`sweep_id`: one id or "a,b,..." (a fleet's sweeps, one dataset); `sweeps_filter`: every sweep whose points match."""
+@dataclasses.dataclass(frozen=True)
+class TrainRequest:
+    """What `dvfs-mlops train` is asked.
+
+    Attributes:
+        sweep_id: one sweep id or "a,b,..." (a fleet's sweeps, one dataset); '' the experiment's latest.
+        sweeps_filter: instead, every sweep with FINISHED points matching this MLflow filter.
+        mix_profiles: allow sweeps of different device profiles in one dataset.
+        experiment: where the sweeps' runs are.
+        objective: energy, edp or max-slowdown:X.
+        trials: Optuna trials of the selection study; `outer_trials` those of each nested fold (default `trials`).
+        seed: the search's seed.
+        register: register the model as a new version of the registry's model.
+        storage: the Optuna storage URL ('' SQLite beside a SQLite tracking store, else ./optuna.db).
+        study_name: join this study ('' a fresh one).
+        cv_split: auto, workload, task or model.
+    """
+
+    sweep_id: str = ""
+    sweeps_filter: str = ""
+    mix_profiles: bool = False
+    experiment: str = schema.SWEEP_EXPERIMENT
+    objective: str = "energy"
+    trials: int = 60
+    outer_trials: int | None = None
+    seed: int = 0
+    register: bool = True
+    storage: str = ""
+    study_name: str = ""
+    cv_split: str = "auto"
+
+
+def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info) -> TrainOutcome:
+    """Train a governor on a sweep (or a fleet's sweeps), log it as a pyfunc and register it as a new version.
+
+    Args:
+        request: what to train on and how (`TrainRequest`).
+        say: where progress lines go.
+
+    Returns:
+        The `TrainOutcome`: the search's result, the run, the new version (None with `register=False`), the model URI.
+
+    Raises:
+        DvfsError: no such sweep or experiment, unusable workloads, too few training workloads, an unknown objective.
+    """
     import mlflow
 
     from dvfs_mlops.mlops.pyfunc import log_governor
-    from dvfs_mlops.mlops.registry import GOVERNOR_EXPERIMENT, load_config
+    from dvfs_mlops.mlops.registry import load_config
 
-    obj = parse_objective(objective)
-    dataset = load_sweep_dataset(sweep_id, experiment, sweeps_filter=sweeps_filter, mix_profiles=mix_profiles)
+    r = request
+    obj = parse_objective(r.objective)
+    dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles)
     c = tracking.client()
     cfg = load_config()
     env_run = settings.mlflow_run_id()
-    exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, GOVERNOR_EXPERIMENT)
+    exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, schema.GOVERNOR_EXPERIMENT)
     label = " (SIMULATED sweep)" if dataset.simulated else ""
     n_sweeps = len(dataset.sweep_id.split(","))
     say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
-        f"{len(dataset.frequencies)} clocks, objective {obj.name}, {trials} trials")
+        f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")
     with mlflow.start_run(run_id=env_run, experiment_id=None if env_run else exp_id,
                           run_name=None if env_run else f"governor {_short(dataset.sweep_id)} {obj.name}") as run:
-        tags = {"objective": obj.name, "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id[:4900],
-                "n_workloads": str(len(dataset.split("train"))), tracking.TAG_SIMULATED: str(dataset.simulated).lower()}
-        prior = board_power_prior(dataset)
-        if prior is not None:  # for refine at launch (refine.prior_from_governor)
-            from dvfs_mlops.job.refine import PRIOR_TAG
-
-            tags[PRIOR_TAG] = prior.to_json()
-            say(f"power prior for refine: {prior.workloads} workloads, idle share {prior.idle_share:g}, "
-                f"log dynamic/static ratio {prior.log_ratio_mean:.3f} +- {prior.log_ratio_sd:.3f}")
-        else:
-            from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS
-
-            say(f"no power prior for refine: it needs at least {MIN_WORKLOADS} workloads with {MIN_CLOCKS} or more clocks "
-                "and their GPU utilisation")
+        tags = {schema.TAG_OBJECTIVE: obj.name, schema.TAG_VERSION_PROFILE: dataset.device_profile,
+                schema.TAG_VERSION_SWEEP: dataset.sweep_id[:4900], schema.TAG_N_WORKLOADS: str(len(dataset.split("train"))),
+                schema.TAG_SIMULATED: str(dataset.simulated).lower(), **_prior_tag(dataset, say)}
         mlflow.set_tags(tags)
-        result = run_search(dataset, obj, trials=trials, seed=seed, storage=storage or optuna_storage(), study_name=study_name,
-                            on_trial=_trial_logger(c, run.info.run_id, run.info.experiment_id), cv_split=cv_split,
-                            outer_trials=outer_trials)
-        metrics = result.metrics()
-        tags["family"] = result.family
-        tags["cv_split"] = result.split
-        mlflow.set_tags({"family": result.family, "cv_split": result.split, "optuna.study": result.study_name})
+        result = run_search(dataset, obj, trials=r.trials, seed=r.seed, storage=r.storage or optuna_storage(), study_name=r.study_name or None,
+                            on_trial=_trial_logger(c, run.info.run_id, run.info.experiment_id), cv_split=r.cv_split,
+                            outer_trials=r.outer_trials)
+        tags.update({schema.TAG_FAMILY: result.family, schema.TAG_CV_SPLIT: result.split})
+        mlflow.set_tags({schema.TAG_FAMILY: result.family, schema.TAG_CV_SPLIT: result.split, schema.TAG_OPTUNA_STUDY: result.study_name})
         mlflow.log_params({f"best_{k}": v for k, v in {"family": result.family, **dataclasses.asdict(result.best_params)}.items()})
         with tempfile.TemporaryDirectory() as tmp:
             extra = {}
             if importance_plot(result.study, Path(tmp) / "importance.png"):
                 extra["importance"] = str(Path(tmp) / "importance.png")
-            info = log_governor(result.policy.policy, registered_name=cfg.name if register else None, classifier=result.classifier,
-                                feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=metrics, tags=tags)
-    version = int(info.registered_model_version) if register and info.registered_model_version else None
+            info = log_governor(result.policy.policy, registered_name=cfg.name if r.register else None, classifier=result.classifier,
+                                feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
+                                tags=tags)
+    version = int(info.registered_model_version) if r.register and info.registered_model_version else None
     if version is not None:
         for k, v in tags.items():
             c.set_model_version_tag(cfg.name, str(version), k, v)
     return TrainOutcome(result, run.info.run_id, version, info.model_uri)
+
+
+def _prior_tag(dataset: Any, say: Callable[[str], None]) -> dict[str, str]:
+    """The version's `power_prior` tag (the sweep's board prior, for refine at launch), and a line saying so."""
+    prior = board_power_prior(dataset)
+    if prior is None:
+        from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS
+
+        say(f"no power prior for refine: it needs at least {MIN_WORKLOADS} workloads with {MIN_CLOCKS} or more clocks "
+            "and their GPU utilisation")
+        return {}
+    say(f"power prior for refine: {prior.workloads} workloads, idle share {prior.idle_share:g}, "
+        f"log dynamic/static ratio {prior.log_ratio_mean:.3f} +- {prior.log_ratio_sd:.3f}")
+    return {schema.TAG_VERSION_POWER_PRIOR: prior.to_json()}
 
 
 def _short(sweep_ids: str) -> str:
@@ -105,7 +148,8 @@ def _trial_logger(c: Any, parent_run_id: str, experiment_id: str) -> Callable[[T
 
     def log_trial(trial: TrialRecord) -> None:
         run = c.create_run(experiment_id, run_name=f"trial {trial.number}",
-                           tags={tracking.TAG_PARENT: parent_run_id, "optuna.study": trial.study_name, "optuna.trial": str(trial.number)})
+                           tags={schema.TAG_PARENT: parent_run_id, schema.TAG_OPTUNA_STUDY: trial.study_name,
+                                 schema.TAG_OPTUNA_TRIAL: str(trial.number)})
         tracking.log_run_batch(c, run.info.run_id, params=trial.params,
                                metrics={"inner_regret": trial.inner_regret, "inner_accuracy": trial.inner_accuracy})
         c.set_terminated(run.info.run_id, "FINISHED")

@@ -34,14 +34,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from dvfs_mlops.errors import DvfsError
-
-# The twin's (and the JetPack 6 AGX Orin's) voltage shape: V(f) = 0.63 + 0.27 (f/f_max)^2 -> r = 0.27 / 0.63.
-ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
-DEFAULT_NOISE = (0.01, 0.02)  # relative time and power noise of one window when nothing better is known
+from dvfs_mlops.hw.board import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE
 
 __all__ = [
     "LOG_RATIO_BOUNDS",
-    "ORIN_VOLTAGE_SHAPE",
     "CurveFit",
     "CurvePoint",
     "Measurement",
@@ -49,19 +45,25 @@ __all__ = [
     "fit_curve",
     "fit_voltage_shape",
     "load_basis",
+    "mean_measurement",
     "next_clock",
-    "noise_for",
     "power_ratio",
     "read_measurements_csv",
     "select_clocks",
-    "voltage_shape_for",
 ]
 
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """One measured clock: time and energy of the same work (power = energy / time), and the GPU's busy share
-    of that time (0..1) where the meter read it."""
+    """One measured clock: time and energy of the same work (power = energy / time).
+
+    Attributes:
+        freq_mhz: the clock.
+        time_s: the time the work took.
+        energy_j: the energy it drew.
+        gpu_util: the GPU's busy share of that time (0..1), None where the meter did not read it.
+        power_w: (property) `energy_j / time_s`.
+    """
 
     freq_mhz: float
     time_s: float
@@ -73,13 +75,42 @@ class Measurement:
         return self.energy_j / self.time_s
 
 
+def mean_measurement(freq_mhz: float, runs: Sequence[Measurement]) -> Measurement:
+    """One clock's repeats as one measurement.
+
+    Args:
+        freq_mhz: the clock.
+        runs: the repeats measured at it.
+
+    Returns:
+        A `Measurement` of the mean time and energy, and the mean GPU utilisation only where every repeat has
+        one (a fit with a prior needs it at every clock), else None.
+
+    Raises:
+        DvfsError: `runs` is empty.
+    """
+    if not runs:
+        raise DvfsError(f"no runs to average at {freq_mhz:g} MHz")
+    utils = [m.gpu_util for m in runs if m.gpu_util is not None]
+    util = sum(utils) / len(utils) if utils and len(utils) == len(runs) else None
+    return Measurement(float(freq_mhz), sum(m.time_s for m in runs) / len(runs), sum(m.energy_j for m in runs) / len(runs), util)
+
+
 @dataclasses.dataclass(frozen=True)
 class PowerPrior:
     """What a board's other workloads say about one workload's power curve (power_prior.py fits it).
 
-    Power = c (1 + k V(f)^2 f (s + (1 - s) u)): `idle_share` is s, the share of dynamic power an idle GPU
-    still draws (clock tree, leakage that follows the clock); log k across the board's workloads has
-    mean `log_ratio_mean` and spread `log_ratio_sd`, from `workloads` workloads."""
+    Power = c (1 + k V(f)^2 f (s + (1 - s) u)), k the ratio of dynamic to static power.
+
+    Attributes:
+        idle_share: s, the share of dynamic power an idle GPU still draws (clock tree, leakage that follows the clock).
+        log_ratio_mean: the centre of log k across the board's workloads (their median).
+        log_ratio_sd: the spread of log k the prior allows (> 0).
+        workloads: how many workloads it was fitted from.
+        voltage_shape: the V(f) shape r the ratios were fitted with, set where the prior travels apart from its
+            sweep (a governor version carries it to refine); else None.
+        f_max_mhz: the table top the ratios were fitted with, set alongside `voltage_shape`; else None.
+    """
 
     idle_share: float
     log_ratio_mean: float
@@ -89,13 +120,25 @@ class PowerPrior:
     f_max_mhz: float | None = None  # travels apart from its sweep (a governor version carries it to refine)
 
     def to_json(self) -> str:
+        """The prior as a JSON object of its fields (keys sorted); `from_json` reads it back."""
         import json
 
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> PowerPrior:
-        """The prior `to_json` wrote; a DvfsError naming what is wrong otherwise."""
+        """The prior `to_json` wrote.
+
+        Args:
+            text: the JSON text (e.g. a governor version's `power_prior` tag).
+
+        Returns:
+            The `PowerPrior`; fields the text lacks take their defaults, keys that are not fields are ignored.
+
+        Raises:
+            DvfsError: the text is not a power prior (not JSON, a required field missing, a value that is not a
+                finite number, a spread <= 0, an idle share outside 0..1 or a non-integer workload count).
+        """
         import json
 
         try:
@@ -114,7 +157,19 @@ class PowerPrior:
 
 @dataclasses.dataclass(frozen=True)
 class CurvePoint:
-    """The model's prediction at one clock; the *_std are one standard deviation (see the module doc)."""
+    """The model's prediction at one clock.
+
+    Attributes:
+        freq_mhz: the clock.
+        time_s: predicted time.
+        power_w: predicted power.
+        energy_j: predicted energy (time x power).
+        time_std_s: one standard deviation of `time_s` (module doc); None where the fit has no covariance.
+        power_std_w: one standard deviation of `power_w`; None where the fit has no covariance.
+        energy_std_j: one standard deviation of `energy_j` (time and power errors taken as independent); None where
+            either is None.
+        measured: the clock is one of the fit's measured clocks.
+    """
 
     freq_mhz: float
     time_s: float
@@ -127,29 +182,6 @@ class CurvePoint:
 
     def as_dict(self) -> dict[str, float | bool | None]:
         return dataclasses.asdict(self)
-
-
-def voltage_shape_for(device: object) -> float:
-    """The voltage-curve shape r of a device's board (a device, or a twin profile's `OrinTwinParams` itself). The
-    twin knows its own (its profile's V(f) = v0 + v1 (f/f_max)^2, so r = v1 / v0: sim-orin-measured's is flatter
-    than the Orin's); a real board's is not readable, so the JetPack 6 AGX Orin's, which `fit_voltage_shape` can
-    replace once a sweep has measured the board."""
-    params = getattr(device, "params", device)
-    v0, v1 = getattr(params, "volt_v0", None), getattr(params, "volt_v1", None)
-    if isinstance(v0, (int, float)) and isinstance(v1, (int, float)) and v0 > 0 and v1 >= 0:
-        return float(v1) / float(v0)
-    return ORIN_VOLTAGE_SHAPE
-
-
-def noise_for(device: object) -> tuple[float, float]:
-    """The relative run-to-run noise (time, power) of one measurement window on a device's board (a device, or a
-    twin profile's `OrinTwinParams` itself): the twin's profile states its own; a real board's is not known
-    beforehand, so the twin's defaults (1 %, 2 %), a floor under what the fits estimate from their residuals."""
-    params = getattr(device, "params", device)
-    nt, np_ = getattr(params, "noise_time", None), getattr(params, "noise_power", None)
-    if isinstance(nt, (int, float)) and isinstance(np_, (int, float)) and nt > 0 and np_ > 0:
-        return float(nt), float(np_)
-    return DEFAULT_NOISE
 
 
 def _nnls2(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -214,8 +246,19 @@ def _fit_linear(basis: np.ndarray, y: np.ndarray, noise: float | None) -> _Linea
 
 @dataclasses.dataclass(frozen=True)
 class CurveFit:
-    """A fitted workload: time = a + b/f, power = c + d V(f)^2 f (f in GHz inside); with `prior`, d multiplies
-    V(f)^2 f (s + (1 - s) u(f)) instead, u from the `busy` fit (module doc)."""
+    """A fitted workload (`fit_curve` makes it): time = a + b/f, power = c + d V(f)^2 f (f in GHz inside); with
+    `prior`, d multiplies V(f)^2 f (s + (1 - s) u(f)) instead, u from the `busy` fit (module doc).
+
+    Attributes:
+        measured: the measurements it was fitted to, by clock.
+        a, b: time = a + b / f.
+        c, d: power = c + d V(f)^2 f (with `prior`: c + d V(f)^2 f (s + (1 - s) u(f)), d = c k).
+        voltage_shape: r of V(f) ~ 1 + r (f / f_max_mhz)^2.
+        f_max_mhz: the table top V(f) is written against.
+        prior: the board's power prior the power fit leaned on; None where it did not (no prior, or a measurement
+            without its GPU utilisation).
+        busy: GPU busy time = busy[0] + busy[1] / f (f in GHz), fitted with `prior`; else None.
+    """
 
     measured: tuple[Measurement, ...]
     a: float
@@ -240,13 +283,27 @@ class CurveFit:
         return bt, load_basis(freqs, self._util(bt), self.prior.idle_share, self.voltage_shape, self.f_max_mhz)
 
     def utilisation(self, frequencies_mhz: Sequence[float]) -> list[float] | None:
-        """The GPU busy share the fit predicts at each clock (None without the board prior)."""
+        """The GPU busy share the fit predicts at each clock.
+
+        Args:
+            frequencies_mhz: the clocks.
+
+        Returns:
+            The busy share (0..1) at each clock, in order; None where the fit has no `busy` curve (no prior used).
+        """
         if self.busy is None:
             return None
         return [float(u) for u in self._util(_time_basis(np.asarray([float(x) for x in frequencies_mhz], dtype=float)))]
 
     def predict(self, frequencies_mhz: Sequence[float]) -> list[CurvePoint]:
-        """Time, power and energy (with their standard deviations) at each clock."""
+        """Time, power and energy, with their standard deviations, at each clock.
+
+        Args:
+            frequencies_mhz: the clocks (any, not only the measured ones).
+
+        Returns:
+            One `CurvePoint` per clock, in order.
+        """
         f = np.asarray([float(x) for x in frequencies_mhz], dtype=float)
         bt, bp = self._bases(f)
         t, t_sd = self._time.predict(bt)
@@ -262,15 +319,30 @@ class CurveFit:
                 for i in range(len(f))]
 
     def optimum(self, frequencies_mhz: Sequence[float]) -> CurvePoint:
-        """The clock of the table with the lowest predicted energy."""
+        """The clock of the table with the lowest predicted energy.
+
+        Args:
+            frequencies_mhz: the table (non-empty).
+
+        Returns:
+            The `CurvePoint` of that clock (the first of equal ones).
+        """
         return min(self.predict(frequencies_mhz), key=lambda pt: pt.energy_j)
 
     def gain(self, from_mhz: float, to_mhz: float) -> tuple[float, float]:
-        """Predicted energy saved by moving from one clock to another (E(from) - E(to)) and its standard deviation.
+        """Predicted energy saved by moving from one clock to another, and its standard deviation.
 
-        The deviation of the DIFFERENCE (delta method on both fits' parameter covariances): the two
-        predictions share the fitted parameters, so it is much smaller than either one's own; 0 when
-        the fit has no covariance."""
+        The deviation is that of the DIFFERENCE (delta method on both fits' parameter covariances):
+        the two predictions share the fitted parameters, so it is much smaller than either one's own.
+
+        Args:
+            from_mhz: the clock moved from.
+            to_mhz: the clock moved to.
+
+        Returns:
+            (E(from) - E(to), its standard deviation); a fit (time or power) without a covariance adds nothing to
+            the deviation, so it is 0 when neither has one.
+        """
         bt, bp = self._bases(np.asarray([float(from_mhz), float(to_mhz)]))
         t, p = bt @ self._time.beta, bp @ self._power.beta
         ut, up = p[0] * bt[0] - p[1] * bt[1], t[0] * bp[0] - t[1] * bp[1]
@@ -309,10 +381,21 @@ _LOG_RATIO_GRID = np.linspace(*LOG_RATIO_BOUNDS, 561)
 
 
 def power_ratio(load: np.ndarray, power: np.ndarray, *, sigma: float = 1.0, prior: tuple[float, float] | None = None) -> tuple[float, float]:
-    """(log k, c) of power = c (1 + k load) by least squares on relative residuals, or, with `prior` = (mean,
-    sd) of log k and the relative power noise `sigma`, the maximum a posteriori log k. c is the closed-form
-    least-squares scale for each k; log k is searched on a grid (step 0.025), then on a finer one (0.00125)
-    between the best point's neighbours: two vectorised passes, as the priors fit every workload many times."""
+    """Fit power = c (1 + k load): least squares on relative residuals, or the maximum a posteriori log k.
+
+    c is the closed-form least-squares scale for each k; log k is searched within `LOG_RATIO_BOUNDS` on
+    a grid (step 0.025), then on a finer one (0.00125) between the best point's neighbours: two
+    vectorised passes, as the priors fit every workload many times.
+
+    Args:
+        load: the load term at each measured clock (`load_basis`'s second column).
+        power: the power measured there (W).
+        sigma: the relative power noise the residuals are weighed at against the prior.
+        prior: (mean, sd) of log k; None: plain least squares.
+
+    Returns:
+        (log k, c).
+    """
     x, p = np.asarray(load, dtype=float), np.asarray(power, dtype=float)
 
     def objective(lk: np.ndarray | float) -> np.ndarray:
@@ -360,10 +443,21 @@ def fit_curve(points: Sequence[Measurement], *, voltage_shape: float = ORIN_VOLT
               noise: tuple[float, float] | None = None, prior: PowerPrior | None = None) -> CurveFit:
     """Fit both curves to the measured clocks (at least two distinct ones).
 
-    `f_max_mhz` is the top of the board's table (the voltage curve is written against it; default: the
-    highest measured clock). `noise` = (relative time noise, relative power noise): a floor under the
-    residual scale, and the scale itself when there are too few clocks to estimate it. `prior`: the
-    board's power prior (module doc), used when every measurement carries its GPU utilisation.
+    Args:
+        points: the measurements, in any order.
+        voltage_shape: r of the board's voltage curve V(f) ~ 1 + r (f / f_max)^2.
+        f_max_mhz: the top of the board's table, which the voltage curve is written against (None: the highest
+            measured clock).
+        noise: (relative time noise, relative power noise): a floor under the residual scale, and the scale itself
+            when there are too few clocks to estimate it. None: the residuals' own scale (a power fit with the prior
+            weighs against the default noise instead), so a fit to two clocks has no covariance.
+        prior: the board's power prior (module doc), used when every measurement carries its GPU utilisation.
+
+    Returns:
+        The `CurveFit`; its `prior` says whether the prior was used.
+
+    Raises:
+        DvfsError: fewer than two distinct clocks, or a time or energy that is not a finite number > 0.
     """
     pts = sorted(points, key=lambda m: m.freq_mhz)
     if len({round(m.freq_mhz, 3) for m in pts}) < 2:
@@ -393,6 +487,17 @@ def fit_voltage_shape(workloads: Sequence[Sequence[Measurement]], f_max_mhz: flo
 
     A grid search over r (the fits are linear for a fixed r): the r with the least total relative
     power residual across workloads with at least three clocks.
+
+    Args:
+        workloads: each workload's measurements; those with fewer than three distinct clocks are left out.
+        f_max_mhz: the top of the board's table.
+        grid: the candidate values of r (None: 0 to 2 in steps of 0.02).
+
+    Returns:
+        The best r (the first of equal ones).
+
+    Raises:
+        DvfsError: no workload has three or more clocks.
     """
     usable = [sorted(w, key=lambda m: m.freq_mhz) for w in workloads if len({m.freq_mhz for m in w}) >= 3]
     if not usable:
@@ -413,7 +518,18 @@ def fit_voltage_shape(workloads: Sequence[Sequence[Measurement]], f_max_mhz: flo
 
 
 def read_measurements_csv(path: str) -> list[Measurement]:
-    """Rows `freq_mhz, time_s, energy_j` (or `power_w` instead of `energy_j`) of a CSV file."""
+    """Read measurements from a CSV file with a header row.
+
+    Args:
+        path: the file; its columns `freq_mhz`, `time_s` and `energy_j` (or `power_w` instead of `energy_j`; energy
+            is then power x time), others ignored.
+
+    Returns:
+        One `Measurement` per row, in file order (no GPU utilisation).
+
+    Raises:
+        DvfsError: the file cannot be read, has no rows, lacks a column, or a row's value is not a number.
+    """
     import csv
 
     try:
@@ -443,7 +559,18 @@ def read_measurements_csv(path: str) -> list[Measurement]:
 
 
 def select_clocks(points: Sequence[Measurement], clocks: Sequence[float]) -> list[Measurement]:
-    """The measurements at the given clocks (each must be among them, within 0.5 MHz)."""
+    """The measurements at the given clocks.
+
+    Args:
+        points: the measurements.
+        clocks: the clocks wanted (MHz); each matches the measurements within 0.5 MHz of it.
+
+    Returns:
+        Every matching measurement, clock by clock in the order of `clocks` (repeats included).
+
+    Raises:
+        DvfsError: a clock was not measured; the message lists the measured ones.
+    """
     have = sorted({m.freq_mhz for m in points})
     chosen: list[Measurement] = []
     for c in clocks:
@@ -491,7 +618,21 @@ def next_clock(measured: Sequence[Measurement], table: Sequence[float], start_mh
     the predicted optimum: with 1-2 % noise per window, one more draw at the optimum says less about
     which of two neighbours is cheaper than one more far from it. It stops early when the fit already
     puts both neighbours more than two standard deviations (of the difference) above the optimum.
-    At most `max_clocks` clocks.
+
+    Args:
+        measured: the workload's measurements so far (one per clock).
+        table: the device's clock table.
+        start_mhz: the first clock to measure (snapped to the nearest of the table).
+        max_clocks: the most clocks measured for the workload.
+        voltage_shape: r of the board's voltage curve.
+        noise: (relative time noise, relative power noise) of one measurement.
+        prior: the board's power prior, used where every measurement carries its GPU utilisation.
+
+    Returns:
+        The next clock, or None once `max_clocks` are measured, the optimum is pinned, or no clock is left.
+
+    Raises:
+        DvfsError: from `fit_curve`: a time or energy that is not a finite number > 0, or a table of one clock.
     """
     freqs = sorted(float(f) for f in table)
     have = sorted({round(m.freq_mhz, 3) for m in measured})

@@ -3,10 +3,9 @@
 Each workload's power is c (1 + k V(f)^2 f (s + (1 - s) u)) (curve.py): static power, plus dynamic
 power that an idle GPU draws the share s of. The board fixes s and most of k; a workload's own
 four clocks, each with ~2 % power noise, pin k poorly, and k alone (not c) moves the optimum. So:
-- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the spread of
-  log k across workloads is least (as `curve.fit_voltage_shape` fits the voltage curve; a median
-  absolute deviation, tried instead, picked s worse on the synthetic boards of
-  benchmarks/prior_robustness.py). s is a board constant: it is fitted once on all workloads;
+- s: the idle share (on a grid) under which the workloads' fitted k agree best, i.e. the standard
+  deviation of log k across workloads is least (as `curve.fit_voltage_shape` fits the voltage
+  curve). s is a board constant: it is fitted once on all workloads;
 - the prior for workload i: the median of log k over the OTHER workloads (leave one out: a
   workload's own noise never backs itself up), and their spread with each one's own fitting noise
   taken out (the spread of the estimates is the board's spread plus the noise of each fit: its
@@ -17,7 +16,7 @@ end of its search range, or a fit deviation of log k above 0.5) says nothing abo
 left out of both. A board whose workloads really differ in k gets a wide prior, and each fit is then
 its own.
 Needs the GPU utilisation at every measured clock and at least `MIN_WORKLOADS` other workloads
-with three or more clocks; otherwise there is no prior (None) and fits are per workload, as before.
+with three or more clocks; otherwise there is no prior (None) and each workload is fitted on its own.
 numpy only.
 """
 from __future__ import annotations
@@ -27,7 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dvfs_mlops.model.curve import DEFAULT_NOISE, LOG_RATIO_BOUNDS, Measurement, PowerPrior, load_basis, power_ratio
+from dvfs_mlops.hw.board import DEFAULT_NOISE, Board
+from dvfs_mlops.model.curve import LOG_RATIO_BOUNDS, CurveFit, Measurement, PowerPrior, fit_curve, load_basis, power_ratio
 
 MIN_WORKLOADS = 5  # other workloads a prior needs: fewer say too little about the board's spread
 MIN_CLOCKS = 3  # a workload's own k is only told apart from its noise with a third clock
@@ -35,17 +35,34 @@ MIN_SPREAD = 0.03  # log k: no two workloads switch the same share of their powe
 IDLE_SHARES = tuple(round(0.05 * i, 2) for i in range(11))  # 0 .. 0.5 of the dynamic power while idle
 MAX_FIT_SD = 0.5  # log k: a workload whose own fit is less sure than this tells nothing about the board
 
-__all__ = ["MIN_CLOCKS", "MIN_WORKLOADS", "board_prior", "fit_idle_share", "leave_one_out_priors", "log_ratio", "usable"]
+__all__ = ["MIN_CLOCKS", "MIN_WORKLOADS", "board_prior", "fit_idle_share", "leave_one_out_priors", "log_ratio", "sweep_fits", "usable"]
 
 
 def usable(points: Sequence[Measurement]) -> bool:
-    """Three or more distinct clocks, each with its GPU utilisation."""
+    """Whether a workload's measurements can say something about the board's prior.
+
+    Args:
+        points: the workload's measurements.
+
+    Returns:
+        True for `MIN_CLOCKS` (3) or more distinct clocks with a finite GPU utilisation at every measurement.
+    """
     return (len({round(m.freq_mhz, 3) for m in points}) >= MIN_CLOCKS
             and all(m.gpu_util is not None and math.isfinite(m.gpu_util) for m in points))
 
 
 def log_ratio(points: Sequence[Measurement], idle_share: float, voltage_shape: float, f_max_mhz: float) -> float:
-    """One workload's own log k (least squares, no prior)."""
+    """One workload's own log k: power = c (1 + k V(f)^2 f (s + (1 - s) u)) by least squares, no prior.
+
+    Args:
+        points: the workload's measurements, each with its GPU utilisation.
+        idle_share: s.
+        voltage_shape: r of the board's voltage curve.
+        f_max_mhz: the top of the board's table.
+
+    Returns:
+        log k, within `curve.LOG_RATIO_BOUNDS`.
+    """
     return _own_ratio(points, idle_share, voltage_shape, f_max_mhz, DEFAULT_NOISE[1])[0]
 
 
@@ -74,7 +91,20 @@ def _informative(log_k: float, fit_var: float) -> bool:
 
 def fit_idle_share(workloads: Sequence[Sequence[Measurement]], voltage_shape: float, f_max_mhz: float,
                    noise: float = DEFAULT_NOISE[1]) -> float | None:
-    """The idle share under which the usable, informative workloads' log k spread least (None with too few)."""
+    """The board's idle share s: the one of `IDLE_SHARES` under which the workloads' own log k spread least.
+
+    Only `usable` workloads count, and of those only the ones whose own k is pinned (a fit deviation of
+    log k at most 0.5) and not at the end of its search range.
+
+    Args:
+        workloads: each workload's measurements.
+        voltage_shape: r of the board's voltage curve.
+        f_max_mhz: the top of the board's table.
+        noise: the relative power noise of one measurement.
+
+    Returns:
+        s (the smaller of equal ones), or None where fewer than `MIN_WORKLOADS` workloads count under every share.
+    """
     use = [w for w in workloads if usable(w)]
     if len(use) < MIN_WORKLOADS:
         return None
@@ -101,8 +131,18 @@ def _prior(own: Sequence[tuple[float, float]], share: float) -> PowerPrior | Non
 
 def leave_one_out_priors(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: float, f_max_mhz: float,
                          noise: float = DEFAULT_NOISE[1]) -> list[PowerPrior | None]:
-    """A prior for each workload from the others (None where there are too few usable others); `noise` is the
-    relative power noise of one measurement (`curve.noise_for`'s second)."""
+    """A prior for each workload of a sweep from the others (leave one out: its own noise never backs itself up).
+
+    Args:
+        workloads: each workload's measurements (the GPU utilisation at every clock, for those that count).
+        voltage_shape: r of the board's voltage curve.
+        f_max_mhz: the top of the board's table.
+        noise: the relative power noise of one measurement (`Board.noise`'s second).
+
+    Returns:
+        One `PowerPrior` per workload, in order; None where fewer than `MIN_WORKLOADS` other workloads are usable
+        and informative (every entry None where the idle share cannot be fitted).
+    """
     share = fit_idle_share(workloads, voltage_shape, f_max_mhz, noise)
     if share is None:
         return [None] * len(workloads)
@@ -112,9 +152,42 @@ def leave_one_out_priors(workloads: Sequence[Sequence[Measurement]], *, voltage_
 
 def board_prior(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: float, f_max_mhz: float,
                 noise: float = DEFAULT_NOISE[1]) -> PowerPrior | None:
-    """The prior every workload of a sweep makes, for a workload the sweep never saw (refine at launch: the
-    governor's version carries the one of the sweep it was trained on)."""
+    """The prior all the workloads of a sweep make together, for a workload the sweep never saw (refine at launch:
+    the governor's version carries the one of the sweep it was trained on).
+
+    Args:
+        workloads: each workload's measurements.
+        voltage_shape: r of the board's voltage curve.
+        f_max_mhz: the top of the board's table.
+        noise: the relative power noise of one measurement (`Board.noise`'s second).
+
+    Returns:
+        The `PowerPrior` (its `voltage_shape` and `f_max_mhz` left None), or None where fewer than `MIN_WORKLOADS`
+        workloads are usable and informative.
+    """
     share = fit_idle_share(workloads, voltage_shape, f_max_mhz, noise)
     if share is None:
         return None
     return _prior([_own_ratio(w, share, voltage_shape, f_max_mhz, noise) for w in workloads if usable(w)], share)
+
+
+def sweep_fits(workloads: Sequence[Sequence[Measurement]], board: Board, repeats: int = 1) -> list[CurveFit]:
+    """Every workload of a sweep fitted as the sweep predicts it (`predicted.csv`, `curve fit --sweep-id`): on the
+    board's voltage shape and table top, at the noise of a mean of `repeats` runs, each workload's power curve
+    leaning on the prior of all the others where there is one.
+
+    Args:
+        workloads: each workload's measured clocks, one `Measurement` per clock (repeats averaged, `mean_measurement`).
+        board: the sweep's board (its record on the parent run).
+        repeats: runs per measured clock.
+
+    Returns:
+        One `CurveFit` per workload, in order (`fit.prior` is the prior it leaned on, or None).
+
+    Raises:
+        DvfsError: a workload has fewer than two distinct clocks, or a time or energy that is not a finite number > 0.
+    """
+    noise = board.noise(repeats)
+    priors = leave_one_out_priors(workloads, voltage_shape=board.voltage_shape, f_max_mhz=board.f_max_mhz, noise=noise[1])
+    return [fit_curve(w, voltage_shape=board.voltage_shape, f_max_mhz=board.f_max_mhz, noise=noise, prior=prior)
+            for w, prior in zip(workloads, priors)]

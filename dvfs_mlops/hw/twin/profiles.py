@@ -62,6 +62,12 @@ def params_digest(params: OrinTwinParams) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
+def twin_digest(params: OrinTwinParams) -> str:
+    """'' for a built-in profile's exact constants, else `params_digest`: a YAML or fitted board is another board,
+    and a sweep on it another sweep."""
+    return "" if BUILTIN_PROFILES.get(params.profile) == params else params_digest(params)
+
+
 def load_twin_params(profile: str | None = None, params_file: str | Path | None = None) -> OrinTwinParams:
     """The twin's constants for `--twin-profile NAME` and `--twin-params FILE` (overrides on that profile)."""
     base = builtin_profile(profile or DEFAULT_PROFILE)
@@ -81,4 +87,4 @@ def load_twin_params(profile: str | None = None, params_file: str | Path | None 
     return params
 
 
-__all__ = ["BUILTIN_PROFILES", "DEFAULT_PROFILE", "builtin_profile", "load_twin_params", "params_digest"]
+__all__ = ["BUILTIN_PROFILES", "DEFAULT_PROFILE", "builtin_profile", "load_twin_params", "params_digest", "twin_digest"]

@@ -154,8 +154,8 @@ def _make_mode(recorder: _Recorder) -> Any:
 def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int, peft: Any = None,
               kind: str = "classification") -> str:
     """A stable id for a (model config, batch, padded length, dtype, adaptation, head) capture. The adaptation and the
-    kind are in the key only for LoRA and a causal LM, so the keys of full classifier traces (and the traces cached
-    under them) stay what they were."""
+    kind are in the key only for LoRA and a causal LM: a full classifier capture is keyed by its config, batch, length,
+    dtype, labels, torch version and trace format alone."""
     import torch
 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)

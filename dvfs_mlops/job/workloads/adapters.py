@@ -4,8 +4,8 @@ A LoRA job and a full one on the same model are different workloads to the gover
 get no weight gradient and no optimizer state, so a step does less work per byte moved and its
 energy curve differs. `PeftSpec` is the choice as a record (CLI options, sweep definition, run
 params); `variant_suffix` names it, with the precision, in the workload's identity
-(`pythia-70m/sst2+lora-r8a16+bf16`), so a LoRA run never resumes a full one. Defaults (the name,
-full fine-tuning in fp32) keep the names workloads had before adapters existed.
+(`pythia-70m/sst2+lora-r8a16+bf16`), so a LoRA run never resumes a full one. The default, full
+fine-tuning in fp32, adds no suffix: its workload is named by model and task alone.
 
 `peft` and torch are imported only when a model is actually adapted.
 """
@@ -92,7 +92,7 @@ def peft_spec(method: str = "full", r: int | None = None, alpha: int | None = No
 
 
 def peft_from_params(params: dict[str, Any]) -> PeftSpec:
-    """A run's params -> its PeftSpec (runs from before adapters existed were full fine-tunes)."""
+    """A run's params -> its PeftSpec (a run without `peft=lora` is a full fine-tune)."""
     if str(params.get("peft", "full")) != "lora":
         return FULL
     targets = str(params.get("lora_targets", "default"))

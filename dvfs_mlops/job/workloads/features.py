@@ -80,7 +80,7 @@ def facts_key(spec: Any, num_labels: int, task_kind: str = "classification", pef
 
     what: dict[str, Any] = {"model": fp, "num_labels": int(num_labels), "kind": task_kind, "torch": dist_version("torch"),
                             "code": code_digest("job.workloads.features", "job.workloads.zoo")}
-    if peft is not None and peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+    if peft is not None and peft.is_lora:  # only LoRA adds to the key: a full fine-tune's does not depend on peft
         what.update(peft=peft.definition(), peft_version=dist_version("peft"), peft_code=code_digest("job.workloads.adapters"))
     return digest(what)
 

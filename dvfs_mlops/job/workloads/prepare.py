@@ -39,6 +39,9 @@ from dvfs_mlops.model.workload import WorkloadFeatures
 log = logging.getLogger(__name__)
 
 
+MAX_LENGTH = 128  # tokens: every sequence is cut to this (a causal-LM pair keeps half of it for the response)
+
+
 def mean_length(lengths: list[int]) -> float:
     """The mean unpadded token length, computed as `Encoded.mean_length` computes it."""
     return float(np.mean(lengths)) if lengths else 0.0
@@ -57,8 +60,7 @@ class PreparedWorkload:
 
     def __init__(self, name: str, spec: ModelSpec, task: TaskSpec, source: str, train_lengths: list[int], pad_id: int,
                  features: WorkloadFeatures, load: Callable[[], _Loaded], loaded: _Loaded | None = None,
-                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True, peft: PeftSpec = FULL,
-                 precision: str = "fp32"):
+                 on_loaded: Callable[[_Loaded], None] | None = None, use_cache: bool = True, peft: PeftSpec = FULL):
         self.name = name  # "bert-base/rte", "qwen2-0.5b/rte+lora-r8a16+bf16"
         self.spec = spec
         self.task = task
@@ -71,7 +73,14 @@ class PreparedWorkload:
         self._on_loaded = on_loaded
         self.use_cache = use_cache
         self.peft = peft  # full fine-tuning or LoRA: what trains, what the twin traces
-        self.precision = precision
+        self.precision = features.precision  # fp32 | bf16 | fp16: how it trains, what the twin charges
+        self._providers: dict[tuple[int, str], Callable[[int], Any]] = {}
+
+    @property
+    def data_source(self) -> str:
+        """Where the data comes from, as its reader names it (without loading it): synthetic, hub, tsv (GLUE files),
+        or jsonl (a causal-LM task's prompt/response files)."""
+        return "jsonl" if self.task.causal_lm and self.source == "tsv" else self.source
 
     @property
     def n_train(self) -> int:
@@ -115,10 +124,13 @@ class PreparedWorkload:
 
         A trace this workload used before is found through the `traces` index of `workloads/cache.py`
         without building the transformers config or importing torch; any other goes through the
-        twin's TraceCache (which captures it on the meta device the first time).
+        twin's TraceCache (which captures it on the meta device the first time). One provider per batch size and
+        dtype, kept: every point of a sweep on this workload reads a length's trace once.
         """
         from dvfs_mlops.hw.twin.trace import TraceCache
 
+        if (batch_size, dtype) in self._providers:
+            return self._providers[(batch_size, dtype)]
         traces = TraceCache()
         memo: dict[int, Any] = {}
 
@@ -127,6 +139,7 @@ class PreparedWorkload:
                 memo[n] = self._trace(traces, batch_size, n, dtype)
             return memo[n]
 
+        self._providers[(batch_size, dtype)] = get
         return get
 
     def _trace_index_key(self, batch_size: int, seq_len: int, dtype: str) -> str | None:
@@ -139,7 +152,7 @@ class PreparedWorkload:
                                 "b": batch_size, "s": seq_len, "dt": dtype, "torch": cache.dist_version("torch"),
                                 "transformers": cache.dist_version("transformers"), "fmt": TRACE_FORMAT,
                                 "code": cache.code_digest("job.workloads.features", "hw.twin.trace")}
-        if self.peft.is_lora:  # full fine-tuning keeps the keys it had before adapters existed
+        if self.peft.is_lora:  # only LoRA adds to the key: a full fine-tune's does not depend on peft
             what.update(peft=self.peft.definition(), peft_version=cache.dist_version("peft"), peft_code=cache.code_digest("job.workloads.adapters"))
         return cache.digest(what)
 
@@ -208,12 +221,13 @@ def lengths_key(task: TaskSpec, source: str, data_dir: str | None, seed: int, tr
 
 def prepare_workload(model: str | None, task: str, *, model_config_path: str | None = None, pretrained: str | None = None,
                      data_source: str = "synthetic", data_dir: str | None = None, seed: int = 0,
-                     train_size: int = 2048, dev_size: int = 256, max_length: int = 128, use_cache: bool = True,
-                     peft: PeftSpec = FULL, precision: str = "fp32") -> PreparedWorkload:
+                     train_size: int = 2048, dev_size: int = 256, use_cache: bool = True, peft: PeftSpec = FULL,
+                     precision: str = "fp32") -> PreparedWorkload:
     """A workload with its features; `use_cache=False` computes everything the slow way (and stores nothing).
 
     `peft` and `precision` are part of the workload: its name carries them (`+lora-r8a16+bf16`), its features count
     the trainable parameters and record the precision, and the twin traces the step as it runs."""
+    max_length = MAX_LENGTH
     spec = resolve_model(model, model_config_path, pretrained)
     check_scratch_vocab(spec)
     task_spec = get_task(task)
@@ -258,4 +272,4 @@ def prepare_workload(model: str | None, task: str, *, model_config_path: str | N
     facts = model_facts(spec, task_spec.num_labels, pad_id, use_cache=use_cache, task_kind=task_spec.kind, peft=peft)
     features = features_from_facts(facts, mean_length(lengths), precision=precision)
     return PreparedWorkload(f"{spec.name}/{task}{variant_suffix(peft, precision)}", spec, task_spec, source, lengths, pad_id, features,
-                            load, loaded, on_loaded=check if loaded is None else None, use_cache=use_cache, peft=peft, precision=precision)
+                            load, loaded, on_loaded=check if loaded is None else None, use_cache=use_cache, peft=peft)

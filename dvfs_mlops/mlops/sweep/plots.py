@@ -11,9 +11,8 @@ PLOTTED = ["freq_mhz", "energy_j", "time_s", "avg_power_w"]
 def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[Path]:
     """One PNG per workload (three panels), from the sweep's summary table.
 
-    Every invocation of a sweep logs the whole sweep's figures on its own parent run, and drawing one costs
-    ~0.2-0.5 s (a paper-preset rerun on the twin that ran no point: 32.9 s
-    with its 108 figures drawn, 7.8 s with them copied). A figure is drawn once per content: a workload
+    Every invocation of a sweep logs the whole sweep's figures on its own parent run. A figure is drawn once per
+    content (drawing is most of a rerun's time, README "Sweeps"): a workload
     whose plotted rows are unchanged (a rerun, the untouched workloads of a resumed sweep) is copied from
     `$DVFS_CACHE_DIR/workloads/figures/` (keyed by those rows, this module's code and matplotlib's
     version), and matplotlib is not even imported when nothing needs drawing."""

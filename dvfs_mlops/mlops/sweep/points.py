@@ -1,89 +1,74 @@
-"""One sweep point: a metered session (trained, replayed or profiled), logged as one MLflow run."""
+"""One sweep point: a metered job (trained, replayed on the twin, or profiled), logged as one MLflow run."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import TrackingStoreError
-from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, finetune, profile_only
-from dvfs_mlops.mlops import records, tracking
-from dvfs_mlops.mlops.records import point_metrics
+from dvfs_mlops.hw.board import Board
+from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult
+from dvfs_mlops.job.run import PROFILE, REPLAY, TRAIN, Job, run_job
+from dvfs_mlops.mlops import records, schema, tracking
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 
-POWER_SERIES_MAX_POINTS = 1000
+
+@dataclasses.dataclass
+class PointContext:
+    """What every point of one sweep on one worker shares: the store, the parent run, the spec, the device and board,
+    and, on the twin, each workload's trained run whose numerics the other clocks replay (by repeat)."""
+
+    client: Any
+    experiment_id: str
+    parent_id: str
+    spec: SweepSpec
+    device: Any
+    board: Board
+    trained: dict[str, dict[int, FinetuneResult]] = dataclasses.field(default_factory=dict)
+
+    def job(self, workload: Any) -> Job:
+        """A point's job: the prepared workload trained as the spec says (profile-only points charge `profile_steps`)."""
+        s = self.spec
+        cfg = FinetuneConfig(steps=s.steps if s.steps > 0 else s.profile_steps, batch_size=s.batch_size, seed=s.seed,
+                             precision=s.precision, peft=s.peft)
+        return Job(workload, cfg, self.board.torch_device)
 
 
-def _point_params(spec: SweepSpec, point: Point, features: Any, device: Any, split: str) -> dict[str, Any]:
-    entry = spec.entry(point.model)  # where a non-preset's config came from: what `twin fit` rebuilds the point from
-    source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
-    return {
-        **source,
-        "model": point.model, "model_type": features.model_type, "num_layers": features.num_layers,
-        "hidden_size": features.hidden_size, "num_params": features.num_params, "task": point.task,
-        "avg_seq_len": round(features.avg_seq_len, 3), "freq_mhz": freq_label(point.freq), "device": device.name,
-        "device_profile": device.profile, "batch_size": spec.batch_size, "steps": spec.steps, "seed": spec.seed,
-        "repeat": point.repeat, "split": split, "data_source": spec.data_source, "precision": spec.precision,
-        "trainable_params": features.trainable_params, **spec.peft.params(),
-        **({"profile_steps": spec.profile_steps} if spec.steps == 0 else {}),
-    }
+def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callable[[], bool] | None = None) -> str | None:
+    """Run and log one point; returns its one-line summary.
 
+    `still_mine` (a claimed point) is asked right before the run is marked FINISHED: when another worker took the point
+    over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned.
 
-def _downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> list[float]:
-    if len(series) <= n:
-        return list(series)
-    step = len(series) / n
-    return [series[int(i * step)] for i in range(n)]
-
-
-def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any, point: Point, prepared: Any,
-               split: str, trace_for: Any, trained: dict[int, FinetuneResult], torch_device: str = "cpu",
-               still_mine: Callable[[], bool] | None = None) -> str | None:
-    """Run and log one point. `still_mine` (a claimed point) is asked right before the run is marked FINISHED: when
-    another worker took the point over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned."""
-    cfg = FinetuneConfig(steps=spec.steps if spec.steps > 0 else spec.profile_steps, batch_size=spec.batch_size, seed=spec.seed,
-                         precision=spec.precision, peft=spec.peft)
-    profiling = spec.steps == 0
-    replay = spec.replay and not profiling and point.repeat in trained
-    tags = {
-        tracking.TAG_PARENT: parent_id, tracking.TAG_SWEEP: spec.sweep_id, tracking.TAG_POINT: point.key,
-        tracking.TAG_WORKLOAD: point.workload, tracking.TAG_SIMULATED: str(device.simulated).lower(),
-        tracking.TAG_REPLAY: str(replay).lower(), tracking.TAG_PROFILE_ONLY: str(profiling).lower(),
-    }
-    run = tracked(lambda: c.create_run(exp_id, run_name=point.key, tags=tags), point)
-    run_id = run.info.run_id
+    Raises:
+        TrackingStoreError: the store failed (after MLflow's bounded retries); the run is left FAILED, clocks restored.
+    """
+    spec, c = ctx.spec, ctx.client
+    trained = ctx.trained.setdefault(point.workload, {})
+    mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
+    tags = {schema.TAG_PARENT: ctx.parent_id, schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
+            schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
+            schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
+            **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
+    run_id = tracked(lambda: c.create_run(ctx.experiment_id, run_name=point.key, tags=tags), point).info.run_id
+    job = ctx.job(workload)
     try:
-        noise = {"noise_key": f"{point.workload}#{point.repeat}"} if device.simulated else {}
-        session = device.session(point.freq, **noise)
+        session = ctx.device.session(point.freq, label=f"{point.workload}#{point.repeat}")
         with session:
-            if replay:
-                source = trained[point.repeat]
-                with session.window("train"):
-                    for n in source.padded_lengths:
-                        session.step(trace_for(n))
-                result = dataclasses.replace(source, model=None, wall_time_s=0.0)
-            elif profiling:  # from the cached token lengths: no data, tokenizer, model config or torch
-                result = profile_only(prepared.train_lengths, cfg, prepared.task.metric, session=session, trace_for=trace_for,
-                                      torch_device=torch_device)
-            else:
-                result = finetune(prepared.model_config, prepared.train, prepared.dev, prepared.encoder.pad_id, cfg,
-                                  is_regression=prepared.data.task.is_regression, session=session, trace_for=trace_for,
-                                  torch_device=torch_device, task_kind=prepared.task.kind)
-                result.model = None
-                if spec.replay:
-                    trained[point.repeat] = result
-        report = session.report()
-        effective = getattr(session, "effective_mhz", None) or (None if point.freq == MAXN else float(point.freq))
-        metrics = point_metrics(report, result, effective, session)
-        params = {**_point_params(spec, point, prepared.features, device, split), **records.session_params(session),
-                  "torch_device": torch_device}
-        tracked(lambda: tracking.log_run_batch(c, run_id, params=params, metrics=metrics, tags=records.session_tags(session, report),
-                                                series={"power_w": _downsample(report.power_series_w)}), point)
+            result = run_job(job, session, mode=mode, replay_of=trained.get(point.repeat))
+        if mode == TRAIN:
+            result.model = None
+            if spec.replay:
+                trained[point.repeat] = result
+        entry = spec.entry(point.model)  # where a non-preset's config came from: what `twin fit` rebuilds the point from
+        source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
+        record = records.job_record(job, ctx.board, session, result, point.freq, profiled=mode == PROFILE).plus(
+            params={**source, "model": point.model, "repeat": point.repeat})
+        tracked(lambda: record.log(c, run_id), point)
         if still_mine is not None and not still_mine():
-            tracked(lambda: c.set_tag(run_id, tracking.TAG_CLAIM_LOST, "true"), point)
+            tracked(lambda: c.set_tag(run_id, schema.TAG_CLAIM_LOST, "true"), point)
             tracked(lambda: c.set_terminated(run_id, "KILLED"), point)
             return None
         tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
@@ -92,8 +77,9 @@ def run_point(c: Any, exp_id: str, parent_id: str, spec: SweepSpec, device: Any,
         with contextlib.suppress(Exception):  # the store itself may be what failed; the resume redoes the point
             c.set_terminated(run_id, status)
         raise
-    acc = metrics.get(result.eval_metric)
-    label = "SIMULATED " if device.simulated else ""
+    report = session.report()
+    acc = record.metrics.get(result.eval_metric)
+    label = "SIMULATED " if ctx.board.simulated else ""
     held = " (clock did NOT hold)" if report.clock_held is False else ""
     return (f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
             + held)

@@ -6,7 +6,7 @@ from typing import Any
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.sweep.spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -14,11 +14,11 @@ log = logging.getLogger(__name__)
 
 def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[set[str], dict[str, list[str]]]:
     """FINISHED point keys, and run ids of unfinished runs per key (to mark as killed and redo)."""
-    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}'", max_results=50000)
+    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}'", max_results=50000)
     done: set[str] = set()
     stale: dict[str, list[str]] = {}
     for r in runs:
-        key = r.data.tags.get(tracking.TAG_POINT)
+        key = r.data.tags.get(schema.TAG_POINT)
         if not key:
             continue
         if r.info.status == "FINISHED":
@@ -30,7 +30,7 @@ def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[s
 
 def point_runs(c: Any, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool, list[str]]:
     """One point as the store has it now: (a FINISHED run exists, ids of its RUNNING/SCHEDULED runs)."""
-    runs = c.search_runs([exp_id], filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and tags.`{tracking.TAG_POINT}` = '{point_key}'",
+    runs = c.search_runs([exp_id], filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_POINT}` = '{point_key}'",
                          max_results=1000)
     finished = any(r.info.status == "FINISHED" for r in runs)
     return finished, [r.info.run_id for r in runs if r.info.status in ("RUNNING", "SCHEDULED")]
@@ -38,7 +38,7 @@ def point_runs(c: Any, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool
 
 def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile: str) -> None:
     """A sweep id already measured on another device profile is refused: its points would mix two boards."""
-    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_id}' and params.device_profile != '{profile}'",
+    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and params.device_profile != '{profile}'",
                          max_results=1)
     if runs:
         other = runs[0].data.params.get("device_profile")
@@ -61,5 +61,5 @@ def resolve_parent(c: Any, spec: SweepSpec) -> tuple[str, str, bool]:
                         "pass --experiment-name %s to `mlflow run` to use %r", exp_name, spec.experiment, spec.experiment)
         return exp_id, env_run, False
     exp_id = tracking.experiment_id(c, spec.experiment)
-    run = c.create_run(exp_id, run_name=f"sweep {spec.sweep_id}", tags={tracking.TAG_SWEEP: spec.sweep_id})
+    run = c.create_run(exp_id, run_name=f"sweep {spec.sweep_id}", tags={schema.TAG_SWEEP: spec.sweep_id})
     return exp_id, run.info.run_id, True

@@ -11,6 +11,7 @@ from typing import Any
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
+from dvfs_mlops.hw.board import Board
 from dvfs_mlops.hw.device import parse_freq
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
@@ -31,9 +32,9 @@ class SweepPreset:
 
 
 PRESETS: dict[str, SweepPreset] = {
-    # 2 tiny models x 3 tasks (2 train, 1 eval) x 3 clocks + maxn, a few steps: under a minute on a CPU.
+    # 2 tiny models x 3 tasks (2 train, 1 eval) x 3 clocks + maxn, a few steps.
     "smoke": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), ("510", "816", "1300.5"), steps=4, train_size=128, dev_size=64),
-    # The smallest BERT and Pythia on sst2, mrpc, rte at every clock + maxn: minutes on 2 cores.
+    # The smallest BERT and Pythia on sst2, mrpc, rte at every clock + maxn.
     "quick": SweepPreset(("bert-tiny", "pythia-14m"), ("sst2", "mrpc", "rte"), None, steps=60),
     # The study: 12 models x 9 tasks. On the twin, steps=0 profiles without training.
     "paper": SweepPreset(tuple(MODEL_PRESETS), tuple(TASKS), None, steps=0, profile_steps=200),
@@ -115,27 +116,51 @@ class SweepSpec:
         return out
 
     def definition(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("sweep_id")
-        d.pop("experiment")
-        d.pop("shuffle_clocks")  # the order of the points, not what is measured
-        d.pop("model_entries")  # where configs live on this machine; their content is in the models' names
-        if self.precision == "fp32":
-            d.pop("precision")  # fp32 sweeps keep the ids they had before precisions existed
-        if not self.peft.is_lora:
-            d.pop("peft")  # so do full fine-tuning sweeps, before adapters existed
-        if not self.twin_digest:  # absent unless set, so the ids of sweeps on built-in profiles stay what they were
-            d.pop("twin_digest")
-        if d.get("strategy") == "grid":
-            d.pop("strategy")  # grid sweeps keep the ids they had before strategies existed
-        d["freqs"] = [freq_label(f) for f in self.freqs]
-        return d
+        """The sweep's identity: the fields of `IDENTITY_FIELDS`, each as JSON (what the sweep id hashes, and the
+        parent run's `sweep_definition` param). A field that joined the identity later is left out while it keeps
+        its first value (`_FIRST_VALUES`), so sweeps defined before it keep their ids."""
+        out: dict[str, Any] = {}
+        for name in IDENTITY_FIELDS:
+            value = getattr(self, name)
+            if name in _FIRST_VALUES and _FIRST_VALUES[name](value):
+                continue
+            out[name] = _identity_value(name, value)
+        return out
 
     def with_default_id(self) -> SweepSpec:
-        if self.sweep_id:
-            return self
-        digest = hashlib.sha256(json.dumps(self.definition(), sort_keys=True).encode()).hexdigest()[:10]
-        return dataclasses.replace(self, sweep_id=f"sweep-{digest}")
+        """This spec with its id: the given `--sweep-id`, else `sweep_id_of(self.definition())`."""
+        return self if self.sweep_id else dataclasses.replace(self, sweep_id=sweep_id_of(self.definition()))
+
+
+# A sweep's identity, by inclusion: only these fields make a sweep another sweep (schema IDENTITY_SCHEMA). Not in it:
+# sweep_id and experiment (where it is stored), shuffle_clocks (the order of the points, not what is measured),
+# model_entries (where configs live on this machine: their content is in the models' names). A new field of
+# SweepSpec changes no id until it is added here, with a first value in _FIRST_VALUES under which it stays out.
+IDENTITY_SCHEMA = 1
+IDENTITY_FIELDS = ("models", "tasks", "freqs", "steps", "profile_steps", "batch_size", "repeats", "seed", "data_source", "data_dir",
+                   "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft")
+# Fields that joined the identity after the first sweeps, and the value under which they stay out of it.
+_FIRST_VALUES: dict[str, Any] = {
+    "twin_digest": lambda v: v == "",  # a built-in twin profile
+    "strategy": lambda v: v == "grid",
+    "precision": lambda v: v == "fp32",
+    "peft": lambda v: not v.is_lora,  # full fine-tuning
+}
+
+
+def _identity_value(name: str, value: Any) -> Any:
+    """A field's value as the identity writes it."""
+    if name == "freqs":
+        return [freq_label(f) for f in value]
+    if name == "peft":
+        return dataclasses.asdict(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def sweep_id_of(definition: dict[str, Any]) -> str:
+    """`sweep-` and the first 10 hex digits of the SHA-256 of the definition as sorted, compact-free JSON. Schema 1
+    hashes the definition alone; a later schema would add its number to what is hashed."""
+    return "sweep-" + hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
@@ -145,72 +170,117 @@ def _split_list(value: str | Sequence[str] | None) -> list[str] | None:
     return [s.strip() for s in items if s.strip()]
 
 
-def check_names(preset: str = "quick", *, models: Any = None, tasks: Any = None, strategy: str = "grid",
-                precision: str = "fp32") -> None:
+def check_request(request: SweepRequest) -> None:
     """The names a sweep is given (preset, models, tasks, strategy, precision), checked from the command line alone:
-    no store, device, config build or network, so a misspelt name is refused at once. `build_spec` checks the rest."""
-    if preset not in PRESETS:
-        raise unknown("preset", preset, list(PRESETS))
-    if strategy not in STRATEGIES:
-        raise unknown("strategy", strategy, list(STRATEGIES))
+    no store, device, config build or network, so a misspelt name is refused at once. `build_spec` checks the rest.
+
+    Raises:
+        UnknownNameError: a name that does not exist; the message lists the valid ones.
+    """
+    if request.preset not in PRESETS:
+        raise unknown("preset", request.preset, list(PRESETS))
+    if request.strategy not in STRATEGIES:
+        raise unknown("strategy", request.strategy, list(STRATEGIES))
     from dvfs_mlops.job.finetune import PRECISIONS
 
-    if precision not in PRECISIONS:
-        raise unknown("precision", precision, list(PRECISIONS))
-    for text in _split_list(models) or []:
+    if request.precision not in PRECISIONS:
+        raise unknown("precision", request.precision, list(PRECISIONS))
+    for text in _split_list(request.models) or []:
         model_entry(text)
-    for t in _split_list(tasks) or []:
+    for t in _split_list(request.tasks) or []:
         get_task(t)
 
 
-def build_spec(device: Any, preset: str = "quick", *, models: Any = None, tasks: Any = None, freqs: Any = None,
-               steps: int | None = None, profile_steps: int | None = None, batch_size: int = 16, repeats: int | None = None,
-               seed: int = 0, data_source: str = "synthetic", data_dir: str | None = None, experiment: str = "dvfs-sweep",
-               replay: bool = True, sweep_id: str | None = None, train_size: int | None = None, dev_size: int | None = None,
-               strategy: str = "grid", precision: str = "fp32", peft: PeftSpec = FULL) -> SweepSpec:
-    """Preset + overrides -> a validated SweepSpec (every name checked before anything runs)."""
-    check_names(preset, strategy=strategy, precision=precision)
-    p = PRESETS[preset]
-    entries = _model_entries(_split_list(models) or list(p.models))
-    model_list = [e.name for e in entries]
-    task_list = _split_list(tasks) or list(p.tasks)
+@dataclasses.dataclass(frozen=True)
+class SweepRequest:
+    """What a user asked of a sweep: a preset and the overrides of it (None or '': the preset's value)."""
+
+    preset: str = "quick"
+    models: str | Sequence[str] | None = None
+    tasks: str | Sequence[str] | None = None
+    freqs: str | Sequence[str] | None = None
+    steps: int | None = None
+    profile_steps: int | None = None
+    batch_size: int = 16
+    repeats: int | None = None
+    seed: int = 0
+    data_source: str = "synthetic"
+    data_dir: str | None = None
+    experiment: str = "dvfs-sweep"
+    replay: bool = True
+    sweep_id: str | None = None
+    train_size: int | None = None
+    dev_size: int | None = None
+    strategy: str = "grid"
+    precision: str = "fp32"
+    peft: PeftSpec = FULL
+
+
+def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
+    """The validated definition of a sweep on `board`: the preset with the request's overrides.
+
+    Args:
+        board: the board the sweep runs on (its clock table, profile and whether it is the twin).
+        request: the preset and its overrides.
+
+    Returns:
+        The `SweepSpec`, with its id (the request's, else the hash of its identity).
+
+    Raises:
+        DvfsError: an unknown name, a clock not in the table, a model that cannot train a task, LoRA targets that
+            match nothing, a data folder without a task's files, or profile-only steps on real hardware.
+    """
+    r = request
+    check_request(r)
+    p = PRESETS[r.preset]
+    entries = _model_entries(_split_list(r.models) or list(p.models))
+    task_list = _split_list(r.tasks) or list(p.tasks)
     task_specs = [get_task(t) for t in task_list]
     _check_models_fit_tasks(entries, task_specs)
-    if peft.is_lora:
-        _check_lora_targets(entries, task_specs, peft)
-    freq_names = _split_list(freqs) or (list(p.freqs) if p.freqs else None)
-    table = device.frequencies_mhz
-    if freq_names is None:
-        freq_list: list[FreqRequest] = [MAXN, *table]
-    else:
-        parsed = [parse_freq(f, table) for f in freq_names]
-        freq_list = ([MAXN] if MAXN not in parsed else []) + parsed  # maxn always: the baseline
-        freq_list = sorted(set(freq_list), key=lambda f: -1.0 if f == MAXN else float(f))
-    n_steps = p.steps if steps is None else steps
+    if r.peft.is_lora:
+        _check_lora_targets(entries, task_specs, r.peft)
+    n_steps = p.steps if r.steps is None else r.steps
     if n_steps < 0:
         raise DvfsError(f"--steps must be >= 0, got {n_steps}")
-    if n_steps == 0 and not device.simulated:
+    if n_steps == 0 and not board.simulated:
         raise DvfsError("--steps 0 (profile only) exists only on the sim device: real hardware has to train to be measured")
-    if data_dir is not None:
+    data_source = r.data_source
+    if r.data_dir is not None:
         data_source = "tsv"
-        from dvfs_mlops.job.workloads.glue_tsv import check_task_dir
-        from dvfs_mlops.job.workloads.instruct import find_files
-
-        for t in task_specs:
-            if t.causal_lm:
-                find_files(Path(data_dir), t.name)
-            else:
-                check_task_dir(Path(data_dir), t)
+        _check_data_dir(Path(r.data_dir), task_specs)
     spec = SweepSpec(
-        models=tuple(model_list), tasks=tuple(task_list), freqs=tuple(freq_list), steps=n_steps,
-        profile_steps=p.profile_steps if profile_steps is None else profile_steps, batch_size=batch_size,
-        repeats=p.repeats if repeats is None else repeats, seed=seed, data_source=data_source, data_dir=data_dir,
-        train_size=p.train_size if train_size is None else train_size, dev_size=p.dev_size if dev_size is None else dev_size,
-        experiment=experiment, replay=replay and device.simulated, device_profile=device.profile, sweep_id=sweep_id or "",
-        shuffle_clocks=not device.simulated, twin_digest=_twin_digest(device), strategy=strategy,
-        model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=precision, peft=peft,
+        models=tuple(e.name for e in entries), tasks=tuple(task_list), freqs=_clocks(r.freqs, p, board), steps=n_steps,
+        profile_steps=p.profile_steps if r.profile_steps is None else r.profile_steps, batch_size=r.batch_size,
+        repeats=p.repeats if r.repeats is None else r.repeats, seed=r.seed, data_source=data_source, data_dir=r.data_dir,
+        train_size=p.train_size if r.train_size is None else r.train_size, dev_size=p.dev_size if r.dev_size is None else r.dev_size,
+        experiment=r.experiment, replay=r.replay and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
+        shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
+        model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
     )
     return spec.with_default_id()
+
+
+def _clocks(freqs: Any, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
+    """The sweep's clocks: maxn (the baseline, always) and the requested ones, else the preset's, else the table."""
+    names = _split_list(freqs) or (list(preset.freqs) if preset.freqs else None)
+    table = list(board.frequencies_mhz)
+    if names is None:
+        return (MAXN, *table)
+    parsed = [parse_freq(f, table) for f in names]
+    chosen = ([MAXN] if MAXN not in parsed else []) + parsed
+    return tuple(sorted(set(chosen), key=lambda f: -1.0 if f == MAXN else float(f)))
+
+
+def _check_data_dir(data_dir: Path, tasks: list[Any]) -> None:
+    """Every task has its files under `data_dir` (GLUE TSV, or instruct's JSONL), before anything runs."""
+    from dvfs_mlops.job.workloads.glue_tsv import check_task_dir
+    from dvfs_mlops.job.workloads.instruct import find_files
+
+    for t in tasks:
+        if t.causal_lm:
+            find_files(data_dir, t.name)
+        else:
+            check_task_dir(data_dir, t)
 
 
 def _model_entries(texts: list[str]) -> list[ModelEntry]:
@@ -262,13 +332,3 @@ def _check_lora_targets(entries: list[ModelEntry], tasks: list[Any], peft: PeftS
     for e in entries:
         for kind in kinds:
             model_facts(resolve_model(e.name, e.config_path, e.pretrained), 2, task_kind=kind, peft=peft)
-
-
-def _twin_digest(device: Any) -> str:
-    """The twin's constants when its profile is not a built-in one (a YAML board, a fitted profile), else ''."""
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, params_digest
-
-    params = getattr(device, "params", None)
-    if not device.simulated or params is None or BUILTIN_PROFILES.get(device.profile) == params:
-        return ""
-    return params_digest(params)

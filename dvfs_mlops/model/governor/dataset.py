@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE, Board
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.workload import NUMERIC_FEATURES, WorkloadFeatures, split_variant
 
@@ -23,7 +23,7 @@ __all__ = ["NUMERIC_FEATURES", "GovernorDataset", "WorkloadCurve", "feature_matr
 @dataclasses.dataclass
 class WorkloadCurve:
     """One workload's curves. `energy_j`/`time_s` are measured (mean over repeats); the `*_expected_*` ones are the
-    twin's noise-free values (metrics energy_expected_j, time_expected_s), empty on hardware and on older runs.
+    twin's noise-free values (metrics energy_expected_j, time_expected_s), empty on hardware and where runs did not log them.
 
     A partial sweep leaves some clocks out: every method works on the clocks this workload has."""
 
@@ -105,6 +105,7 @@ class GovernorDataset:
     device_profile: str
     simulated: bool
     repeats: int = 1  # runs per measured point (the median): a point's mean is that much less noisy than one run
+    board: Board | None = None  # the sweep's board (its parent run's record); None: nothing is known of it
 
     def split(self, name: str | None) -> GovernorDataset:
         if name is None:
@@ -118,68 +119,66 @@ class GovernorDataset:
 Curves = tuple[dict[float, float], dict[float, float], dict[float, float]]  # energy, time and GPU util % by clock
 
 
-def power_noise(device_profile: str, repeats: int = 1) -> float:
-    """The relative power noise of a sweep point's mean: the twin profile's own per run (else the board default,
-    `curve.noise_for`'s), over the square root of the repeats, as the adaptive sweep takes it."""
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
-    from dvfs_mlops.model.curve import noise_for
+def _shape(board: Board, every: Sequence[Sequence[Any]]) -> float:
+    """The voltage-curve shape the fills and the prior use: the board's own where it is known (the twin's profile),
+    else fitted across the sweep's workloads (a real board's curve is not the Orin default the record assumes, and
+    the default would bias every fill-in and the clock each workload's curve calls best); the Orin's when no workload
+    has three clocks."""
+    from dvfs_mlops.model.curve import fit_voltage_shape
 
-    return noise_for(BUILTIN_PROFILES.get(device_profile))[1] / math.sqrt(max(1, repeats))
+    if board.voltage_shape_known:
+        return board.voltage_shape
+    try:
+        return fit_voltage_shape(every, board.f_max_mhz)
+    except DvfsError:
+        return ORIN_VOLTAGE_SHAPE
 
 
-def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int], noise: float | None = None) -> float:
-    """Predict the clocks the adaptive-sweep workloads `measured[i]` (i in `gaps`) did not measure (their energy,
-    time and GPU utilisation by clock; energy and time filled in place) from their own curve fits (curve.py).
-    The board's voltage-curve shape is fitted across every workload of the sweep (`measured`): a profile whose curve
-    is not the Orin's default would otherwise bias every fill-in, and with it the clock a workload's curve calls
-    best. Where the utilisation was logged, each gap's power curve also leans on the board's power prior from
-    the sweep's other workloads (power_prior.py), as the sweep's own predictions do; `noise` is a point's relative
-    power noise (`power_noise`; default the board default). Returns the shape."""
-    from dvfs_mlops.model.curve import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE, Measurement, fit_curve, fit_voltage_shape
+def _assumed_board(freqs: Sequence[float]) -> Board:
+    """A board nothing is known of, on the sweep's clocks (its curve assumed, its noise the default)."""
+    return Board("unknown", "", "", "", False, tuple(sorted(float(f) for f in freqs)))
+
+
+def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: Sequence[int], board: Board | None = None,
+                     repeats: int = 1) -> float:
+    """Predict the clocks the adaptive-sweep workloads `measured[i]` (i in `gaps`) did not measure (their energy, time
+    and GPU utilisation by clock; energy and time filled in place) from their own curve fits (curve.py), on the
+    sweep's board (its record; None: a board nothing is known of): its voltage shape (`_shape`), its table top, and
+    the noise of a mean of `repeats` runs. Where the utilisation was logged, each gap's power curve also leans on the
+    board's power prior from the sweep's other workloads (power_prior.py), as the sweep's own predictions do.
+    Returns the voltage shape used."""
+    from dvfs_mlops.model.curve import Measurement, fit_curve
     from dvfs_mlops.model.power_prior import leave_one_out_priors
 
     def points(energy: dict[float, float], time: dict[float, float], util: dict[float, float]) -> list[Measurement]:
         return [Measurement(f, time[f], energy[f], util[f] / 100.0 if f in util else None) for f in energy]
 
-    f_max = max(freqs)
+    board = board or _assumed_board(freqs)
     every = [points(*w) for w in measured]
-    try:
-        shape = fit_voltage_shape(every, f_max)
-    except DvfsError:  # no workload has three clocks: the Orin's shape
-        shape = ORIN_VOLTAGE_SHAPE
-    noise_p = DEFAULT_NOISE[1] if noise is None else noise
-    priors = leave_one_out_priors(every, voltage_shape=shape, f_max_mhz=f_max, noise=noise_p)
+    shape, noise = _shape(board, every), board.noise(repeats)
+    priors = leave_one_out_priors(every, voltage_shape=shape, f_max_mhz=board.f_max_mhz, noise=noise[1])
     for i in gaps:
         energy, time, _ = measured[i]
-        fit = fit_curve(every[i], voltage_shape=shape, f_max_mhz=f_max, noise=(DEFAULT_NOISE[0], noise_p), prior=priors[i])
+        fit = fit_curve(every[i], voltage_shape=shape, f_max_mhz=board.f_max_mhz, noise=noise, prior=priors[i])
         for pt in fit.predict([f for f in freqs if f not in energy]):
             energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
     return shape
 
 
 def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:
-    """The board's power prior (power_prior.py) from every workload's measured clocks with their GPU utilisation,
-    for refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage
-    shape and table top it was fitted with travel with it: a built-in twin profile's own, else the shape fitted
-    across the sweep and its highest clock. None without enough workloads that logged utilisation."""
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
-    from dvfs_mlops.model.curve import ORIN_VOLTAGE_SHAPE, Measurement, fit_voltage_shape, voltage_shape_for
+    """The board's power prior (power_prior.py) from every workload's measured clocks with their GPU utilisation, for
+    refine at launch on workloads the sweep never saw: `train` stores it on the governor version. The voltage shape
+    and table top it was fitted with travel with it (`_shape`, the board's table). None without enough workloads that
+    logged utilisation."""
+    from dvfs_mlops.model.curve import Measurement
     from dvfs_mlops.model.power_prior import board_prior
 
     points = [[Measurement(f, c.time_s[f], c.energy_j[f], c.gpu_util_pct[f] / 100.0) for f in sorted(c.gpu_util_pct)
                if f in c.energy_j and f in c.time_s] for c in dataset.curves]
-    params = BUILTIN_PROFILES.get(dataset.device_profile)
-    noise = power_noise(dataset.device_profile, dataset.repeats)
-    if params is not None:
-        shape, f_max = voltage_shape_for(params), float(params.max_mhz)
-    else:
-        f_max = max(dataset.frequencies)
-        try:
-            shape = fit_voltage_shape(points, f_max)
-        except DvfsError:
-            shape = ORIN_VOLTAGE_SHAPE
-    prior = board_prior(points, voltage_shape=shape, f_max_mhz=f_max, noise=noise)
-    return None if prior is None else dataclasses.replace(prior, voltage_shape=shape, f_max_mhz=f_max)
+    board = dataset.board or _assumed_board(dataset.frequencies)
+    shape = _shape(board, points)
+    prior = board_prior(points, voltage_shape=shape, f_max_mhz=board.f_max_mhz, noise=board.noise(dataset.repeats)[1])
+    return None if prior is None else dataclasses.replace(prior, voltage_shape=shape, f_max_mhz=board.f_max_mhz)
 
 
 def feature_matrix(curves: Sequence[WorkloadCurve], columns: Sequence[str]) -> list[list[float]]:

@@ -1,7 +1,7 @@
 """Optuna over governor families and hyper-parameters, with nested cross-validation for the reported score.
 
 Two families: `classifier` (a DecisionTreeClassifier on each workload's measured best clock) and
-`curve` (a regression tree whose leaves hold normalised energy/time curves, `curves.py`). Optuna
+`curve` (a regression tree whose leaves hold normalised energy/time curves, `curve_tree.py`). Optuna
 chooses the family and its hyper-parameters by inner cross-validation regret (judged against the
 truth: the twin's expected curve where logged, else the mean over repeats).
 
@@ -53,6 +53,17 @@ def bootstrap_ci(values: Sequence[float], seed: int = 0, n: int = 2000) -> tuple
 
 @dataclasses.dataclass(frozen=True)
 class CVScore:
+    """A policy's score on held-out workloads.
+
+    Attributes:
+        regret: the mean regret over the held-out workloads, against the truth (the twin's expected curve where
+            logged, else the mean over repeats).
+        accuracy: the share of held-out workloads whose true best clock was chosen.
+        choices: workload -> the clock chosen.
+        regrets: workload -> its regret.
+        ci: (property) the bootstrap 95 % interval of the mean regret, resampling workloads.
+    """
+
     regret: float  # mean over held-out workloads, against the truth
     accuracy: float  # share of held-out workloads whose true best clock was hit
     choices: dict[str, float]  # workload -> chosen clock
@@ -93,11 +104,6 @@ def cross_validate(curves: Sequence[WorkloadCurve], objective: Objective, fit: F
         for i in held:
             choices[curves[i].workload] = choose(curves[i])
     return score(curves, choices, objective)
-
-
-def loocv(curves: Sequence[WorkloadCurve], objective: Objective, fit: Fitter) -> CVScore:
-    """Leave-one-workload-out: fit on the others, choose for the held-out one."""
-    return cross_validate(curves, objective, fit, "workload")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,14 +161,6 @@ def policy_fitter(objective: Objective, params: GovernorParams, clocks: Sequence
     return fit
 
 
-def tree_fitter(objective: Objective, params: TreeParams) -> Fitter:
-    def fit(train: Sequence[WorkloadCurve]) -> Chooser:
-        clf = fit_tree(train, objective, params)
-        return lambda c: float(clf.predict(np.asarray(feature_matrix([c], params.features)))[0])
-
-    return fit
-
-
 def ffg_fitter(objective: Objective, frequencies: Sequence[float]) -> Fitter:
     def fit(train: Sequence[WorkloadCurve]) -> Chooser:
         f = FixedPolicy.fit(train, objective).freq_mhz
@@ -178,7 +176,7 @@ def paper_score(curves: Sequence[WorkloadCurve], objective: Objective, frequenci
 
 
 # Features that only some sweeps vary (LoRA vs full fine-tuning, 16-bit vs fp32): offered to the search only where they
-# do, so a sweep of full fp32 fine-tunes searches exactly the space it searched before they existed.
+# do, so a sweep of full fp32 fine-tunes searches only the other NUMERIC_FEATURES.
 OPTIONAL_FEATURES = ("trainable_params", "half_precision")
 
 
@@ -277,6 +275,16 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
 
 @dataclasses.dataclass
 class NestedScore:
+    """Nested held-out scores of one split: each outer group scored by a policy selected without it.
+
+    Attributes:
+        split: the groups held out: workload, task or model.
+        n_groups: how many outer groups (folds).
+        governor: the selected governor's score (a fresh selection study per fold).
+        ffg: the fixed-frequency governor's (one clock fitted on the other groups).
+        paper: the published tree's (no fitting).
+    """
+
     split: str
     n_groups: int
     governor: CVScore
@@ -307,6 +315,26 @@ def nested_cv(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Seq
 
 @dataclasses.dataclass
 class SearchResult:
+    """What `run_search` found: the selected configuration, its refit policy and the scores.
+
+    Attributes:
+        best_params: the selected hyper-parameters (`CurveParams` or `TreeParams`).
+        tree: the selected configuration on the selection folds (inner: optimistic, for reference only).
+        ffg: the fixed-frequency governor on the same folds.
+        paper: the published tree's score.
+        policy: the selected configuration refit on every training workload (`TreePolicy`).
+        classifier: the refit sklearn estimator (a regressor for the curve family; None for a depth-0 curve policy).
+        study: the Optuna selection study.
+        n_workloads: the training workloads searched.
+        split: the split of selection and of the score the gates read.
+        nested: split -> `NestedScore` (held-out scores).
+        features_matter: some non-constant configuration beat the best constant policy on the selection folds.
+        study_name: the selection study's name.
+        expected_truth: regrets are against the twin's expected curves (else the mean over repeats).
+        family: (property) curve or classifier.
+        heldout: (property) the nested score of `split`, None where it has fewer than two groups.
+    """
+
     best_params: GovernorParams
     tree: CVScore  # the selected configuration on the selection folds (inner: optimistic, for reference only)
     ffg: CVScore  # FFG on the same folds
@@ -442,7 +470,8 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     Args:
         dataset: the sweep's workloads (`GovernorDataset`); only its `train` split is searched.
         objective: what a clock is scored by (`objectives.parse_objective`).
-        trials: Optuna TPE trials of the selection study; `seed` seeds it.
+        trials: Optuna TPE trials of the selection study.
+        seed: the seed of the sampler, the trees and the nested studies.
         storage: the selection study's Optuna storage URL (None: in memory).
         study_name: join this study (several processes may); None makes a fresh one.
         on_trial: called with each finished trial (`TrialRecord`), e.g. to log it as a run.

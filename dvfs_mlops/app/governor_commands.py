@@ -1,0 +1,181 @@
+"""The governor's life cycle on the command line: `train`, `evaluate` and `registry list/bootstrap/promote/rollback`.
+
+Each function does a command's work and returns what the command prints (lines, and the MLflow UI link lines),
+so the command line only prints them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dvfs_mlops.app.links import production_link_lines, run_link_lines, version_link_lines
+
+if TYPE_CHECKING:
+    from dvfs_mlops.mlops.evaluate import EvalReport
+    from dvfs_mlops.mlops.train import TrainOutcome, TrainRequest
+
+
+def _quiet(_message: str) -> None:
+    """A `say` that says nothing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainReport:
+    """What `dvfs-mlops train` did: the trained (and maybe registered) governor, and the MLflow UI link lines."""
+
+    outcome: TrainOutcome
+    link: list[str]
+
+    def lines(self) -> list[str]:
+        """The held-out regret table (governor, FFG, paper-mlg per split), the chosen tree, the version made."""
+        from dvfs_mlops.model.governor.policy_tree import features_used, tree_depth
+
+        out, r = self.outcome, self.outcome.result
+        truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
+        lines = [f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):",
+                 f"{'split':<16} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}"]
+        for split, ns in r.nested.items():
+            mark = " *" if split == r.split else ""
+            lines.append(f"{'one ' + split + mark:<16} {_cell(ns.governor):>22} {_cell(ns.ffg):>22} {_cell(ns.paper):>22}")
+        lines.append(f"(* the split gates read; selection study {r.study_name}: inner regret {100 * r.tree.regret:.2f}%, optimistic)")
+        tree = r.policy.policy["tree"]
+        used = sorted(features_used(tree))
+        lines.append(f"best governor: {r.family} tree, depth {tree_depth(tree)}, splits on {', '.join(used) or 'nothing (one clock for all)'} "
+                     f"(offered: {', '.join(r.best_params.features)})")
+        if out.version is not None:
+            lines.append(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
+        else:
+            lines.append(f"logged {out.model_uri} (not registered)")
+        return lines
+
+
+def _cell(score: Any) -> str:
+    """One split's regret with its 95% interval, as a table cell."""
+    lo, hi = score.ci
+    return f"{100 * score.regret:6.2f}% [{100 * lo:5.2f},{100 * hi:5.2f}]"
+
+
+def train(request: TrainRequest, say: Callable[[str], None] = _quiet) -> TrainReport:
+    """`dvfs-mlops train`: train the governor on the request's sweeps and register it (`mlops.train.train_governor`).
+
+    Args:
+        request: what to train on and how.
+        say: where progress lines go.
+
+    Returns:
+        The `TrainReport` (its link: the new version's page, else the run's).
+
+    Raises:
+        DvfsError: as `train_governor`.
+    """
+    from dvfs_mlops.mlops.train import train_governor
+
+    out = train_governor(request, say=say)
+    link = version_link_lines(out.version) if out.version is not None else run_link_lines(out.run_id)
+    return TrainReport(out, link)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationReport:
+    """What `dvfs-mlops evaluate` found, and the MLflow UI link lines of the run it logged."""
+
+    report: EvalReport
+    link: list[str]
+
+    def table(self) -> str:
+        """The savings and regret table."""
+        from dvfs_mlops.mlops.evaluate import format_table
+
+        return format_table(self.report)
+
+
+def evaluate(sweep_id: str, experiment: str, split: str, policies: str, objective: str,
+             say: Callable[[str], None] = _quiet) -> EvaluationReport:
+    """`dvfs-mlops evaluate`: compare policies on a sweep's measured points and log the comparison.
+
+    Args:
+        sweep_id: the sweep ('': the latest in `experiment`).
+        experiment: where the sweep's runs are.
+        split: eval, train or all.
+        policies: comma-separated policy names or models:/ URIs.
+        objective: energy, edp or max-slowdown:X.
+        say: where progress lines go.
+
+    Returns:
+        The `EvaluationReport`.
+
+    Raises:
+        DvfsError: as `mlops.evaluate.evaluate_sweep`.
+    """
+    from dvfs_mlops.mlops.evaluate import evaluate_sweep
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    report = evaluate_sweep(sweep_id or None, experiment, split, names, objective, say=say)
+    return EvaluationReport(report, run_link_lines(report.run_id) if report.run_id else [])
+
+
+def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
+    """`registry list`: one line per version (aliases, objective, profile, sweep, held-out regret), or a hint when none."""
+    if not versions:
+        return ["no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`"]
+    lines = []
+    for v in versions:
+        m, tags = v["metrics"], v["tags"]
+        regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
+        aliases = ",".join(v["aliases"]) or "-"
+        lines.append(f"v{v['version']:<3} {aliases:<20} {tags.get('objective', '?'):<8} {tags.get('device_profile', '?'):<22} "
+                     f"sweep {tags.get('sweep_id') or '-':<18} {regret}")
+    return lines
+
+
+def bootstrap(say: Callable[[str], None] = _quiet) -> list[str]:
+    """`registry bootstrap`: register the published tree as a version.
+
+    Args:
+        say: where progress lines go.
+
+    Returns:
+        The MLflow UI link lines of the new version.
+    """
+    from dvfs_mlops.mlops.registry import bootstrap as register_published
+
+    return version_link_lines(register_published(say=say))
+
+
+def promote(version: str, force: bool = False, say: Callable[[str], None] = _quiet) -> list[str]:
+    """`registry promote`: check the gates, then alias `version` as production.
+
+    Args:
+        version: a version number or 'latest'.
+        force: promote even if a gate fails.
+        say: where the gates' results and the change go.
+
+    Returns:
+        The MLflow UI link lines of the production version.
+
+    Raises:
+        DvfsError: no such version, or a failed gate without `force`.
+    """
+    from dvfs_mlops.mlops.registry import promote as promote_version
+
+    promote_version(version, force=force, say=say)
+    return production_link_lines()
+
+
+def rollback(say: Callable[[str], None] = _quiet) -> list[str]:
+    """`registry rollback`: swap production and previous back.
+
+    Args:
+        say: where the change goes.
+
+    Returns:
+        The MLflow UI link lines of the production version.
+
+    Raises:
+        DvfsError: no previous version.
+    """
+    from dvfs_mlops.mlops.registry import rollback as roll_back
+
+    roll_back(say=say)
+    return production_link_lines()

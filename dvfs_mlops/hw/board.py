@@ -1,0 +1,162 @@
+"""The board a command runs on, as one record: `Board`.
+
+Everything the pipeline needs to know about a board besides its live clock controls lives here, once: which board
+it is (backend, profile, family, device id), its clock table, the shape of its voltage curve and its run-to-run
+noise (what the curve model, the power prior, the adaptive sweep and refine fit with), its power rails, and the
+torch device training runs on. A command resolves it once from the open device (`board_of`); a sweep logs it on
+its parent run (`board.json`), and whatever later works on the sweep (`train`'s fill-ins, `curve fit
+--sweep-id`) reads it back from there (`Board.from_json`) instead of re-deriving it from a profile name.
+
+On the twin every constant is the profile's own (`twin/params.py`). A real board's voltage curve and noise are not
+readable from the hardware, so they are the JetPack 6 AGX Orin's curve and the twin's default noise, marked as
+assumed (`voltage_shape_known=False`): the governor's fill-ins then fit the shape across the sweep instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from dvfs_mlops.errors import DvfsError
+
+# The JetPack 6 AGX Orin's voltage curve as the twin models it, V(f) = 0.63 + 0.27 (f/f_max)^2 (twin/params.py):
+# only its shape r = v1 / v0 matters to the curve model, V(f) ~ 1 + r (f/f_max)^2.
+ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
+# Relative run-to-run noise (time, power) of one measurement window where the board's own is not known: the
+# twin's defaults, a floor under what the fits estimate from their residuals.
+DEFAULT_NOISE = (0.01, 0.02)
+FORMAT = "dvfs-board/1"
+ARTIFACT = "board.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Board:
+    """One board, as every part of the pipeline sees it.
+
+    Attributes:
+        backend: jetson, nvml or sim.
+        profile: the device profile (jetson-agx-orin-64gb, nvml-a100-..., sim-orin, a fitted twin's name).
+        family: the board family a governor belongs to (a twin profile's family is the board it describes).
+        device_id: which board: the Jetson's serial, the NVML GPU's UUID, sim@HOST on the twin.
+        simulated: True on the twin (everything it measures is SIMULATED).
+        frequencies_mhz: the clock table, ascending.
+        voltage_shape: r in V(f) ~ 1 + r (f/f_max)^2.
+        voltage_shape_known: False where `voltage_shape` is an assumption (a real board), not the board's own.
+        noise_time: relative run-to-run noise of one window's time.
+        noise_power: relative run-to-run noise of one window's power.
+        rails: the power rails the meter reads.
+        torch_device: where training runs (cpu on the twin, cuda / cuda:<k> on hardware).
+        twin_digest: a twin whose profile is not built in: a digest of its constants (part of a sweep's identity).
+    """
+
+    backend: str
+    profile: str
+    family: str
+    device_id: str
+    simulated: bool
+    frequencies_mhz: tuple[float, ...]
+    voltage_shape: float = ORIN_VOLTAGE_SHAPE
+    voltage_shape_known: bool = False
+    noise_time: float = DEFAULT_NOISE[0]
+    noise_power: float = DEFAULT_NOISE[1]
+    rails: tuple[str, ...] = ()
+    torch_device: str = "cpu"
+    twin_digest: str = ""
+
+    @property
+    def f_max_mhz(self) -> float:
+        """The top of the clock table: what the voltage curve is written against."""
+        return max(self.frequencies_mhz)
+
+    def noise(self, repeats: int = 1) -> tuple[float, float]:
+        """(time, power) relative noise of a measurement that is the mean of `repeats` runs."""
+        per_mean = math.sqrt(max(1, int(repeats)))
+        return self.noise_time / per_mean, self.noise_power / per_mean
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        """board.json: the record as a sweep's parent run carries it."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Board:
+        """The record `to_dict` wrote (keys a later version added are ignored).
+
+        Raises:
+            DvfsError: not a board record, or a field of the wrong kind.
+        """
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise DvfsError(f"not a board record (format {data.get('format') if isinstance(data, dict) else None!r}, "
+                            f"expected {FORMAT!r})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            fields = {k: v for k, v in data.items() if k in known}
+            fields["frequencies_mhz"] = tuple(float(f) for f in fields["frequencies_mhz"])
+            fields["rails"] = tuple(str(r) for r in fields.get("rails", ()))
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError) as e:
+            raise DvfsError(f"a board record is malformed ({e}); re-run the sweep to log it again") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Board:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise DvfsError(f"a board record is not JSON ({e})") from None
+        return cls.from_dict(data)
+
+
+def family_of(profile: str) -> str:
+    """The board family of a device profile. A twin profile describes an AGX Orin 64 GB (its base, for a twin
+    fitted or loaded from YAML: `sim-orin+1a2b3c4d`, `fit-...`); a real board's profile is its family."""
+    if profile.startswith(("sim-orin", "fit-")):
+        return "jetson-agx-orin-64gb"
+    return profile
+
+
+def board_of(device: Any, torch_device: str | None = None) -> Board:
+    """The `Board` of an open device, resolved once per command.
+
+    Args:
+        device: an open `Device` (jetson, nvml, sim).
+        torch_device: where training runs instead of the backend's own (`--torch-device`); None: the backend's.
+
+    Returns:
+        The board record.
+
+    Raises:
+        TorchDeviceError: the backend trains on CUDA but torch has none (before any clock is touched).
+    """
+    from dvfs_mlops.hw.placement import resolve_torch_device
+
+    where = resolve_torch_device(device, torch_device)
+    params = getattr(device, "params", None) if device.simulated else None
+    common = {"backend": device.name, "profile": device.profile, "family": family_of(device.profile),
+              "device_id": str(getattr(device, "device_id", "") or ""), "simulated": bool(device.simulated),
+              "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
+    if params is None:
+        rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
+        return Board(**common, rails=rails)
+    from dvfs_mlops.hw.twin.physics import RAILS
+    from dvfs_mlops.hw.twin.profiles import twin_digest
+
+    return Board(**common, voltage_shape=float(params.volt_v1) / float(params.volt_v0), voltage_shape_known=True,
+                 noise_time=float(params.noise_time), noise_power=float(params.noise_power), rails=tuple(RAILS),
+                 twin_digest=twin_digest(params))
+
+
+def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...], repeats_hint: int = 1) -> Board:
+    """The board of a sweep logged before sweeps carried board.json: rebuilt from its device profile (a built-in twin
+    profile's constants, else a real board's assumed ones) and the clocks it measured."""
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+
+    params = BUILTIN_PROFILES.get(profile)
+    table = tuple(sorted(float(f) for f in frequencies_mhz)) or (1.0,)
+    if params is None:
+        return Board("unknown", profile, family_of(profile), "", False, table)
+    return Board("sim", profile, family_of(profile), "", True, tuple(params.frequencies_mhz),
+                 voltage_shape=float(params.volt_v1) / float(params.volt_v0), voltage_shape_known=True,
+                 noise_time=float(params.noise_time), noise_power=float(params.noise_power))

@@ -1,0 +1,62 @@
+"""The MLflow schema's names: experiments, and every tag a run or a model version carries.
+
+Params and metrics are built in one place too (`records.py`); the tags are named here so that the code that writes
+a tag and the code that reads it back (resume, the dataset, the registry, the UI test) spell it once.
+"""
+from __future__ import annotations
+
+# Experiments.
+SWEEP_EXPERIMENT = "dvfs-sweep"
+GOVERNOR_EXPERIMENT = "dvfs-governor"
+FINETUNE_EXPERIMENT = "dvfs-finetune"
+EVALUATE_EXPERIMENT = "dvfs-evaluate"
+
+# MLflow's own.
+TAG_PARENT = "mlflow.parentRunId"
+TAG_RUN_NAME = "mlflow.runName"
+
+# A sweep point (and a sweep's parent run).
+TAG_WORKLOAD = "dvfs.workload"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where the job is not a full fp32 one
+TAG_POINT = "dvfs.point"  # workload@freq#repeat: the resume key
+TAG_SWEEP = "dvfs.sweep_id"
+TAG_SIMULATED = "dvfs.simulated"
+TAG_REPLAY = "dvfs.sim_replay"
+TAG_PROFILE_ONLY = "dvfs.profile_only"
+TAG_DEVICE_ID = "dvfs.device_id"  # which board: the Jetson's serial, the NVML GPU's UUID, sim@HOST; --device-id
+TAG_DEVICE_PROFILE = "dvfs.device_profile"  # on a sweep's parent run
+TAG_BOARD_FAMILY = "dvfs.board_family"  # on a sweep's parent run
+TAG_STRATEGY = "dvfs.strategy"  # adaptive: the point was chosen by the curve model (sweep/adaptive.py)
+TAG_PREDICTIONS = "dvfs.predictions"  # an adaptive sweep's parent: predicted.csv is the curve model's, not measurements
+TAG_POWER_PRIOR = "dvfs.power_prior"  # an adaptive sweep's parent: the board priors its predictions leaned on
+TAG_CLAIM_LOST = "dvfs.claim_lost"  # "true": a point's run whose claim another worker took over (claims.py)
+
+# What a metered session saw (every run that metered one).
+TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin
+TAG_OBSERVE = "dvfs.observe"  # "true": metered only, nothing written to the clocks
+TAG_METER_DEGRADED = "dvfs.meter_degraded"  # "true": more than 1 % of power samples failed
+TAG_ABOVE_MODE_CAP = "dvfs.above_mode_cap"  # "true": pinned above the nvpmodel mode's GPU cap
+
+# A fine-tune run (and the user's run under DvfsCallback): the governor and its decision.
+TAG_GOVERNOR_NAME = "governor.name"
+TAG_GOVERNOR_VERSION = "governor.version"
+TAG_GOVERNOR_ALIAS = "governor.alias"
+TAG_GOVERNOR_URI = "governor.uri"
+TAG_DECISION_PATH = "decision.path"
+TAG_REFINE_SIMULATED = "refine.simulated"
+REFINE_PREFIX = "refine."  # refine.start_mhz, chosen_mhz, probes, probe_steps, reason, power_prior (records.refine_tags)
+TAG_CALLBACK_FREQ = "dvfs.freq_mhz"  # DvfsCallback: the clock the job ran at
+TAG_CALLBACK_PRECISION = "dvfs.precision"
+TAG_CALLBACK_TRAINABLE = "dvfs.trainable_params"
+
+# A governor's training run and its registered version.
+TAG_OBJECTIVE = "objective"
+TAG_VERSION_PROFILE = "device_profile"
+TAG_VERSION_SWEEP = "sweep_id"
+TAG_N_WORKLOADS = "n_workloads"
+TAG_FAMILY = "family"  # curve | classifier
+TAG_CV_SPLIT = "cv_split"
+TAG_OPTUNA_STUDY = "optuna.study"
+TAG_OPTUNA_TRIAL = "optuna.trial"
+TAG_VERSION_POWER_PRIOR = "power_prior"  # the training sweep's board prior (JSON), for refine at launch
+TAG_BASELINE = "dvfs.baseline"  # "true": the published tree (registry bootstrap); metric gates do not apply
+TAG_SOURCE = "source"
