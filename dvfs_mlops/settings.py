@@ -42,14 +42,15 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
 )
 
-TRACKING_URI_DEFAULT = "sqlite:///mlflow.db"
+_DEFAULTS = {v.name: v.default for v in VARIABLES}
+TRACKING_URI_DEFAULT = _DEFAULTS["MLFLOW_TRACKING_URI"]
 REGISTRY_DIR_ENV = "DVFS_REGISTRY_DIR"
 CLAIMS_ENV = "DVFS_CLAIMS_URI"
 # Transient HTTP errors against a tracking server are retried by MLflow's client with exponential backoff; bounded
-# (4 retries, factor 1: 1+2+4+8 s) so a dead server fails a point in ~15 s, not MLflow's default of minutes.
-MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-CLI_DEFAULTS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+# (4 retries, factor 1: 1+2+4+8 s) so a dead server fails a point in seconds, not after MLflow's default of minutes.
+MLFLOW_HTTP_DEFAULTS = {k: _DEFAULTS[k] for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                                                   "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+CLI_DEFAULTS = {k: _DEFAULTS[k] for k in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "HF_HUB_DISABLE_PROGRESS_BARS")}
 
 
 def _get(name: str) -> str | None:

@@ -125,3 +125,33 @@ def test_a_sweep_under_mlflow_run_is_named_after_its_sweep(empty_store):
     sweep_id = parent.data.tags["dvfs.sweep_id"]
     assert parent.info.run_name == f"sweep {sweep_id}" and "sweep_definition" in parent.data.params
     assert parent.data.tags["dvfs.device_id"] and "board.json" in {a.path for a in c.list_artifacts(outer.info.run_id)}
+
+
+def test_a_point_whose_claim_was_lost_is_measured_before_the_adaptive_sweep_reads_it(empty_store, monkeypatch):
+    """Adaptive sweeps claim their points like grid ones. A point whose claim is lost while it runs (another worker took
+    it over) ends KILLED with dvfs.claim_lost and is not counted as measured: the sweep waits until the point holds a
+    FINISHED run (here its claim comes back to this worker, which measures it again) before it chooses the next clock."""
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.mlops import claims
+    from dvfs_mlops.mlops.sweep import RunOptions, SweepRequest, build_spec, run_sweep
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store)
+    asked = []
+    real = claims.Lease.still_mine
+
+    def lost_once(self):
+        asked.append(self.point_key)
+        return False if len(asked) == 2 else real(self)
+
+    monkeypatch.setattr(claims.Lease, "still_mine", lost_once)
+    dev = SimDevice()
+    spec = build_spec(board_of(dev), SweepRequest("smoke", models="bert-tiny", tasks="sst2", steps=0, profile_steps=5,
+                                                  strategy="adaptive"))
+    out = run_sweep(spec, dev, options=RunOptions(announce=lambda m: None, wait_poll_s=0.05))
+    _, points, _ = _runs(empty_store)
+    lost = asked[1]
+    assert [p.info.status for p in points if p.data.tags["dvfs.point"] == lost].count("FINISHED") == 1
+    killed = [p for p in points if p.data.tags["dvfs.point"] == lost and p.info.status == "KILLED"]
+    assert len(killed) == 1 and killed[0].data.tags["dvfs.claim_lost"] == "true"
+    assert lost in out.ran and len({p.data.tags["dvfs.point"] for p in points}) == len(out.ran) >= 4  # maxn + >= 3 clocks

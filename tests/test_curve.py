@@ -246,6 +246,23 @@ def test_board_noise_is_the_twin_profiles_own_and_the_default_on_a_board():
     assert board_of(SimDevice(noisy)).noise(repeats=4) == pytest.approx((0.015, 0.025))  # the mean of 4 runs
 
 
+def test_a_noise_free_twin_board_fits_with_the_assumed_noise_and_shape():
+    """A --twin-params board may state no noise (a deterministic twin) or a curve without v0: its record keeps the
+    floors a fit needs (the default noise, the Orin's shape), as the curve model's own defaults are."""
+    import dataclasses
+
+    from dvfs_mlops.hw.board import DEFAULT_NOISE, board_of, legacy_board
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+
+    quiet = dataclasses.replace(BUILTIN_PROFILES["sim-orin"], profile="quiet", noise_time=0.0, noise_power=0.0)
+    assert board_of(SimDevice(quiet)).noise() == DEFAULT_NOISE and board_of(SimDevice(quiet)).voltage_shape_known
+    flat = dataclasses.replace(quiet, volt_v0=0.0)
+    assert board_of(SimDevice(flat)).voltage_shape == ORIN_VOLTAGE_SHAPE and not board_of(SimDevice(flat)).voltage_shape_known
+    old = legacy_board("sim-orin-measured", [510.0, 816.0])  # a sweep from before board.json: its built-in profile's own
+    assert old.voltage_shape == pytest.approx(0.20 / 0.60) and old.frequencies_mhz == TABLE and old.rails
+
+
 def test_a_board_record_round_trips_and_a_foreign_one_is_refused():
     from dvfs_mlops.errors import DvfsError
     from dvfs_mlops.hw.board import Board, board_of
@@ -360,3 +377,22 @@ def test_curve_fit_reads_a_sweeps_workload_with_the_boards_power_prior(tmp_path,
     r = run_cli("curve", "fit", "--sweep-id", sid, "--workload", "bert-tiny/squad", env=env)
     assert r.returncode != 0 and "has no pinned points of workload 'bert-tiny/squad'; it has bert-tiny/mrpc" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_sweeps_fits_skip_a_workload_with_one_clock_and_curve_fit_finds_a_variant_by_its_plain_name():
+    """An interrupted sweep may hold a workload with one clock: it has no curve, the others still fit (curve fit of
+    another workload of that sweep works). A LoRA sweep's workloads are named with their variant; MODEL/TASK finds
+    the one variant the sweep has."""
+    from dvfs_mlops.app.curve_fit import _workload_name
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.board import Board
+    from dvfs_mlops.model.power_prior import sweep_fits
+
+    board = Board("sim", "sim-orin", "jetson-agx-orin-64gb", "t", True, TABLE, ORIN_VOLTAGE_SHAPE, True)
+    fits = sweep_fits([_measure((306.0, 816.0, 1300.5)), _measure((816.0,))], board)
+    assert fits[0] is not None and fits[1] is None
+    names = ["bert-tiny/sst2+lora-r8a16", "pythia-14m/sst2+lora-r8a16"]
+    assert _workload_name("bert-tiny/sst2", names, "s") == "bert-tiny/sst2+lora-r8a16"
+    assert _workload_name("pythia-14m/sst2+lora-r8a16", names, "s") == "pythia-14m/sst2+lora-r8a16"
+    with pytest.raises(DvfsError, match="has no pinned points of workload 'bert-tiny/rte'"):
+        _workload_name("bert-tiny/rte", names, "s")

@@ -207,6 +207,37 @@ def test_other_governor_code_goes_through_the_pyfunc(in_store, tmp_path, monkeyp
     assert not isinstance(governor.model, PolicyModel) and governor.ref.version == 1
 
 
+def test_a_version_registered_by_an_earlier_release_is_still_read_directly(tmp_path, monkeypatch):
+    """Versions registered before the package moved into layer folders ship a model_code.py that differs from today's in
+    one fallback import line only: they decide alike, so they keep the fast path (and the alias cache)."""
+    from dvfs_mlops.mlops import pyfunc, registry
+    from dvfs_mlops.mlops.governor import PolicyModel, load_governor
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DVFS_CACHE_DIR", str(tmp_path / "cache"))
+    today = pyfunc.CODE
+    earlier = tmp_path / "model_code.py"
+    earlier.write_text(today.read_text().replace("from dvfs_mlops.model.governor import policy_tree",
+                                                 "from dvfs_mlops.governor import policy_tree"))
+    assert earlier.read_bytes() != today.read_bytes()
+    monkeypatch.setattr(pyfunc, "CODE", earlier)
+    registry.bootstrap(say=lambda m: None)  # registered with the earlier release's code
+    monkeypatch.setattr(pyfunc, "CODE", today)
+    registry.promote("1", say=lambda m: None)
+    governor = load_governor()
+    assert isinstance(governor.model, PolicyModel) and governor.ref.version == 1
+    assert governor.decide({"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 10**8,
+                            "avg_seq_len": 72.3, "gpu_util_pct": 97.6}, TABLE) == load_governor(direct=False).decide(
+        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 10**8, "avg_seq_len": 72.3,
+         "gpu_util_pct": 97.6}, TABLE)
+    # any other code is not ours: the pyfunc (the alias cache, which remembers only our code's decisions, emptied)
+    import shutil
+
+    monkeypatch.setattr(pyfunc, "EARLIER_CODE_SHA256", frozenset())
+    shutil.rmtree(tmp_path / "cache")
+    assert not isinstance(load_governor().model, PolicyModel)
+
+
 def test_slow_and_fast_plan_decide_alike_and_a_probe_still_trains(in_store, monkeypatch):
     from dvfs_mlops.app import finetune as launcher
     from dvfs_mlops.hw.board import board_of

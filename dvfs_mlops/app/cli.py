@@ -14,6 +14,7 @@ import click
 
 from dvfs_mlops.app import options as opts
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
     from dvfs_mlops.app.curve_fit import CurveFitRequest
@@ -182,7 +183,7 @@ def curve_fit(request: CurveFitRequest, as_json: bool) -> None:
 
 @main.command("evaluate")
 @click.option("--sweep-id", default="", help="The sweep whose measured points are compared (default: the latest in --experiment).")
-@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
 @click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]),
               help="Which of the sweep's workloads: the held-out ones (eval), the training ones, or all.")
 @click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True,
@@ -256,7 +257,7 @@ def twin() -> None:
 
 @twin.command("fit")
 @click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
-@click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are.")
+@click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
 @click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="Or fit to a CSV: workload (MODEL/TASK), freq_mhz, time_s and energy_j or power_w (CPU + GPU); optional steps "
                    "(default 1), batch_size (16), seq_len (the task's mean length), dtype.")

@@ -96,15 +96,27 @@ def _from_sweep(r: CurveFitRequest) -> CurveFitOutcome:
     from dvfs_mlops.model.power_prior import sweep_fits
 
     sweep = sweep_points(r.experiment, r.sweep_id)
-    if r.workload not in sweep.workloads:
-        raise DvfsError(f"sweep {sweep.sweep_id!r} has no pinned points of workload {r.workload!r}; "
-                        f"it has {', '.join(sorted(sweep.workloads))}")
+    name = _workload_name(r.workload, sorted(sweep.workloads), sweep.sweep_id)
     board = sweep.board if r.voltage_shape is None else dataclasses.replace(sweep.board, voltage_shape=r.voltage_shape)
     names = sorted(sweep.workloads)
-    chosen = _chosen(sweep.workloads[r.workload], r.clocks)
-    fits = sweep_fits([chosen if n == r.workload else sweep.workloads[n] for n in names], board, sweep.repeats)
-    fit = fits[names.index(r.workload)]
+    chosen = _chosen(sweep.workloads[name], r.clocks)
+    fit = sweep_fits([chosen if n == name else sweep.workloads[n] for n in names], board, sweep.repeats)[names.index(name)]
+    if fit is None:
+        fit = fit_curve(chosen)  # fewer than two clocks: fit_curve's own one-line error names how many it got
     return CurveFitOutcome(fit, fit.predict(sorted(board.frequencies_mhz)), sorted({m.freq_mhz for m in chosen}))
+
+
+def _workload_name(asked: str, names: list[str], sweep_id: str) -> str:
+    """The sweep's workload `asked` names: its full name, or MODEL/TASK where one LoRA or 16-bit variant of it is all
+    the sweep has (`bert-tiny/sst2` for `bert-tiny/sst2+lora-r8a16`)."""
+    from dvfs_mlops.model.workload import split_variant
+
+    if asked in names:
+        return asked
+    variants = [n for n in names if n.rsplit("/", 1)[0] + "/" + split_variant(n.rsplit("/", 1)[-1])[0] == asked]
+    if len(variants) == 1:
+        return variants[0]
+    raise DvfsError(f"sweep {sweep_id!r} has no pinned points of workload {asked!r}; it has {', '.join(names)}")
 
 
 def _chosen(points: list[Any], clocks: str) -> list[Any]:

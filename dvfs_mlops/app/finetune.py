@@ -97,7 +97,8 @@ def measure_gpu_util(device: Any, board: Board, job: Job, probe_steps: int, obse
         _, maxn = twin_curve(job, device)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     job.workload.materialize()  # the probe trains: data, tokenizer and model config, before the session starts
-    probe = dataclasses.replace(job, config=dataclasses.replace(job.config, steps=probe_steps, epochs=None))
+    # the probe measures how busy the GPU is, which the weights do not change: a random init, no weights to load
+    probe = dataclasses.replace(job, config=dataclasses.replace(job.config, steps=probe_steps, epochs=None), pretrained=None)
     session = device.session(MAXN, observe=observe, label="probe")
     with session:
         run_job(probe, session, mode=PROFILE if board.simulated else TRAIN)
@@ -251,10 +252,8 @@ def _log_model(c: Any, run_id: str, result: Any, workload: Any) -> None:
 
 def _log_refine(c: Any, run_id: str, refined: Any, workload: str, simulated: bool) -> None:
     """The probes and the choice: tags (and the run's name at the settled clock), and refine.csv."""
-    from dvfs_mlops.mlops.sweep.artifacts import log_text_artifact
-
     tags = {**records.refine_tags(refined), schema.TAG_RUN_NAME: f"{workload}@{refined.chosen_mhz:g}"}
     if simulated:
         tags[schema.TAG_REFINE_SIMULATED] = "true"
     tracking.log_run_batch(c, run_id, tags=tags, metrics={"refine_probe_steps": float(refined.probe_steps)})
-    log_text_artifact(c, run_id, "refine.csv", refined.to_csv())
+    tracking.log_text_artifact(c, run_id, "refine.csv", refined.to_csv())

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.app.links import production_link_lines, run_link_lines, version_link_lines
+from dvfs_mlops.mlops import schema
 
 if TYPE_CHECKING:
     from dvfs_mlops.mlops.evaluate import EvalReport
@@ -124,7 +125,7 @@ def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
         m, tags = v["metrics"], v["tags"]
         regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
         aliases = ",".join(v["aliases"]) or "-"
-        lines.append(f"v{v['version']:<3} {aliases:<20} {tags.get('objective', '?'):<8} {tags.get('device_profile', '?'):<22} "
+        lines.append(f"v{v['version']:<3} {aliases:<20} {tags.get(schema.TAG_OBJECTIVE, '?'):<8} {tags.get(schema.TAG_VERSION_PROFILE, '?'):<22} "
                      f"sweep {tags.get('sweep_id') or '-':<18} {regret}")
     return lines
 

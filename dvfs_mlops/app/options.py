@@ -20,6 +20,7 @@ from dvfs_mlops.app.devices import DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -198,7 +199,7 @@ sweep_options = option_group(
     click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it "
                                                 "(implies --data-source tsv)."),
     SEED_OPTION,
-    click.option("--experiment", default="dvfs-sweep", show_default=True, help="MLflow experiment the sweep's runs go to."),
+    click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="MLflow experiment the sweep's runs go to."),
     click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition)."),
     click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's)."),
     click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's)."),
@@ -237,7 +238,7 @@ train_options = option_group(
                  help="Learn from every sweep of --experiment with FINISHED points matching this MLflow filter, e.g. "
                       "\"params.device_profile = 'sim-orin'\" or \"tags.`dvfs.device_id` LIKE 'orin-%'\"."),
     click.option("--mix-profiles", is_flag=True, help="Allow sweeps of different device profiles in one governor (refused by default)."),
-    click.option("--experiment", default="dvfs-sweep", show_default=True, help="Where the sweep's runs are."),
+    click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are."),
     click.option("--objective", default="energy", show_default=True,
                  help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time)."),
     click.option("--trials", default=60, show_default=True, type=Count(min=1), help="Optuna trials of the selection study (each one a full inner CV)."),
@@ -306,7 +307,7 @@ curve_fit_options = option_group(
     click.option("--clocks", default="", help="Comma-separated clocks (MHz) to fit on (default: every row)."),
     click.option("--sweep-id", default="", help="Read the points from this MLflow sweep instead of FILE."),
     click.option("--workload", default="", help="With --sweep-id: the workload, MODEL/TASK."),
-    click.option("--experiment", default="dvfs-sweep", show_default=True, help="With --sweep-id: where the sweep's runs are."),
+    click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="With --sweep-id: where the sweep's runs are."),
     click.option("--voltage-shape", default=None, type=click.FloatRange(min=0),
-                 help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the Orin's, 0.43)."),
+                 help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the sweep's board's; for a CSV, the Orin's, 0.43)."),
 )

@@ -27,6 +27,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.twin.fit import FitPoint, FitResult, fit_profile
 from dvfs_mlops.hw.twin.params import OrinTwinParams
 from dvfs_mlops.mlops import schema
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
     from dvfs_mlops.app.devices import DeviceChoice
@@ -67,7 +68,7 @@ class TwinFitOutcome:
         return lines
 
 
-def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = "dvfs-sweep", csv_path: str | None = None,
+def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = SWEEP_EXPERIMENT, csv_path: str | None = None,
                      name: str = "", out: str = "", say: Callable[[str], None] = log.info) -> TwinFitOutcome:
     """`dvfs-mlops twin fit`: fit the profile that `twin`'s --twin-profile/--twin-params choose (sim-orin by default).
 
@@ -93,7 +94,7 @@ def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = "
                     say=say)
 
 
-def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: str = "dvfs-sweep", csv_path: str | None = None,
+def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, csv_path: str | None = None,
              name: str | None = None, out: str | None = None, say: Callable[[str], None] = log.info) -> TwinFitOutcome:
     """Fit `base`'s timing and power constants to the points, write the profile YAML, return the fit and its errors."""
     if bool(sweep_id) == bool(csv_path):

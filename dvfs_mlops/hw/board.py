@@ -19,13 +19,15 @@ import math
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.twin.params import OrinTwinParams
 
-# The JetPack 6 AGX Orin's voltage curve as the twin models it, V(f) = 0.63 + 0.27 (f/f_max)^2 (twin/params.py):
-# only its shape r = v1 / v0 matters to the curve model, V(f) ~ 1 + r (f/f_max)^2.
-ORIN_VOLTAGE_SHAPE = 0.27 / 0.63
-# Relative run-to-run noise (time, power) of one measurement window where the board's own is not known: the
-# twin's defaults, a floor under what the fits estimate from their residuals.
-DEFAULT_NOISE = (0.01, 0.02)
+_ORIN = OrinTwinParams()
+# The JetPack 6 AGX Orin's voltage curve as the twin models it, V(f) = v0 + v1 (f/f_max)^2 (twin/params.py): only its
+# shape r = v1 / v0 matters to the curve model, V(f) ~ 1 + r (f/f_max)^2.
+ORIN_VOLTAGE_SHAPE = _ORIN.volt_v1 / _ORIN.volt_v0
+# Relative run-to-run noise (time, power) of one measurement window where the board's own is not known: the twin's
+# defaults, a floor under what the fits estimate from their residuals.
+DEFAULT_NOISE = (_ORIN.noise_time, _ORIN.noise_power)
 FORMAT = "dvfs-board/1"
 ARTIFACT = "board.json"
 
@@ -37,7 +39,7 @@ class Board:
     Attributes:
         backend: jetson, nvml or sim.
         profile: the device profile (jetson-agx-orin-64gb, nvml-a100-..., sim-orin, a fitted twin's name).
-        family: the board family a governor belongs to (a twin profile's family is the board it describes).
+        family: the board's family (`board_family`): a real board's profile, or the board a twin profile describes.
         device_id: which board: the Jetson's serial, the NVML GPU's UUID, sim@HOST on the twin.
         simulated: True on the twin (everything it measures is SIMULATED).
         frequencies_mhz: the clock table, ascending.
@@ -109,12 +111,23 @@ class Board:
         return cls.from_dict(data)
 
 
-def family_of(profile: str) -> str:
-    """The board family of a device profile. A twin profile describes an AGX Orin 64 GB (its base, for a twin
-    fitted or loaded from YAML: `sim-orin+1a2b3c4d`, `fit-...`); a real board's profile is its family."""
+def board_family(profile: str) -> str:
+    """The board family of a device profile: the built-in twin profiles and twins fitted from them (`sim-orin*`,
+    `fit-*`) describe an AGX Orin 64 GB; any other profile (a real board's, a YAML twin's own name) is its family."""
     if profile.startswith(("sim-orin", "fit-")):
         return "jetson-agx-orin-64gb"
     return profile
+
+
+def _twin_constants(params: OrinTwinParams) -> dict[str, Any]:
+    """A twin profile's voltage shape and noise as Board fields, with the assumed ones where the profile states none
+    that a fit can use (no noise, a voltage curve without a positive v0)."""
+    known = params.volt_v0 > 0 and params.volt_v1 >= 0
+    noisy = params.noise_time > 0 and params.noise_power > 0
+    return {"voltage_shape": float(params.volt_v1) / float(params.volt_v0) if known else ORIN_VOLTAGE_SHAPE,
+            "voltage_shape_known": known,
+            "noise_time": float(params.noise_time) if noisy else DEFAULT_NOISE[0],
+            "noise_power": float(params.noise_power) if noisy else DEFAULT_NOISE[1]}
 
 
 def board_of(device: Any, torch_device: str | None = None) -> Board:
@@ -134,7 +147,7 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
 
     where = resolve_torch_device(device, torch_device)
     params = getattr(device, "params", None) if device.simulated else None
-    common = {"backend": device.name, "profile": device.profile, "family": family_of(device.profile),
+    common = {"backend": device.name, "profile": device.profile, "family": board_family(device.profile),
               "device_id": str(getattr(device, "device_id", "") or ""), "simulated": bool(device.simulated),
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
@@ -143,20 +156,17 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
     from dvfs_mlops.hw.twin.physics import RAILS
     from dvfs_mlops.hw.twin.profiles import twin_digest
 
-    return Board(**common, voltage_shape=float(params.volt_v1) / float(params.volt_v0), voltage_shape_known=True,
-                 noise_time=float(params.noise_time), noise_power=float(params.noise_power), rails=tuple(RAILS),
-                 twin_digest=twin_digest(params))
+    return Board(**common, **_twin_constants(params), rails=tuple(RAILS), twin_digest=twin_digest(params))
 
 
-def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...], repeats_hint: int = 1) -> Board:
+def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...]) -> Board:
     """The board of a sweep logged before sweeps carried board.json: rebuilt from its device profile (a built-in twin
     profile's constants, else a real board's assumed ones) and the clocks it measured."""
+    from dvfs_mlops.hw.twin.physics import RAILS
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
 
     params = BUILTIN_PROFILES.get(profile)
-    table = tuple(sorted(float(f) for f in frequencies_mhz)) or (1.0,)
     if params is None:
-        return Board("unknown", profile, family_of(profile), "", False, table)
-    return Board("sim", profile, family_of(profile), "", True, tuple(params.frequencies_mhz),
-                 voltage_shape=float(params.volt_v1) / float(params.volt_v0), voltage_shape_known=True,
-                 noise_time=float(params.noise_time), noise_power=float(params.noise_power))
+        return Board("unknown", profile, board_family(profile), "", False, tuple(sorted(float(f) for f in frequencies_mhz)) or (1.0,))
+    return Board("sim", profile, board_family(profile), "", True, tuple(params.frequencies_mhz), **_twin_constants(params),
+                 rails=tuple(RAILS))

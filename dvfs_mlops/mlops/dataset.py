@@ -9,6 +9,7 @@ from typing import Any
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves
 from dvfs_mlops.model.workload import WorkloadFeatures
 
@@ -131,7 +132,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated, repeats, board)
 
 
-def load_sweep_dataset(sweep_id: str | None = None, experiment: str = "dvfs-sweep", *, sweeps_filter: str = "",
+def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, *, sweeps_filter: str = "",
                        mix_profiles: bool = False) -> GovernorDataset:
     """The dataset of one sweep or several (`sweep_id` "a,b,..."; or every sweep of the experiment with point runs
     matching the MLflow filter `sweeps_filter`); default the latest sweep of the experiment.

@@ -24,6 +24,7 @@ from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
 from dvfs_mlops.mlops.governor import Governor
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective, parse_objective
 from dvfs_mlops.model.governor.policies import (
@@ -259,7 +260,7 @@ def savings_chart(report: EvalReport, path: Path) -> None:
     plt.close(fig)
 
 
-def evaluate_sweep(sweep_id: str | None = None, experiment: str = "dvfs-sweep", split: str = "eval",
+def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, split: str = "eval",
                    policies: Sequence[str] = BUILTIN, objective: str = "energy", log: bool = True,
                    say: Callable[[str], None] = logger.info) -> EvalReport:
     obj = parse_objective(objective)

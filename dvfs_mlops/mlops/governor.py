@@ -28,7 +28,7 @@ from dvfs_mlops.model.workload import WorkloadFeatures
 
 log = logging.getLogger(__name__)
 
-_MODELS_URI = re.compile(r"models:/([^/@]+)(?:@([^/@]+)|/([0-9]+|latest))")
+_MODELS_URI = re.compile(r"models:/([^/@]+)(?:@([^/@]+)|/([^/@]+))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,13 +231,14 @@ def _pyfunc(target: str) -> Any:
 
 
 def _shipped_policy(c: Any, ref: GovernorRef) -> dict[str, Any] | None:
-    """policy.json of a registered version whose code is this package's, byte for byte; None for any other model."""
+    """policy.json of a registered version whose code decides as this package's (`pyfunc.is_our_code`); None for any
+    other model."""
     if ref.name is None or ref.version is None:
         return None
     import mlflow
     import yaml
 
-    from dvfs_mlops.mlops.pyfunc import CODE, TREE_CODE
+    from dvfs_mlops.mlops.pyfunc import is_our_code
 
     with tempfile.TemporaryDirectory() as tmp:
         uri = c.get_model_version_download_uri(ref.name, str(ref.version))
@@ -249,7 +250,7 @@ def _shipped_policy(c: Any, ref: GovernorRef) -> dict[str, Any] | None:
         shipped_tree = local / pf["code"] / "policy_tree.py"
         if not (shipped_code.is_file() and shipped_tree.is_file()):
             return None
-        if shipped_code.read_bytes() != CODE.read_bytes() or shipped_tree.read_bytes() != TREE_CODE.read_bytes():
+        if not is_our_code(shipped_code.read_bytes(), shipped_tree.read_bytes()):
             return None
         policy_file = local / pf.get("artifacts", {}).get("policy", {}).get("path", "")
         return json.loads(policy_file.read_text()) if policy_file.is_file() else None

@@ -15,6 +15,21 @@ from dvfs_mlops.model.governor import policy_tree
 # The pyfunc's code, shipped with every version: the model class and the stdlib-only decision code beside it.
 CODE = Path(policy_tree.__file__).resolve().parent / "model_code.py"
 TREE_CODE = Path(policy_tree.__file__).resolve()
+# SHA-256 of earlier releases of model_code.py that decide exactly as this one (they differ only in the import line a
+# source-tree run falls back to): versions registered with them are read directly too (`governor.load_governor`).
+EARLIER_CODE_SHA256 = frozenset({
+    "b72822c66f2baa16c2f1bb8107314bf2c5502672f602d86127c99b7c2c5698a5",  # dvfs_mlops/governor/model_code.py, before the layer folders
+})
+
+
+def is_our_code(model_code: bytes, tree_code: bytes) -> bool:
+    """A registered version's shipped code decides as this package's: the same policy_tree.py byte for byte, and
+    model_code.py this one or an earlier release of the same body."""
+    import hashlib
+
+    if tree_code != TREE_CODE.read_bytes():
+        return False
+    return model_code == CODE.read_bytes() or hashlib.sha256(model_code).hexdigest() in EARLIER_CODE_SHA256
 
 
 def input_example() -> list[dict[str, Any]]:

@@ -71,8 +71,8 @@ def latest_sweep_id(c: Any, experiment: str) -> str:
 
 
 def sweep_board(c: Any, experiment_ids: list[str], sweep_id: str, df: Any = None) -> Board:
-    """The board a sweep ran on: `board.json` of its newest parent run that carries one. A sweep with no such parent
-    run is rebuilt from its points' device profile and clocks (`hw.board.legacy_board`).
+    """The board a sweep ran on: `board.json` of its newest parent run (named `sweep <id>`) that carries one. A sweep
+    with no such parent run is rebuilt from its points' device profile and clocks (`hw.board.legacy_board`).
 
     Args:
         c: an MLflow client.
@@ -82,11 +82,11 @@ def sweep_board(c: Any, experiment_ids: list[str], sweep_id: str, df: Any = None
     """
     import tempfile
 
-    runs = c.search_runs(experiment_ids, filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}'", max_results=50000,
-                         order_by=["attributes.start_time DESC"])
-    for r in (r for r in runs if not r.data.tags.get(schema.TAG_POINT)):
+    parents = c.search_runs(experiment_ids, max_results=100, order_by=["attributes.start_time DESC"],
+                            filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_RUN_NAME}` = 'sweep {sweep_id}'")
+    for r in parents:
         if BOARD_ARTIFACT not in {a.path for a in c.list_artifacts(r.info.run_id)}:
-            continue  # a parent that did not log the board (or was killed before it did)
+            continue  # an older parent, or one killed before it logged the board
         with tempfile.TemporaryDirectory() as tmp:
             return Board.from_json(Path(c.download_artifacts(r.info.run_id, BOARD_ARTIFACT, tmp)).read_text())
     df = sweep_frame(experiment_ids, sweep_id) if df is None else df

@@ -110,6 +110,16 @@ def log_run_batch(c: Any, run_id: str, params: Mapping[str, Any] = {}, metrics: 
         first = False
 
 
+def log_text_artifact(c: Any, run_id: str, name: str, text: str) -> None:
+    """A small text file (board.json, predicted.csv, refine.csv) as an artifact of the run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_text(text)
+        c.log_artifact(run_id, str(path))
+
+
 # Deep links into the MLflow UI (MLflow 3's routes; the UI is a hash router). `workflowType=machine_learning`
 # opens an experiment on its runs table in "Model training" mode rather than the GenAI overview, even in a
 # browser whose last visit left the toggle on GenAI.

@@ -171,7 +171,7 @@ def board_prior(workloads: Sequence[Sequence[Measurement]], *, voltage_shape: fl
     return _prior([_own_ratio(w, share, voltage_shape, f_max_mhz, noise) for w in workloads if usable(w)], share)
 
 
-def sweep_fits(workloads: Sequence[Sequence[Measurement]], board: Board, repeats: int = 1) -> list[CurveFit]:
+def sweep_fits(workloads: Sequence[Sequence[Measurement]], board: Board, repeats: int = 1) -> list[CurveFit | None]:
     """Every workload of a sweep fitted as the sweep predicts it (`predicted.csv`, `curve fit --sweep-id`): on the
     board's voltage shape and table top, at the noise of a mean of `repeats` runs, each workload's power curve
     leaning on the prior of all the others where there is one.
@@ -182,12 +182,13 @@ def sweep_fits(workloads: Sequence[Sequence[Measurement]], board: Board, repeats
         repeats: runs per measured clock.
 
     Returns:
-        One `CurveFit` per workload, in order (`fit.prior` is the prior it leaned on, or None).
+        One `CurveFit` per workload, in order (`fit.prior` is the prior it leaned on, or None); None for a workload
+        with fewer than two distinct clocks (an interrupted sweep's), which has no curve to fit.
 
     Raises:
-        DvfsError: a workload has fewer than two distinct clocks, or a time or energy that is not a finite number > 0.
+        DvfsError: a workload's time or energy is not a finite number > 0.
     """
     noise = board.noise(repeats)
     priors = leave_one_out_priors(workloads, voltage_shape=board.voltage_shape, f_max_mhz=board.f_max_mhz, noise=noise[1])
     return [fit_curve(w, voltage_shape=board.voltage_shape, f_max_mhz=board.f_max_mhz, noise=noise, prior=prior)
-            for w, prior in zip(workloads, priors)]
+            if len({round(m.freq_mhz, 3) for m in w}) >= 2 else None for w, prior in zip(workloads, priors)]

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dvfs_mlops.clocks import MAXN
+from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.mlops import schema, tracking
-from dvfs_mlops.mlops.sweep.artifacts import log_text_artifact
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 from dvfs_mlops.model.curve import Measurement, mean_measurement, next_clock
 from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS, board_prior, sweep_fits
@@ -46,10 +46,14 @@ class AdaptiveStrategy:
     def expected_points(self) -> int:
         return len(self.workloads) * (MAX_PINNED + 1) * self.spec.repeats
 
+    def counted(self, done: set[str]) -> int:
+        names = {f"{m}/{t}{self.spec.variant}" for m, t in self.workloads}
+        return sum(key.rsplit("@", 1)[0] in names for key in done)
+
     def describe(self, runner: Any) -> str:
         sim = " (SIMULATED)" if runner.board.simulated else ""
         return (f"sweep {self.spec.sweep_id} (adaptive): {len(self.workloads)} workloads, maxn + at most {MAX_PINNED} clocks each, "
-                f"{len(runner.done)} points already finished, on {runner.board.backend}{sim}; tracking {tracking.tracking_uri()}, "
+                f"{self.counted(runner.done)} points already finished, on {runner.board.backend}{sim}; tracking {tracking.tracking_uri()}, "
                 f"experiment id {runner.experiment_id}")
 
     def rounds(self, runner: Any) -> Iterator[list[Point]]:
@@ -87,6 +91,10 @@ class AdaptiveStrategy:
         for p in points:
             if p.key not in self._known:
                 self._known.update(measurements(runner.client, runner.experiment_id, self.spec.sweep_id, p.key))
+        missing = [p.key for p in points if p.key not in self._known]
+        if missing:
+            raise DvfsError(f"sweep {self.spec.sweep_id}: {', '.join(missing)} has no FINISHED run with time and energy to choose "
+                            "the next clock from; re-run the same sweep to resume")
         return [self._known[p.key] for p in points]
 
     def finish(self, runner: Any) -> None:
@@ -115,6 +123,8 @@ def predicted_rows(workloads: Sequence[tuple[str, Sequence[Measurement]]], board
     buf = io.StringIO()
     buf.write(",".join(PREDICTED_COLUMNS) + "\n")
     for (name, measured), fit in zip(workloads, fits):
+        if fit is None:  # fewer than two clocks: nothing to predict from
+            continue
         pred = fit.predict(table)
         best = min(pred, key=lambda p: p.energy_j).freq_mhz
         have = {m.freq_mhz for m in measured}
@@ -122,7 +132,7 @@ def predicted_rows(workloads: Sequence[tuple[str, Sequence[Measurement]]], board
             sd = "" if p.energy_std_j is None else repr(p.energy_std_j)
             buf.write(f"{name},{p.freq_mhz:g},{p.time_s!r},{p.power_w!r},{p.energy_j!r},{sd},{int(p.freq_mhz in have)},"
                       f"{int(p.freq_mhz == best)}\n")
-    return buf.getvalue(), [fit.prior for fit in fits]
+    return buf.getvalue(), [fit.prior if fit is not None else None for fit in fits]
 
 
 def log_predictions(c: Any, parent_id: str, workloads: Sequence[tuple[str, Sequence[Measurement]]], board: Board, repeats: int) -> None:
@@ -138,7 +148,7 @@ def log_predictions(c: Any, parent_id: str, workloads: Sequence[tuple[str, Seque
     else:
         said = (f"none (it needs the GPU utilisation of at least {MIN_WORKLOADS + 1} workloads measured at {MIN_CLOCKS} or more "
                 "clocks)")
-    log_text_artifact(c, parent_id, PREDICTIONS, text)
+    tracking.log_text_artifact(c, parent_id, PREDICTIONS, text)
     simulated = ", SIMULATED points" if board.simulated else ""
     tracking.log_run_batch(c, parent_id, tags={schema.TAG_STRATEGY: "adaptive", schema.TAG_PREDICTIONS: f"predicted.csv (curve model{simulated})",
                                                schema.TAG_POWER_PRIOR: said})

@@ -34,11 +34,3 @@ def _sort_key(v: Any) -> Any:
         return float(v)
     except (TypeError, ValueError):
         return v
-
-
-def log_text_artifact(c: Any, run_id: str, name: str, text: str) -> None:
-    """A small text file (board.json, predicted.csv) as an artifact of the run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
-        path.write_text(text)
-        c.log_artifact(run_id, str(path))

@@ -19,8 +19,11 @@ class GridStrategy:
     def expected_points(self) -> int:
         return len(self.points)
 
+    def counted(self, done: set[str]) -> int:
+        return sum(p.key in done for p in self.points)
+
     def describe(self, runner: Any) -> str:
-        todo = sum(p.key not in runner.done for p in self.points)
+        todo = len(self.points) - self.counted(runner.done)
         sim = " (SIMULATED)" if runner.board.simulated else ""
         claimed = f"; points claimed in {runner.claims.kind}" if runner.claims.kind != "none" else ""
         return (f"sweep {self.spec.sweep_id}: {len(self.points)} points, {len(self.points) - todo} already finished, {todo} to run "

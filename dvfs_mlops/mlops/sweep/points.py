@@ -62,10 +62,12 @@ def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callab
             result.model = None
             if spec.replay:
                 trained[point.repeat] = result
-        entry = spec.entry(point.model)  # where a non-preset's config came from: what `twin fit` rebuilds the point from
+        # where a non-preset's config came from (what `twin fit` rebuilds the point from), and the sweep's data source
+        # as the definition names it (tsv for a folder, whatever its files)
+        entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
         record = records.job_record(job, ctx.board, session, result, point.freq, profiled=mode == PROFILE).plus(
-            params={**source, "model": point.model, "repeat": point.repeat})
+            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source})
         tracked(lambda: record.log(c, run_id), point)
         if still_mine is not None and not still_mine():
             tracked(lambda: c.set_tag(run_id, schema.TAG_CLAIM_LOST, "true"), point)

@@ -29,7 +29,7 @@ from dvfs_mlops.hw.board import ARTIFACT as BOARD_ARTIFACT
 from dvfs_mlops.hw.board import Board, board_of
 from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.claims import DEFAULT_TTL_S, Claim, Lease, PointClaims, claim_scope, default_worker, open_claims
-from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts, log_text_artifact
+from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.mlops.sweep.points import PointContext, run_point, tracked
 from dvfs_mlops.mlops.sweep.progress import Progress
 from dvfs_mlops.mlops.sweep.resume import check_same_profile, finished_points, point_runs, resolve_parent
@@ -83,6 +83,10 @@ class Strategy(Protocol):
         """How many points the sweep will have at most (for progress)."""
         ...
 
+    def counted(self, done: set[str]) -> int:
+        """How many of `done` (FINISHED point keys of the sweep id) are this strategy's points (for progress)."""
+        ...
+
     def describe(self, runner: SweepRunner) -> str:
         """The sweep's one-line start announcement."""
         ...
@@ -134,7 +138,7 @@ class SweepRunner:
             if "sweep_definition" in existing:
                 params = {}
         tracking.log_run_batch(self.client, self.parent_id, params=params, tags=tags)
-        log_text_artifact(self.client, self.parent_id, BOARD_ARTIFACT, board.to_json())
+        tracking.log_text_artifact(self.client, self.parent_id, BOARD_ARTIFACT, board.to_json())
 
     # points -----------------------------------------------------------------------------------------
     def workload(self, point: Point) -> Any:
@@ -200,8 +204,8 @@ class SweepRunner:
             self.claims.forget(self.scope, point.key)
             got = self.claims.claim(self.scope, point.key, self.worker, self.options.claim_ttl_s)
         if got is Claim.TAKEN:
-            self._run_claimed(point)
-        elif got is Claim.DONE:
+            return self._run_claimed(point)
+        if got is Claim.DONE:
             self._by_other(point)
         return got is not Claim.HELD
 
@@ -209,7 +213,9 @@ class SweepRunner:
         self.others.append(point.key)
         self.done.add(point.key)
 
-    def _run_claimed(self, point: Point) -> None:
+    def _run_claimed(self, point: Point) -> bool:
+        """Run a point this worker claimed; False when another worker took it over meanwhile (it is waited for, as a
+        held point, until that worker's run is FINISHED)."""
         c, spec = self.client, self.spec
         workload = self.workload(point)
         lease = Lease(self.claims, self.scope, point.key, self.worker, self.options.claim_ttl_s)
@@ -222,7 +228,7 @@ class SweepRunner:
                     lease.stop()
                     self.claims.release(self.scope, point.key, self.worker, done=True)
                     self._by_other(point)
-                    return
+                    return True
             assert self.progress is not None
             self.progress.start(point.key)
             for run_id in old_runs:
@@ -237,20 +243,20 @@ class SweepRunner:
             raise
         lease.stop()
         if summary is None:  # taken over while it ran (this worker was cut off for a whole TTL): the other run counts
-            self._by_other(point)
             self.say(f"{point.key}: another worker took this point over; its run counts, this one is KILLED")
-            return
+            return False
         self.claims.release(self.scope, point.key, self.worker, done=True)
         self.ran.append(point.key)
         self.done.add(point.key)
         self.progress.finish(point.key, summary)
+        return True
 
     # the whole sweep --------------------------------------------------------------------------------
     def run(self, strategy: Strategy) -> SweepOutcome:
         """Log the parent, measure every round the strategy asks for, then the artifacts of a complete sweep."""
         self.log_parent()
         self.say(strategy.describe(self))
-        self.progress = Progress(strategy.expected_points(), len(self.done), self.say)
+        self.progress = Progress(strategy.expected_points(), strategy.counted(self.done), self.say)
         completed = False
         try:
             for points in strategy.rounds(self):

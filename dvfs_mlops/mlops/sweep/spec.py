@@ -17,6 +17,7 @@ from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.job.workloads.zoo import ModelEntry, model_entry
+from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +207,7 @@ class SweepRequest:
     seed: int = 0
     data_source: str = "synthetic"
     data_dir: str | None = None
-    experiment: str = "dvfs-sweep"
+    experiment: str = SWEEP_EXPERIMENT
     replay: bool = True
     sweep_id: str | None = None
     train_size: int | None = None
