@@ -40,6 +40,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DVFS_SYSFS_ROOT", "/", "the root every sysfs path is read under (a fake tree, a chroot)"),
     Variable("DVFS_REGISTRY_DIR", "the installed registry data", "a folder with your own governor.yaml and baselines/"),
     Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
+    Variable("CUDA_VISIBLE_DEVICES", "unset", "CUDA's own (read, never set): the GPUs torch sees; the nvml backend finds its "
+             "GPU among them by UUID and names them in its error"),
 )
 
 _DEFAULTS = {v.name: v.default for v in VARIABLES}
@@ -104,6 +106,11 @@ def sysfs_root() -> Path:
 def torch_device_override() -> str | None:
     """$DVFS_TORCH_DEVICE, or None."""
     return _get("DVFS_TORCH_DEVICE")
+
+
+def cuda_visible_devices() -> str | None:
+    """$CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset (every GPU visible), '' when set empty (none visible)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def registry_dir() -> Path:

@@ -53,6 +53,9 @@ CASES = [
     (["finetune", "--model", "bert-tiny", "--task", "sst2", "--twin-params", "{broken_yaml}"], "is not valid YAML"),
     (["run", "--freq", "816", "--device", "sim", "--twin-profile", "x", "--", "true"], "unknown twin profile 'x'"),
     (["twin", "fit", "--csv", "{bad_csv}"], "lacks column(s) time_s"),
+    # checked from the text, before the store or a clock is touched (it used to end in a torch traceback after both)
+    (["sweep", "--preset", "smoke", "--device", "jetson", "--torch-device", "quantum:7", "@unreachable"], "--torch-device 'quantum:7' is not a torch device"),
+    (["finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "jetson", "--torch-device", "cuda:x"], "is not a torch device"),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from dvfs_mlops.errors import DeviceBusyError
 from dvfs_mlops.hw.guard import DeviceLock, list_journals
 from dvfs_mlops.hw.jetson import JetsonDevice
-from testkit.fakes.sysfs import ORIN_TABLE_HZ
+from testkit.fakes.sysfs import BOOT_ID, ORIN_TABLE_HZ, reboot
 from tests.conftest import REPO, run_cli
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
@@ -178,3 +178,41 @@ def test_two_root_processes_with_different_homes_share_one_owner(orin6, tmp_path
         first.wait(timeout=30)
     assert orin6.range_hz == DEFAULT
     assert not (tmp_path / "home-a/.cache").exists() and not (tmp_path / "home-b/.cache").exists()
+
+
+# -- a journal from an earlier boot (issue 31, item 10) ------------------------------------------------------------------
+def _journal_of_an_earlier_boot(fake, state_dir) -> None:
+    """What a session killed in the previous boot left (the file as ClockOwnership.record writes it): the range it
+    found then, a 612 MHz power-mode cap, to restore."""
+    key = JetsonDevice().device_key
+    journal = {"backend": "jetson", "device_key": key, "pid": 999999, "created": 0.0, "requested": "408", "boot_id": BOOT_ID,
+               "settings": {"node": str(fake.node), "min_freq": str(ORIN_TABLE_HZ[0]), "max_freq": "612000000"}}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / f"restore-{key}.json").write_text(json.dumps(journal))
+    reboot(fake.root)  # the board rebooted since: a new boot id, and the clocks are the new boot's (MAXN here)
+
+
+def test_a_journal_records_the_boot_it_was_written_in(orin6, state_dir):
+    with JetsonDevice().session(612):
+        assert [j.boot_id for _, j in list_journals(state_dir)] == [BOOT_ID]
+
+
+def test_the_next_session_removes_a_journal_of_an_earlier_boot_unapplied(orin6, state_dir, caplog):
+    _journal_of_an_earlier_boot(orin6, state_dir)
+    with JetsonDevice().session(816):
+        assert orin6.range_hz == (816000000, 816000000)
+    assert orin6.range_hz == DEFAULT  # this boot's range, not the earlier boot's 612 MHz cap
+    assert list_journals(state_dir) == []
+    lines = [r.getMessage() for r in caplog.records if "earlier boot" in r.getMessage()]
+    assert len(lines) == 1 and "unapplied" in lines[0] and "\n" not in lines[0]
+
+
+def test_restore_removes_a_journal_of_an_earlier_boot_unapplied(orin6, state_dir, caplog):
+    from dvfs_mlops.hw import restore_journals
+
+    _journal_of_an_earlier_boot(orin6, state_dir)
+    said: list[str] = []
+    assert restore_journals(announce=said.append) == 0
+    assert orin6.range_hz == DEFAULT and list_journals(state_dir) == [] and not list(state_dir.glob("restore-*.json"))
+    assert said == ["nothing to restore: no journal left by a killed run"]
+    assert len([r for r in caplog.records if "earlier boot" in r.getMessage()]) == 1

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from dvfs_mlops.hw.jetson import JetsonDevice
-from dvfs_mlops.hw.meter import PowerSampler, clock_held, time_weighted_mean
+from dvfs_mlops.hw.meter import EnergyReport, PowerSampler, clock_held, time_weighted_mean
 from dvfs_mlops.hw.sim import SimDevice
-from testkit.fakes.sysfs import ORIN_TABLE_HZ
+from testkit.fakes.sysfs import EMC_RATE_HZ, ORIN_TABLE_HZ, add_oc_events, set_emc_rate_hz, set_gpc_clock_hz
 from tests.conftest import run_cli
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
@@ -80,13 +80,68 @@ def test_clock_held_is_null_where_nothing_is_pinned(orin6):
     assert s.report().clock_held is None
 
 
-def test_clock_held_rule_is_time_weighted_within_one_step():
+def test_clock_held_rule_is_time_weighted_at_the_pin():
     table = [306, 408, 510, 612]
-    assert clock_held([0, 1, 2], [510, 612, 612], 510, table) is True  # one step away still holds
+    # issue 31 item 6: the tolerance is half the gap to the neighbouring table clock, so one step away does not hold
+    # (the rule was "within the widest table step", under which this window held)
+    assert clock_held([0, 1, 2], [510, 612, 612], 510, table) is False
+    assert clock_held([0, 1, 2], [510, 540, 470], 510, table) is True  # a measured clock a little off the table's value
     assert clock_held([0, 19, 20], [510, 306, 306], 510, table) is True  # 95 % of the time at the pin
     assert clock_held([0, 9, 10], [510, 306, 306], 510, table) is False  # 90 %
     assert clock_held([0, 5, 10], [510, 306, 306], 510, table) is False
     assert time_weighted_mean([0, 1, 3], [100, 200, 999]) == pytest.approx((100 * 1 + 200 * 2) / 3)
+
+
+def test_a_pin_running_one_table_step_below_does_not_hold(orin6):
+    with JetsonDevice(sample_hz=200).session(1300.5) as s:
+        _set_cur(orin6, 1224000000)  # the top clock pinned, the one below it running
+        time.sleep(0.15)
+    r = s.report()
+    assert r.clock_mhz_measured < 1240 and r.clock_held is False
+    assert r.clock_source == "requested" and s.context["clock_source"] == "requested"  # devfreq cur_freq: the request
+
+
+def test_bpmp_gpc_counters_are_the_measured_clock(orin6):
+    set_gpc_clock_hz(orin6.root, 816000000)  # as root: BPMP's counters of the clock the GPCs run at
+    with JetsonDevice(sample_hz=200).session(816) as s:
+        time.sleep(0.05)
+    r = s.report()  # cur_freq still reads 1300.5 MHz (a plain tree): the counters, not the request, are judged
+    assert r.clock_source == "measured" and r.clock_mhz_measured == pytest.approx(816) and r.clock_held is True
+    assert r.to_dict()["clock_source"] == "measured"
+    set_gpc_clock_hz(orin6.root, 714000000)
+    with JetsonDevice(sample_hz=200).session(816) as s:
+        time.sleep(0.05)
+    assert s.report().clock_held is False
+
+
+def test_the_default_judgement_of_a_mean_clock_is_half_the_gap():
+    s = SimDevice().session(1300.5)
+    report = EnergyReport(1.0, 1.0, 1.0, {"VDD_GPU_SOC": 1.0}, 1.0, 1.0, None, 1, True, clock_mhz_measured=1224.0)
+    assert s._held(report) is False  # one table step below the pin
+    report.clock_mhz_measured = 1290.0
+    assert s._held(report) is True
+
+
+def test_the_emc_clock_is_the_windows_mean(orin6):
+    with JetsonDevice(sample_hz=200).session(816) as s:
+        time.sleep(0.3)
+        set_emc_rate_hz(orin6.root, 2133000000)  # the memory clock moves during the run
+        time.sleep(0.3)
+    r = s.report()
+    assert r.emc_mhz == pytest.approx((EMC_RATE_HZ + 2133000000) / 2e6, rel=0.1)
+    assert s.context["emc_mhz"] == pytest.approx(r.emc_mhz)  # the run's metric: the mean, not one read before training
+    assert r.to_dict()["emc_mhz"] == pytest.approx(r.emc_mhz)
+
+
+def test_over_current_throttling_is_counted_per_window(orin6):
+    with JetsonDevice(sample_hz=200).session(816) as s:
+        with s.window("train"):
+            time.sleep(0.05)
+            add_oc_events(orin6.root, 4)  # the board throttled (instantaneous over-current, oc3)
+        with s.window("eval"):
+            time.sleep(0.05)
+    assert s.report().oc_throttle_events == 4 and s.windows["eval"].oc_throttle_events == 0
+    assert s.session_report().oc_throttle_events == 4 and s.context["oc_throttle_events"] == 4
 
 
 # -- observe: nothing written ------------------------------------------------------------------------
@@ -229,4 +284,7 @@ def test_hardware_sweep_logs_the_verified_clock_and_shuffles_per_repeat(orin6, t
     assert df["metrics.eval_energy_j"].notna().all() and (df["metrics.eval_time_s"] > 0).all()
     assert (df["metrics.session_energy_j"] > df["metrics.energy_j"]).all()
     assert (df["params.torch_device"] == "cpu").all()
+    # what the figures mean, on every point: the rails summed into energy_j and where the clock read came from
+    assert (df["params.energy_rails"] == "VDD_GPU_SOC,VDD_CPU_CV").all() and (df["params.clock_source"] == "requested").all()
+    assert df["metrics.emc_mhz"].notna().all()
     assert orin6.range_hz == DEFAULT

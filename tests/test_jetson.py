@@ -7,7 +7,7 @@ import pytest
 from dvfs_mlops.errors import DevicePermissionError, DvfsError, UnknownNameError
 from dvfs_mlops.hw import open_device
 from dvfs_mlops.hw.jetson import JetsonDevice, find_gpu_devfreq, find_rails
-from testkit.fakes.sysfs import ORIN_TABLE_HZ, make_old_ina_tree
+from testkit.fakes.sysfs import NX_RAILS_W, ORIN_MODULES, ORIN_TABLE_HZ, make_old_ina_tree, make_orin_tree, set_gpc_clock_hz
 
 TABLE_MHZ = [h / 1e6 for h in ORIN_TABLE_HZ]
 
@@ -198,3 +198,91 @@ def test_no_jetson_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(tmp_path))
     with pytest.raises(DvfsError, match="no Jetson GPU devfreq node"):
         open_device("jetson")
+
+
+# -- which module (issue 31, item 4): the device tree's compatible names it -------------------------------------------
+@pytest.mark.parametrize(("module", "profile"), [
+    ("p3701-0005", "jetson-agx-orin-64gb"),  # keeps its name: its sweeps keep their ids
+    ("p3701-0004", "jetson-agx-orin-32gb"),
+    ("p3767-0000", "jetson-orin-nx-16gb"),
+    ("p3767-0001", "jetson-orin-nx-8gb"),
+    ("p3767-0003", "jetson-orin-nano-8gb"),
+    ("p3767-0005", "jetson-orin-nano-8gb"),  # the developer kit's module
+    ("p3767-0004", "jetson-orin-nano-4gb"),
+])
+def test_the_module_is_named_from_the_device_tree(tmp_path, monkeypatch, module, profile):
+    fake = make_orin_tree(tmp_path / "root", module=module)
+    monkeypatch.setenv("DVFS_SYSFS_ROOT", str(fake.root))
+    dev = open_device("jetson")
+    assert dev.profile == profile and dev.module == module and dev.info().detail["module"] == module
+    # the clock table is the board's devfreq node's, not a constant: this module's ceiling (its data sheet's)
+    table = sorted(int(x) / 1e6 for x in fake.read("available_frequencies").split())
+    assert dev.frequencies_mhz == table and max(table) <= ORIN_MODULES[module].gpu_max_hz / 1e6
+
+
+def test_the_32gb_agx_orin_is_not_taken_for_the_64gb_one(tmp_path):
+    """Both modules sit on the same developer-kit carrier and show the same model string: only compatible tells."""
+    small, big = make_orin_tree(tmp_path / "32", module="p3701-0004"), make_orin_tree(tmp_path / "64")
+    assert (small.root / "proc/device-tree/model").read_text() == (big.root / "proc/device-tree/model").read_text()
+    assert JetsonDevice(root=small.root).profile == "jetson-agx-orin-32gb"
+    assert JetsonDevice(root=big.root).profile == "jetson-agx-orin-64gb"
+
+
+def test_a_super_device_tree_and_the_sysfs_path_of_the_device_tree(tmp_path):
+    fake = make_orin_tree(tmp_path / "root", module="p3767-0005", super_dt=True)
+    assert JetsonDevice(root=fake.root).profile == "jetson-orin-nano-8gb-super"
+    (fake.root / "proc/device-tree").unlink()  # only /sys/firmware/devicetree/base left
+    assert JetsonDevice(root=fake.root).profile == "jetson-orin-nano-8gb-super"
+
+
+def test_another_board_is_named_by_its_model(tmp_path):
+    fake = make_orin_tree(tmp_path / "root")
+    base = fake.root / "sys/firmware/devicetree/base"
+    # A Xavier NX on its developer-kit carrier (NVIDIA/jetson-gpio gpio_pin_data.py, compats_nx)
+    (base / "compatible").write_bytes(b"nvidia,p3509-0000+p3668-0001\x00nvidia,p3668-0001\x00nvidia,tegra194\x00")
+    (base / "model").write_text("NVIDIA Jetson Xavier NX Developer Kit\x00")
+    assert JetsonDevice(root=fake.root).profile == "jetson-nvidia-jetson-xavier-nx-developer-kit"  # as before
+    (base / "compatible").write_bytes(b"nvidia,p3737-0000+p3701-0008\x00nvidia,p3701-0008\x00nvidia,tegra234\x00")
+    assert JetsonDevice(root=fake.root).profile == "jetson-agx-orin-p3701-0008"  # an AGX Orin module the table lacks
+
+
+# -- energy per rail set (issue 31, item 3) ---------------------------------------------------------------------------
+def test_agx_orin_energy_is_gpu_soc_plus_cpu_cv_and_says_so(orin6):
+    with JetsonDevice(sample_hz=100).session(816) as s:
+        time.sleep(0.3)
+    r = s.report()
+    assert r.energy_rails == ("VDD_GPU_SOC", "VDD_CPU_CV") and not r.cpu_gpu_combined
+    assert r.total_rails == ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")  # no input rail: the sum
+    assert r.energy_gpu_j == pytest.approx(12.0 * r.duration_s, rel=0.03)
+    assert r.energy_cpu_j == pytest.approx(6.5 * r.duration_s, rel=0.03)
+    assert r.to_dict()["energy_rails"] == ("VDD_GPU_SOC", "VDD_CPU_CV")
+
+
+@pytest.mark.parametrize("module", ["p3767-0000", "p3767-0003"])
+def test_orin_nx_and_nano_energy_is_the_combined_rail_and_the_total_is_vdd_in(tmp_path, monkeypatch, module):
+    fake = make_orin_tree(tmp_path / "root", module=module)
+    monkeypatch.setenv("DVFS_SYSFS_ROOT", str(fake.root))
+    assert sorted(r.name for r in find_rails()) == ["VDD_CPU_GPU_CV", "VDD_IN", "VDD_SOC"]
+    with JetsonDevice(sample_hz=100).session(612) as s:
+        time.sleep(0.4)
+    r = s.report()
+    d = r.duration_s
+    assert r.energy_j == pytest.approx(NX_RAILS_W["VDD_CPU_GPU_CV"] * d, rel=0.03)
+    # VDD_IN feeds the other two: the total is VDD_IN alone, never VDD_IN + its sub-rails
+    assert r.energy_total_j == pytest.approx(NX_RAILS_W["VDD_IN"] * d, rel=0.03)
+    assert r.peak_power_w == pytest.approx(NX_RAILS_W["VDD_IN"]) and r.avg_power_w == pytest.approx(NX_RAILS_W["VDD_IN"], rel=0.03)
+    assert r.energy_rails == ("VDD_CPU_GPU_CV",) and r.total_rails == ("VDD_IN",)
+    assert r.cpu_gpu_combined and r.energy_gpu_j is None and r.energy_cpu_j is None  # one rail: not separable
+    out = r.to_dict()
+    assert out["energy_rails"] == ("VDD_CPU_GPU_CV",) and out["cpu_gpu_combined"] is True
+
+
+def test_the_kernel_trees_measured_clock_is_read_and_judged(orin6_kernel):
+    k = orin6_kernel
+    set_gpc_clock_hz(k.backing.root, 1)  # BPMP's GPC counters exist (root): the kernel tree serves the clock run at
+    k.set_throttle_cap_hz(510000000)
+    with JetsonDevice(sample_hz=200).session(918) as s:
+        time.sleep(0.1)
+    r = s.report()
+    assert r.clock_source == "measured" and s.context["clock_source"] == "measured"
+    assert r.clock_mhz_measured == pytest.approx(510) and r.clock_held is False

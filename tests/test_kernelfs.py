@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from testkit.fakes import kernelfs
-from testkit.fakes.sysfs import EMC_RATE_HZ, NVPMODEL_MODES, ORIN_TABLE_HZ, make_orin_tree
+from testkit.fakes.sysfs import (
+    BOOT_ID,
+    EMC_RATE_HZ,
+    GPC_CLOCK_FILES,
+    NVPMODEL_MODES,
+    ORIN_TABLE_HZ,
+    make_orin_tree,
+    set_gpc_clock_hz,
+)
 
 TMIN, TMAX = ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1]
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +124,18 @@ def test_tree_built_in_a_capped_mode(tmp_path):
         assert k.range_hz == (TMIN, 612000000) and k.read("cur_freq") == "612000000"
         write(k.node / "max_freq", str(TMAX))  # raising max does not lift the mode's cap
         assert k.read("cur_freq") == "612000000"
+
+
+def test_bpmp_gpc_counters_read_the_clock_the_gpu_runs_at(orin6_kernel):
+    k = orin6_kernel
+    set_gpc_clock_hz(k.backing.root, 1)  # the counters exist; their value is the daemon's
+    gpc = [k.root / rel for rel in GPC_CLOCK_FILES]
+    assert [p.read_text() for p in gpc] == [f"{TMAX}\n"] * 2
+    write(k.node / "min_freq", "612000000")
+    write(k.node / "max_freq", "612000000")
+    assert [p.read_text() for p in gpc] == ["612000000\n"] * 2
+    k.set_throttle_cap_hz(510000000)
+    assert gpc[0].read_text() == "510000000\n" == k.read("cur_freq") + "\n"
 
 
 def test_pread_on_an_open_fd_returns_the_current_value(orin6_kernel):
@@ -307,3 +327,18 @@ def test_plain_tree_in_a_capped_mode(tmp_path):
     assert fake.range_hz == (TMIN, 816000000)
     with pytest.raises(KeyError):
         make_orin_tree(tmp_path / "other", nvpmodel_mode=9)
+
+
+def test_plain_tree_has_the_module_device_tree_boot_id_and_throttle_counters(tmp_path):
+    fake = make_orin_tree(tmp_path / "nx", module="p3767-0000")
+    dt = fake.root / "proc/device-tree"
+    assert dt.is_symlink() and dt.resolve() == (fake.root / "sys/firmware/devicetree/base").resolve()
+    assert (dt / "compatible").read_bytes().split(b"\x00") == [b"nvidia,p3768-0000+p3767-0000", b"nvidia,p3767-0000",
+                                                                b"nvidia,tegra234", b""]
+    assert (dt / "model").read_text() == "NVIDIA Jetson Orin NX Engineering Reference Developer Kit\x00"
+    assert (fake.root / "proc/sys/kernel/random/boot_id").read_text().strip() == BOOT_ID
+    hw = fake.root / "sys/class/hwmon/hwmon3"
+    assert (hw / "name").read_text() == "soctherm_oc\n" and (hw / "oc3_event_cnt").read_text() == "0\n"
+    labels = sorted((h / f"in{n}_label").read_text().strip() for h in fake.hwmon for n in (1, 2, 3))
+    assert labels == ["VDD_CPU_GPU_CV", "VDD_IN", "VDD_SOC"]
+    assert not any((fake.root / rel).exists() for rel in GPC_CLOCK_FILES)  # only as root, added by set_gpc_clock_hz

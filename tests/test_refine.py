@@ -212,8 +212,9 @@ def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_origi
         return real(*args, on_step=hook, **kwargs)
 
     monkeypatch.setattr(launcher, "run_job", watching)
+    monkeypatch.setattr("dvfs_mlops.hw.board.MIN_SAMPLES_PER_WINDOW", 0)  # windows of MIN_PROBE_STEPS (sizing: test_refine_sizes_...)
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
-    out = _launch(JetsonDevice(), w, FinetuneConfig(steps=16, batch_size=8), probe_steps=0, refine=8,
+    out = _launch(JetsonDevice(), w, FinetuneConfig(steps=16, batch_size=8), probe_steps=0, refine=10,
                                 say=lambda m: None, save_model=False)
     r = out["refine"]
     seen_mhz = [lo / 1e6 for lo, hi in pins if lo == hi]

@@ -1,5 +1,4 @@
-"""`dvfs-mlops`: a click group of thin commands: parse (the option groups of `options.py` build each command's
-records), call the app layer's one function, print what it returns.
+"""`dvfs-mlops`: thin commands: parse (`options.py` builds each command's records), call one app function, print.
 
 Errors a user can cause are `DvfsError`s: printed as one line on stderr, exit code 2, no traceback.
 """
@@ -112,9 +111,9 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
-@opts.device_options("device", "sample_hz", "gpu_index", "twin_profile", "twin_params", "device_id")
+@opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print the EnergyReport as JSON.")
+@opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""

@@ -1,7 +1,7 @@
 """The device a command runs on, as the command line chose it (`DeviceChoice`), and `dvfs-mlops devices`.
 
-`DeviceChoice` is what the device options (--device, --sample-hz, --gpu-index, --torch-device, --twin-profile,
---twin-params, --device-id) ask for; `load_twin` and `open_chosen` turn it into the twin's constants and an open
+`DeviceChoice` is what the device options (--device, --sample-hz, --gpu-index, --assume-unlocked, --torch-device,
+--twin-profile, --twin-params, --device-id) ask for; `load_twin` and `open_chosen` turn it into the twin's constants and an open
 device, with the checks every command makes the same way.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ class DeviceChoice:
         backend: auto, jetson, nvml or sim (`--device`).
         sample_hz: the power meter's sampling rate (jetson, nvml).
         gpu_index: nvml: which GPU, by NVML index.
+        assume_unlocked: nvml: pin although NVML cannot tell whether the GPU's clocks are locked already (`NvmlDevice`).
         twin_profile: the twin's board profile (None: sim-orin).
         twin_params: a YAML of twin constants over the profile's (None: none).
         device_id: which board this is, for the runs' tags ('': the backend's own id).
@@ -34,10 +35,34 @@ class DeviceChoice:
     backend: str = "auto"
     sample_hz: float = 50.0
     gpu_index: int = 0
+    assume_unlocked: bool = False
     twin_profile: str | None = None
     twin_params: str | None = None
     device_id: str = ""
     torch_device: str = ""
+
+    def __post_init__(self) -> None:
+        check_torch_device(self.torch_device)
+
+
+# The device types torch names (torch.device's own list; `torch.device("x")` refuses any other), which `--torch-device`
+# may name with an optional index: checked from the text alone, so a typo is one line before a store or a clock is
+# touched and a command that never trains imports no torch for it.
+TORCH_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "meta", "ipu", "mtia", "privateuseone")
+
+
+def check_torch_device(text: str) -> None:
+    """`--torch-device`: '' (the backend's own), or TYPE or TYPE:INDEX with a device type torch knows.
+
+    Raises:
+        DvfsError: anything else, with the valid types.
+    """
+    if not text:
+        return
+    kind, sep, index = text.partition(":")
+    if kind not in TORCH_DEVICE_TYPES or (sep and not index.isdigit()):
+        raise DvfsError(f"--torch-device {text!r} is not a torch device; give TYPE or TYPE:INDEX with TYPE one of "
+                        f"{', '.join(TORCH_DEVICE_TYPES)} (e.g. cpu, cuda:1)")
 
 
 def load_twin(choice: DeviceChoice) -> OrinTwinParams | None:
@@ -77,7 +102,8 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
 
     if twin is not None and choice.backend not in ("auto", "sim"):
         raise DvfsError(f"--twin-profile/--twin-params describe the simulated twin; drop them or use --device sim (not {choice.backend})")
-    dev = open_device(choice.backend, sample_hz=choice.sample_hz, gpu_index=choice.gpu_index, twin_params=twin, announce=announce)
+    dev = open_device(choice.backend, sample_hz=choice.sample_hz, gpu_index=choice.gpu_index, twin_params=twin, announce=announce,
+                      assume_unlocked=choice.assume_unlocked)
     if twin is not None and not dev.simulated:
         raise DvfsError(f"--twin-profile/--twin-params describe the simulated twin, but --device auto found {dev.name}; "
                         "drop them or use --device sim")

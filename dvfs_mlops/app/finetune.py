@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -97,15 +98,33 @@ def measure_gpu_util(device: Any, board: Board, job: Job, probe_steps: int, obse
         _, maxn = twin_curve(job, device)
         return 100.0 * maxn.gpu_util, "twin estimate (--probe-steps 0)"
     job.workload.materialize()  # the probe trains: data, tokenizer and model config, before the session starts
+    warm = job.config.warmup_steps
+    steps = max(probe_steps, 3 * warm)  # measured after the job's warm-up, which stays at most a quarter of the probe
+    report = _probe(device, board, job, warm, steps, observe)
+    if not board.simulated and 0 < report.duration_s < MIN_PROBE_S:  # too short to be a mean: once more, long enough
+        steps = math.ceil(steps * MIN_PROBE_S / report.duration_s)
+        report = _probe(device, board, job, warm, steps, observe)
+    if report.gpu_util_pct is None:
+        raise DvfsError(f"the {board.backend} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
+    after = f" after {warm} warm-up" if warm else ""
+    return float(report.gpu_util_pct), f"probe: {steps} steps at maxn{after}" + (" (SIMULATED)" if board.simulated else "")
+
+
+# NVML's utilisation is the share of a sample period (1/6 s to 1 s by product) with a kernel running
+# (nvmlDeviceGetUtilizationRates, https://docs.nvidia.com/deploy/nvml-api/structnvmlUtilization__t.html), and the
+# Jetson's devfreq load a moving window of the GPU's busy time: a probe window shorter than a few such periods is
+# not a mean.
+MIN_PROBE_S = 2.0
+
+
+def _probe(device: Any, board: Board, job: Job, warm: int, steps: int, observe: bool) -> Any:
+    """The probe's "train" window: `warm` warm-up steps metered apart, then `steps` steps at maxn."""
     # the probe measures how busy the GPU is, which the weights do not change: a random init, no weights to load
-    probe = dataclasses.replace(job, config=dataclasses.replace(job.config, steps=probe_steps, epochs=None), pretrained=None)
+    config = dataclasses.replace(job.config, steps=warm + steps, epochs=None, warmup_steps=warm)
     session = device.session(MAXN, observe=observe, label="probe")
     with session:
-        run_job(probe, session, mode=PROFILE if board.simulated else TRAIN)
-    util = session.report().gpu_util_pct
-    if util is None:
-        raise DvfsError(f"the {board.backend} backend could not read GPU utilisation during the probe; use --probe-steps 0 for the twin's estimate")
-    return float(util), f"probe: {probe_steps} steps at maxn" + (" (SIMULATED)" if board.simulated else "")
+        run_job(dataclasses.replace(job, config=config, pretrained=None), session, mode=PROFILE if board.simulated else TRAIN)
+    return session.report()
 
 
 def plan_decision(device: Any, board: Board, job: Job, options: LaunchOptions, say: Callable[[str], None]) -> tuple[Decision, Governor]:
@@ -178,8 +197,9 @@ def run_finetune(device: Any, board: Board, job: Job, options: LaunchOptions, sa
         if ours:
             c.set_terminated(run_id, "FAILED" if not isinstance(sys.exc_info()[1], KeyboardInterrupt) else "KILLED")
         raise
-    say(_done_line(session.report(), result, settled, refined, options.observe, board.simulated, run_id))
-    summary.update({"run_id": run_id, "metrics": {k: v for k, v in base.metrics.items() if v is not None}})
+    say(_done_line(session, result, settled, refined, options.observe, board.simulated, run_id))
+    summary.update({"run_id": run_id, "metrics": {k: v for k, v in base.metrics.items() if v is not None},
+                    "params": {k: str(v) for k, v in base.params.items()}})
     if refined is not None:
         summary["refine"] = {"start_mhz": refined.start_mhz, "chosen_mhz": refined.chosen_mhz, "reason": refined.reason,
                              "probes": [dataclasses.asdict(p) for p in refined.probes], "simulated": board.simulated}
@@ -216,22 +236,26 @@ def _finetune_at(device: Any, board: Board, job: Job, decision: Decision, option
     refiner = None
     with session:
         if budget:
-            from dvfs_mlops.job.refine import Refiner
+            from dvfs_mlops.job.refine import WARMUP_STEPS, Refiner
 
-            refiner = Refiner(session, budget, num_steps(job.config, job.workload.n_train), board,
-                              prior=decision.governor.power_prior_for(board), say=say)
+            total = num_steps(job.config, job.workload.n_train)  # probing starts after the metered warm-up
+            refiner = Refiner(session, budget, total, board, prior=decision.governor.power_prior_for(board), say=say,
+                              warmup=max(WARMUP_STEPS, job.config.cold_steps(total)))
         result = run_job(job, session, on_step=refiner.on_step if refiner else None)
     return session, result, refiner.result if refiner is not None else None
 
 
-def _done_line(report: Any, result: Any, settled: float, refined: Any, observe: bool, simulated: bool, run_id: str) -> str:
+def _done_line(session: Any, result: Any, settled: float, refined: Any, observe: bool, simulated: bool, run_id: str) -> str:
+    report, whole = session.report(), session.session_report()
+    parts = [f"{name} {session.windows[name].energy_j:.1f} J" for name in ("warmup", "eval") if name in session.windows]
+    job = f"; the whole job {whole.energy_j:.1f} J in {whole.duration_s:.2f} s" + (f" ({', '.join(parts)})" if parts else "")
     label = " (SIMULATED)" if simulated else ""
     measured = f", measured {report.clock_mhz_measured:.0f} MHz" if report.clock_mhz_measured is not None else ""
     held = "; WARNING: the clock did not hold at the pinned value" if report.clock_held is False else ""
     where_clock = "under the clocks as found (observe)" if observe else f"at {settled:g} MHz"
     if refined is not None and refined.probes:
         where_clock += f" (after {refined.probe_steps} probe steps, included)"
-    return (f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s of training {where_clock}{measured}; "
+    return (f"done{label}: {report.energy_j:.1f} J CPU+GPU in {report.duration_s:.2f} s of training {where_clock}{measured}{job}; "
             f"{result.eval_metric} {result.eval_value:.3f}; run {run_id} in {schema.FINETUNE_EXPERIMENT}"
             + ("" if observe else "; clocks restored") + held)
 

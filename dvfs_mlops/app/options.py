@@ -104,6 +104,7 @@ DATA_SOURCE_OPTION = click.option("--data-source", default="synthetic", show_def
 OBSERVE_OPTION = click.option("--observe", is_flag=True,
                               help="Meter only: write no clock or setting, take no lock (no root needed); runs are tagged dvfs.observe=true.")
 MODEL_CONFIG_HELP = "A transformers config.json (or folder) instead of a preset."
+WARMUP_OPTION = click.option("--warmup-steps", default=None, type=Count(min=0), help="First steps metered apart (3 on boards, 0 on the twin).")
 
 
 def _peft_spec(peft_method: str, lora_r: int | None, lora_alpha: int | None, lora_targets: str) -> Any:
@@ -130,8 +131,10 @@ _DEVICE_OPTIONS = {
     "sample_hz": click.option("--sample-hz", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
                               help="Power sampling rate of the meter (jetson, nvml)."),
     "gpu_index": click.option("--gpu-index", default=0, show_default=True, type=click.IntRange(min=0),
-                              help="nvml: which GPU, by NVML index (nvidia-smi's order, PCI bus order; CUDA's own "
-                                   "order can differ, the backend maps it by UUID)."),
+                              help="nvml: which GPU, by NVML index (nvidia-smi's order; the backend finds its CUDA device by UUID)."),
+    "assume_unlocked": click.option("--assume-unlocked", is_flag=True, help=(
+        "nvml: pin although NVML cannot tell whether this GPU's clocks are already locked (nvidia-smi -lgc); the restore "
+        "resets locked clocks, so use it only where nobody else locks them.")),
     "torch_device": click.option("--torch-device", default="", metavar="DEV",
                                  help="Train on DEV (cpu, cuda:1 ...) instead of the backend's own GPU; for tests and "
                                       "unusual set-ups only: a clock pinned on a GPU that does not train saves nothing."),
@@ -140,10 +143,9 @@ _DEVICE_OPTIONS = {
                                       "sim-orin-measured (GPU-rail power after public Orin measurements)."),
     "twin_params": click.option("--twin-params", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml",
                                 help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`)."),
-    "device_id": click.option("--device-id", default="", metavar="ID",
-                              help="Which board this is, tagged dvfs.device_id on every run (default: the Jetson's serial number, "
-                                   "the NVML GPU's UUID, sim@HOST on the twin). Not part of a sweep's identity: boards given "
-                                   "the same sweep share it."),
+    "device_id": click.option("--device-id", default="", metavar="ID", help=(
+        "Which board this is, tagged dvfs.device_id on every run (default: the Jetson's serial number, the NVML GPU's UUID, "
+        "sim@HOST on the twin). Not part of a sweep's identity: boards given the same sweep share it.")),
 }
 
 
@@ -153,7 +155,7 @@ def _device_choice(device_name: str = "auto", **fields: Any) -> DeviceChoice:
 
 def device_options(*names: str) -> OptionGroup:
     """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    torch_device, twin_profile, twin_params, device_id) as one `DeviceChoice`, the command's `device`."""
+    assume_unlocked, torch_device, twin_profile, twin_params, device_id) as one `DeviceChoice`, the command's `device`."""
     chosen = [option for name, option in _DEVICE_OPTIONS.items() if not names or name in names]
     return option_group("device", _device_choice, *chosen)
 
@@ -204,6 +206,7 @@ sweep_options = option_group(
     click.option("--train-size", default=None, type=Count(min=1), help="Synthetic training examples per task (default: the preset's)."),
     click.option("--dev-size", default=None, type=Count(min=1), help="Synthetic dev examples per task (default: the preset's)."),
     click.option("--replay/--no-replay", default=True, show_default=True, help="Sim: train once per workload and replay its steps at every clock."),
+    WARMUP_OPTION,
     PRECISION_OPTION,
     peft_options,
     click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
@@ -248,8 +251,7 @@ train_options = option_group(
     click.option("--study-name", default="", help="Join this Optuna study (several processes may share one); default: a fresh study per run."),
     click.option("--cv-split", default="auto", show_default=True, type=click.Choice(["auto", "workload", "task", "model"]),
                  help="Groups held out for selection and the reported score (auto: task with 3+ tasks, else workload)."),
-    click.option("--outer-trials", default=None, type=Count(min=1),
-                 help="Trials of each outer fold's own study in nested CV (default: --trials)."),
+    click.option("--outer-trials", default=None, type=Count(min=1), help="Trials of each outer fold's study in nested CV (default: --trials)."),
 )
 
 finetune_job_options = option_group(
@@ -271,6 +273,7 @@ finetune_job_options = option_group(
                                                 "the folder holding them (implies --data-source tsv)."),
     click.option("--train-size", default=2048, show_default=True, type=Count(min=1), help="Synthetic training examples."),
     SEED_OPTION,
+    WARMUP_OPTION,
 )
 
 

@@ -22,7 +22,8 @@ BACKENDS = ("auto", "jetson", "nvml", "sim")
 
 
 def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any = None, gpu_index: int = 0,
-                twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None) -> Device:
+                twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None,
+                assume_unlocked: bool = False) -> Device:
     """Open a device backend by name.
 
     `auto` takes jetson where a Jetson GPU devfreq node exists, else nvml where NVML starts and sees
@@ -36,6 +37,7 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
         twin_params: the twin's constants (sim; None: the default profile).
         seed: the twin's noise seed (sim).
         announce: called once with the one-line "device: ..." statement (`describe_device`); None says nothing.
+        assume_unlocked: nvml: pin although NVML cannot tell whether the GPU's clocks are locked already (`NvmlDevice`).
 
     Returns:
         The open `Device`; `close()` it when done.
@@ -57,7 +59,7 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
         from dvfs_mlops.hw.nvml import NvmlDevice
 
         try:
-            dev = NvmlDevice(index=gpu_index, nvml=nvml_module, sample_hz=sample_hz)
+            dev = NvmlDevice(index=gpu_index, nvml=nvml_module, sample_hz=sample_hz, assume_unlocked=assume_unlocked)
             _say(announce, name, dev)
             return dev
         except DeviceNotFoundError:
@@ -155,7 +157,18 @@ def _restorer_for(journal: Any, nvml_module: Any = None) -> Callable[[dict], Non
     if journal.backend == "nvml":
         from dvfs_mlops.hw.nvml import NvmlDevice
 
-        return NvmlDevice(index=int(journal.settings.get("index", 0)), nvml=nvml_module).restore_settings
+        def restore_nvml(settings: dict) -> None:
+            # The GPU the journal names by UUID, wherever NVML numbers it now: NVML's index order "has no guarantees of
+            # consistency between reboots" (NVML API reference, nvmlDeviceGetHandleByIndex), and a GPU removed or added
+            # renumbers the others. Opened when the journal is applied (not for one from an earlier boot, which is
+            # dropped unapplied); a GPU that is gone fails the restore in one line and the journal is kept.
+            dev = NvmlDevice.for_journal(settings, nvml=nvml_module)
+            try:
+                dev.restore_settings(settings)
+            finally:
+                dev.close()
+
+        return restore_nvml
     raise DvfsError(f"journal for unknown backend {journal.backend!r}")
 
 

@@ -50,6 +50,7 @@ class Board:
         rails: the power rails the meter reads.
         torch_device: where training runs (cpu on the twin, cuda / cuda:<k> on hardware).
         twin_digest: a twin whose profile is not built in: a digest of its constants (part of a sweep's identity).
+        min_window_s: the shortest window the meter tells apart (`board_of`); 0 on the twin, exact per step.
     """
 
     backend: str
@@ -65,6 +66,7 @@ class Board:
     rails: tuple[str, ...] = ()
     torch_device: str = "cpu"
     twin_digest: str = ""
+    min_window_s: float = 0.0
 
     @property
     def f_max_mhz(self) -> float:
@@ -152,11 +154,27 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
         rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
-        return Board(**common, rails=rails)
+        return Board(**common, rails=rails, min_window_s=_min_window_s(device))
     from dvfs_mlops.hw.twin.physics import RAILS
     from dvfs_mlops.hw.twin.profiles import twin_digest
 
     return Board(**common, **_twin_constants(params), rails=tuple(RAILS), twin_digest=twin_digest(params))
+
+
+# The shortest window a meter tells apart. Jetson: the sampler integrates the INA3221 rails at `sample_hz`; 20 samples
+# make a mean (the INA3221 itself converts every ~1.1 ms by default, TI INA3221 data sheet, "Conversion time", so the
+# sampler, not the sensor, is the limit). NVML: `nvmlDeviceGetPowerUsage` is averaged over about one second on Ampere
+# and later (NVML API reference, nvmlDeviceGetPowerUsage; the energy counter is read at window edges, so a window
+# under that period mostly measures the average's lag).
+MIN_SAMPLES_PER_WINDOW = 20
+NVML_POWER_AVERAGE_S = 1.0
+
+
+def _min_window_s(device: Any) -> float:
+    if device.name == "nvml":
+        return NVML_POWER_AVERAGE_S
+    rate = float(getattr(device, "sample_hz", 0.0) or 0.0)
+    return MIN_SAMPLES_PER_WINDOW / rate if device.name == "jetson" and rate > 0 else 0.0
 
 
 def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...]) -> Board:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import itertools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -18,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.errors import unknown
 from dvfs_mlops.hw.guard import TerminationGuard
-from dvfs_mlops.hw.meter import EnergyReport
+from dvfs_mlops.hw.meter import EnergyReport, at_pin
 
 __all__ = ["MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "parse_freq"]
 
@@ -279,11 +278,10 @@ class FreqSession(abc.ABC):
         return report
 
     def _held(self, report: EnergyReport) -> bool | None:
-        """Backends with per-sample clocks override this; the default judges the mean."""
-        table = sorted(self.device.frequencies_mhz)
-        steps = [b - a for a, b in itertools.pairwise(table)]
+        """Backends with per-sample clocks judge each sample (`meter.clock_held`); the default judges the mean: held
+        when it is the pinned table clock, within half the gap to the neighbouring table clock (`meter.at_pin`)."""
         assert report.clock_mhz_measured is not None and self.pinned_mhz is not None
-        return abs(report.clock_mhz_measured - self.pinned_mhz) <= (max(steps) if steps else 0.0) + 0.5
+        return at_pin(report.clock_mhz_measured, self.pinned_mhz, self.device.frequencies_mhz)
 
     def __enter__(self) -> FreqSession:
         self._signals.install()

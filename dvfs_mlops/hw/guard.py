@@ -11,6 +11,8 @@
   only after a successful restore: a failed restore keeps it (and releases the lock), so
   `dvfs-mlops restore` can finish the job once the cause is fixed. A journal whose owner is dead means a killed run left clocks pinned:
   `dvfs-mlops restore` (or the next session, automatically) puts them back.
+- Boot id: a journal records the kernel's boot id. One written in an earlier boot is not applied (the reboot already
+  reset the clocks, and applying it would override the power mode set since): it is removed with one log line.
 - Signals: inside a session SIGTERM and SIGHUP raise `SystemExit`, so `with` blocks unwind and
   restore exactly as they do for exceptions and Ctrl-C.
 """
@@ -39,6 +41,19 @@ logger = logging.getLogger(__name__)
 
 SYSTEM_LOCK_DIR = "run/lock/dvfs-mlops"
 SYSTEM_JOURNAL_DIR = "var/lib/dvfs-mlops"
+# The kernel's boot id: "a UUID generated the first time this is retrieved, and unvarying after that"
+# (Documentation/admin-guide/sysctl/kernel.rst, "random"); it lives in kernel memory (drivers/char/random.c,
+# sysctl_bootid), so every boot has a new one. Read under the sysfs root ($DVFS_SYSFS_ROOT) so a fake tree sets it.
+BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+
+
+def current_boot_id() -> str | None:
+    """This boot's id (`BOOT_ID_FILE` under the sysfs root), None where it cannot be read."""
+    try:
+        text = (settings.sysfs_root() / BOOT_ID_FILE).read_text().strip()
+    except OSError:
+        return None
+    return text or None
 
 
 def _system_dir(rel: str) -> Path | None:
@@ -92,13 +107,21 @@ class Journal:
     created: float
     settings: dict[str, Any]
     requested: str  # the frequency the session pinned, for the message
+    boot_id: str | None = None  # the boot it was written in (None: unknown, as in journals written before it was kept)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
     @classmethod
     def from_file(cls, path: Path) -> Journal:
-        return cls(**json.loads(path.read_text()))
+        """The journal at `path` (keys this version does not know are ignored)."""
+        data = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def from_earlier_boot(self, boot_id: str | None) -> bool:
+        """Whether the journal was written in another boot than `boot_id` (False where either is unknown)."""
+        return bool(self.boot_id and boot_id and self.boot_id != boot_id)
 
 
 def journal_path(device_key: str, directory: Path | None = None) -> Path:
@@ -241,7 +264,8 @@ class ClockOwnership:
 
     `claim()` takes the lock; a journal already there belongs to a run that died (we hold the
     flock, so its owner is gone) and is applied through `restore_settings` first: otherwise we'd
-    record its pinned clock as "the original". Then our own journal is written.
+    record its pinned clock as "the original". A journal written in an earlier boot is removed
+    instead (the reboot reset the clocks). Then our own journal is written, with this boot's id.
     """
 
     def __init__(self, backend: str, device_key: str, restore_settings: Any, directory: Path | None = None, announce: Any = None):
@@ -258,14 +282,20 @@ class ClockOwnership:
         return journal_path(self.device_key, self._dir)
 
     def claim(self) -> None:
-        """Take the lock; apply a dead run's journal first. A failed leftover restore keeps that
-        journal, releases the lock and raises RestoreFailedError."""
+        """Take the lock; apply a dead run's journal first (one from an earlier boot is removed unapplied, with one
+        log line). A failed leftover restore keeps that journal, releases the lock and raises RestoreFailedError."""
         self.lock.acquire()
         path = self.journal_path
         if path.exists():
             try:
                 leftover = Journal.from_file(path)
             except (OSError, ValueError, TypeError):
+                leftover = None
+            boot_id = current_boot_id()
+            if leftover is not None and leftover.from_earlier_boot(boot_id):
+                logger.warning("dvfs-mlops: removed the journal %s of %s (pinned at %s by PID %s) from an earlier boot "
+                               "(boot id %s, now %s) unapplied: the reboot already reset its clocks",
+                               path, self.device_key, leftover.requested, leftover.pid, leftover.boot_id, boot_id)
                 leftover = None
             if leftover is not None:
                 try:
@@ -281,7 +311,8 @@ class ClockOwnership:
             clear_journal(self.device_key, self._dir)
 
     def record(self, settings: dict[str, Any], requested: str) -> None:
-        write_journal(Journal(self.backend, self.device_key, os.getpid(), now(), settings, requested), self._dir)
+        write_journal(Journal(self.backend, self.device_key, os.getpid(), now(), settings, requested, current_boot_id()),
+                      self._dir)
 
     def release(self) -> None:
         """The restore succeeded: remove the journal, then unlock."""

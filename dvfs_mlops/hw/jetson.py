@@ -3,6 +3,11 @@
 Every path is read under `$DVFS_SYSFS_ROOT` (default `/`) so the backend runs on a fake tree in
 tests and inside chroots. Writes go only to files inside the devfreq node that discovery found;
 a file that resolves outside it (a planted symlink) is refused.
+
+Which board: the module's P-number in the device tree's `compatible` names the profile (`board_profile`).
+What the meter samples besides the rails: the GPU clock (BPMP's measured GPC clock where readable, as root, else
+devfreq cur_freq, the clock requested), the GPU load and the EMC clock; at window edges, the board's over-current
+throttling counters.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from dvfs_mlops.hw.device import (
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
 from dvfs_mlops.hw.ina3221 import Rail, find_rails
-from dvfs_mlops.hw.meter import EnergyReport, PowerSampler
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, CLOCK_REQUESTED, EnergyReport, PowerSampler
 from dvfs_mlops.hw.sysfs import read_sysfs as _read
 from dvfs_mlops.hw.sysfs import sysfs_root
 
@@ -129,16 +134,83 @@ def read_gpu_temp_c(root: Path) -> float | None:
     return None
 
 
+# The EMC (memory controller) clock in Hz, debugfs (root only). JetPack 5/6 (Orin): the BPMP clock's rate, as jetson-stats
+# reads it (rbonghi/jetson_stats jtop/core/memory.py @f41d5ca, read_emc(), l.132-137: /sys/kernel/debug/bpmp/debug/clk/
+# emc/rate); older kernels: the common clock framework's debugfs clk_rate of "emc".
 EMC_RATE_FILES = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/clk/emc/clk_rate")
+# The GPU clock BPMP measures on each GPC's NAFLL (Hz), debugfs (root only): jetson-stats reads nafll_gpc0 and
+# nafll_gpc1 (rbonghi/jetson_stats jtop/core/gpu.py @f41d5ca, igpu_read_freq(), l.120-129). devfreq cur_freq is the
+# rate the driver set (the request); these count the clock the GPCs actually ran at.
+GPC_CLOCK_FILES = ("sys/kernel/debug/bpmp/debug/clk/nafll_gpc0/pto_counter",
+                   "sys/kernel/debug/bpmp/debug/clk/nafll_gpc1/pto_counter")
+# Over-current throttling the board counts: NVIDIA's tegra23x_oc_event driver (Jetson Linux r35/r36 kernel sources,
+# tegra23x_oc_event.c) registers a hwmon device named "soctherm_oc" with cumulative, read-only counters
+# oc{1,2,3}_event_cnt (BPMP MRQ_OC_STATUS event_cnt: under-voltage, average and instantaneous over-current, as the
+# Jetson Linux Developer Guide's Orin "Platform Power and Performance" page lists them). Each event throttles the clocks
+# in hardware. Read at window edges only (each read is a BPMP request).
+OC_HWMON_NAME = "soctherm_oc"
+OC_COUNTERS = ("oc1_event_cnt", "oc2_event_cnt", "oc3_event_cnt")
+
+
+def _read_hz_mhz(path: Path) -> float | None:
+    """One debugfs read of a rate in Hz (opened each time, as jetson-stats does), in MHz; None where unreadable."""
+    try:
+        return int(_read(path)) / 1e6
+    except (OSError, ValueError):
+        return None
 
 
 def read_emc_mhz(root: Path) -> float | None:
     """The memory controller clock (debugfs, root only); None where it cannot be read."""
     for rel in EMC_RATE_FILES:
+        mhz = _read_hz_mhz(root / rel)
+        if mhz is not None:
+            return mhz
+    return None
+
+
+def emc_reader(root: Path) -> Callable[[], float | None] | None:
+    """A reader of the EMC clock (MHz) from the first `EMC_RATE_FILES` entry readable now; None where none is."""
+    for rel in EMC_RATE_FILES:
+        path = root / rel
+        if _read_hz_mhz(path) is not None:
+            return lambda: _read_hz_mhz(path)
+    return None
+
+
+def gpc_clock_reader(root: Path) -> Callable[[], float | None] | None:
+    """A reader of the GPU clock BPMP measures (MHz, the mean of the readable GPCs); None where no GPC counter is
+    readable (not root, or no BPMP debugfs). A GPC reading 0 (clock gated: the GPU idles) is left out of the mean."""
+    paths = [root / rel for rel in GPC_CLOCK_FILES if _read_hz_mhz(root / rel) is not None]
+    if not paths:
+        return None
+
+    def read() -> float | None:
+        values = [v for v in (_read_hz_mhz(p) for p in paths) if v]
+        return sum(values) / len(values) if values else None
+
+    return read
+
+
+def oc_throttle_reader(root: Path) -> Callable[[], int | None] | None:
+    """A reader of the total of the board's over-current throttling counters (`OC_COUNTERS` of the "soctherm_oc" hwmon
+    device); None where the board has none readable."""
+    for hw in sorted((root / "sys/class/hwmon").glob("hwmon*")):
         try:
-            return int(_read(root / rel)) / 1e6
-        except (OSError, ValueError):
+            if _read(hw / "name") != OC_HWMON_NAME:
+                continue
+        except OSError:
             continue
+        files = [hw / n for n in OC_COUNTERS if (hw / n).exists()]
+
+        def read(files: list[Path] = files) -> int | None:
+            try:
+                return sum(int(_read(f)) for f in files)
+            except (OSError, ValueError):
+                return None
+
+        if files and read() is not None:
+            return read
     return None
 
 
@@ -158,7 +230,8 @@ class JetsonDevice:
         self.node = Path(found)
         self._node_real = Path(os.path.realpath(self.node))
         self.sample_hz = sample_hz
-        self.profile = _board_profile(self.root)
+        self.module = module_part_number(self.root)  # e.g. "p3701-0005"; None where the device tree does not say
+        self.profile = board_profile(self.root)
         self.device_key = f"jetson-{self.node.name}"
         self.device_id = _board_serial(self.root) or self.device_key
 
@@ -264,17 +337,99 @@ class JetsonDevice:
         with contextlib.suppress(OSError):
             gov = self.read("governor")
         detail = {"devfreq": str(self.node), "serial": self.device_id, **self.conditions()}
+        if self.module is not None:
+            detail["module"] = self.module
         return DeviceInfo("jetson", self.profile, self.frequencies_mhz, self.current_mhz(), gov, names, False, detail)
 
 
-def _board_profile(root: Path) -> str:
-    try:
-        model = (root / "proc/device-tree/model").read_text().replace("\x00", "").strip().lower()
-    except OSError:
+# The device tree, read under the sysfs root: /proc/device-tree is the stable path, a link to
+# /sys/firmware/devicetree/base (Linux Documentation/ABI/testing/sysfs-firmware-ofw); both are tried.
+DEVICE_TREE_DIRS = ("proc/device-tree", "sys/firmware/devicetree/base")
+# Module P-number -> profile. The P-numbers are jetson-stats' module table (rbonghi/jetson_stats
+# jtop/core/jetson_variables.py @f41d5ca, MODULE_NAME_TABLE, l.150-156): p3767-0005 "Orin Nano (Developer kit)",
+# p3767-0004 "Orin Nano (4GB ram)", p3767-0003 "Orin Nano (8GB ram)", p3767-0001 "Orin NX (8GB ram)",
+# p3767-0000 "Orin NX (16GB ram)", p3701-0005 "AGX Orin (64GB ram)", p3701-0004 "AGX Orin (32GB ram)". The developer
+# kit's Orin Nano (p3767-0005) is an 8 GB module.
+ORIN_MODULE_PROFILES = {
+    "p3701-0005": "jetson-agx-orin-64gb",
+    "p3701-0004": "jetson-agx-orin-32gb",
+    "p3767-0000": "jetson-orin-nx-16gb",
+    "p3767-0001": "jetson-orin-nx-8gb",
+    "p3767-0003": "jetson-orin-nano-8gb",
+    "p3767-0005": "jetson-orin-nano-8gb",
+    "p3767-0004": "jetson-orin-nano-4gb",
+}
+# Module families for a P-number the table lacks (e.g. p3701-0008, AGX Orin Industrial): the profile names its family
+# and its P-number.
+ORIN_MODULE_FAMILIES = {"p3701": "jetson-agx-orin", "p3767": "jetson-orin"}
+_PNUMBER = re.compile(r"p\d{4}-\d{4}")
+# JetPack 6.2's "Super" device trees mark the module with a -super suffix (e.g. "nvidia,p3768-0000+p3767-0005-super",
+# NVIDIA/jetson-gpio lib/python/Jetson/GPIO/gpio_pin_data.py @8e5f0a0, l.85-101): the same module with higher clock
+# ceilings and power modes, so its profile says so.
+SUPER_SUFFIX = "-super"
+
+
+def read_compatible(root: Path) -> list[str]:
+    """The device tree's root `compatible` strings, most specific first (NUL-separated in the file; NVIDIA/jetson-gpio
+    gpio_pin_data.py @8e5f0a0, get_compatibles(), l.594-597, splits it the same way); [] where unreadable."""
+    for rel in DEVICE_TREE_DIRS:
+        try:
+            raw = (root / rel / "compatible").read_bytes()
+        except OSError:
+            continue
+        return [c for c in raw.decode(errors="replace").split("\x00") if c]
+    return []
+
+
+def _module_entry(root: Path) -> tuple[str, bool] | None:
+    """(module P-number, Super device tree) from `compatible`: the module of the first "carrier+module" entry (Jetson
+    device trees name the carrier first, "nvidia,p3737-0000+p3701-0005"; NVIDIA/jetson-gpio gpio_pin_data.py @8e5f0a0,
+    l.80-135), else the first entry that is a known module on its own ("nvidia,p3701-0005")."""
+    entries = [c.partition(",")[2] or c for c in read_compatible(root)]
+    for entry in entries:
+        if "+" in entry:
+            module = entry.rpartition("+")[2]
+            super_dt = module.endswith(SUPER_SUFFIX)
+            module = module.removesuffix(SUPER_SUFFIX)
+            if _PNUMBER.fullmatch(module):
+                return module, super_dt
+    for entry in entries:
+        module = entry.removesuffix(SUPER_SUFFIX)
+        if module in ORIN_MODULE_PROFILES:
+            return module, entry.endswith(SUPER_SUFFIX)
+    return None
+
+
+def module_part_number(root: Path) -> str | None:
+    """The module's P-number from the device tree's `compatible` (e.g. "p3701-0005"); None where it names none."""
+    found = _module_entry(root)
+    return found[0] if found else None
+
+
+def _read_model(root: Path) -> str | None:
+    for rel in DEVICE_TREE_DIRS:
+        try:
+            return (root / rel / "model").read_text().replace("\x00", "").strip()
+        except OSError:
+            continue
+    return None
+
+
+def board_profile(root: Path) -> str:
+    """The device profile: the Orin module's name from its P-number (`ORIN_MODULE_PROFILES`, "-super" on a Super device
+    tree); another Orin module: its family and P-number; any other board: its device-tree model, as before."""
+    found = _module_entry(root)
+    if found is not None:
+        module, super_dt = found
+        name = ORIN_MODULE_PROFILES.get(module) or (
+            f"{ORIN_MODULE_FAMILIES[module[:5]]}-{module}" if module[:5] in ORIN_MODULE_FAMILIES else None)
+        if name is not None:
+            return name + (SUPER_SUFFIX if super_dt else "")
+    model = _read_model(root)
+    if not model:
         return "jetson"
-    if "orin" in model:
-        return "jetson-agx-orin-64gb" if "agx" in model else "jetson-orin"
-    return "jetson-" + "-".join(model.split())[:40]
+    return "jetson-" + "-".join(model.lower().split())[:40]
+
 
 
 def _board_serial(root: Path) -> str | None:
@@ -301,6 +456,8 @@ class JetsonSession(FreqSession):
         self._sampler: PowerSampler | None = None
         self._rails: list[Rail] = []
         self._fds: list[int] = []
+        self._oc_read: Callable[[], int | None] | None = None
+        self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
 
     def _apply(self) -> None:
         dev = self.device
@@ -347,23 +504,43 @@ class JetsonSession(FreqSession):
             raise DvfsError(f"no INA3221 power rails under {dev.root}sys/bus/i2c/drivers; cannot meter energy")
         readers = [r.watts for r in self._rails]
         load_fd = _open_or_none(dev.node / "device/load")
-        clock_fd = _open_or_none(dev.node / "cur_freq")
+        measured = gpc_clock_reader(dev.root)  # root only: the clock the GPCs ran at
+        clock_fd = _open_or_none(dev.node / "cur_freq") if measured is None else None
         self._fds = [fd for fd in (load_fd, clock_fd) if fd is not None]
 
         def read_load() -> float | None:
             v = _pread_int(load_fd, 16)
             return v / 10.0 if v is not None else None  # per mille
 
-        def read_clock() -> float | None:
+        def read_requested() -> float | None:
             v = _pread_int(clock_fd)
             return v / 1e6 if v is not None else None
 
+        read_clock = measured or read_requested
+        self.context["clock_source"] = CLOCK_MEASURED if measured is not None else CLOCK_REQUESTED
         self._sampler = PowerSampler(lambda: [read() for read in readers], [r.name for r in self._rails], read_load, dev.sample_hz,
-                                     read_clock=read_clock)
+                                     read_clock=read_clock, clock_source=self.context["clock_source"],
+                                     read_emc=emc_reader(dev.root))
+        self._oc_read = oc_throttle_reader(dev.root)
+        self._oc_at = {}
         self._sampler.start()
+        self._oc_edge(0)
+
+    def _oc_edge(self, index: int) -> None:
+        """Read the throttling counters at a window edge (sample `index`), once per edge."""
+        if self._oc_read is not None and index not in self._oc_at:
+            self._oc_at[index] = self._oc_read()
+
+    def _oc_events(self, start: int, end: int) -> int | None:
+        a, b = self._oc_at.get(start), self._oc_at.get(end)
+        return b - a if a is not None and b is not None else None
 
     def _mark(self) -> Any:
-        return self._sampler.mark() if self._sampler is not None else 0
+        if self._sampler is None:
+            return 0
+        index = self._sampler.mark()
+        self._oc_edge(index)
+        return index
 
     def _stop_meter(self) -> EnergyReport:
         if self._sampler is None:
@@ -378,11 +555,21 @@ class JetsonSession(FreqSession):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
-        return self._sampler.report(**self._judge())
+        report = self._sampler.report(**self._judge())
+        last = report.samples - 1
+        self._oc_edge(last)
+        report.oc_throttle_events = self._oc_events(0, last)
+        if report.oc_throttle_events is not None:
+            self.context["oc_throttle_events"] = report.oc_throttle_events
+        if report.emc_mhz is not None:
+            self.context["emc_mhz"] = report.emc_mhz  # the session's mean, not one read before it
+        return report
 
     def _window_report(self, start: Any, end: Any) -> EnergyReport:
         assert self._sampler is not None
-        return self._sampler.report(start, end, **self._judge())
+        report = self._sampler.report(start, end, **self._judge())
+        report.oc_throttle_events = self._oc_events(start, end)
+        return report
 
     def _judge(self) -> dict[str, Any]:
         """Per-sample clock_held needs the pinned clock and the table."""

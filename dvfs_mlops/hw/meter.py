@@ -1,12 +1,14 @@
 """Power sampling and energy integration -> `EnergyReport`.
 
 Real backends hand the meter a `read_rails()` callable (watts per rail), and optionally
-`read_util()` (GPU load in %) and `read_clock()` (the GPU clock actually running, MHz). A daemon
+`read_util()` (GPU load in %), `read_clock()` (the GPU clock, MHz, with `clock_source` saying whether it is the
+clock measured or the one requested) and `read_emc()` (the memory controller clock, MHz). A daemon
 thread samples them at a fixed rate (50 Hz by default: jtop's 1 s interval is too coarse for short
 runs) and the energy is the trapezoidal integral of each rail. A failed read (INA3221 reads do fail
 now and then) is retried once, then counted in `samples_failed` and skipped; the thread never dies
 of it. `mark()` takes a sample on the caller's thread and returns its index, so one session can be
 cut into windows (set-up, training steps, evaluation) that are integrated separately.
+Which rails make `energy_j` and which `energy_total_j` depends on the board's rail set (`rail_plan`).
 The simulated twin builds its reports analytically instead.
 """
 from __future__ import annotations
@@ -16,19 +18,72 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The study's "energy" is CPU + GPU; these rail names carry it on an AGX Orin.
-CPU_GPU_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV")
+# The study's "energy" is CPU + GPU. Which rails carry it depends on the board's rail set (`rail_plan`):
+# - AGX Orin: INA3221 0x40 ch1 VDD_GPU_SOC, ch2 VDD_CPU_CV, ch3 VIN_SYS_5V0; 0x41 ch2 VDDQ_VDD2_1V8AO (NVIDIA Jetson
+#   Linux Developer Guide r35/r36, Platform Power and Performance, "Jetson Orin Nano Series, Jetson Orin NX Series and
+#   Jetson AGX Orin Series"; energymon/energymon jetson/JetsonPowerRails.md @a95cefb, "AGX Orin Series"). GPU and CPU are
+#   separate rails; there is no module input rail, so the total is the sum of the rails. (energymon's note, after the
+#   NVIDIA forum thread "Jetson AGX Orin INA3221 power monitor layout": VIN_SYS_5V0 feeds VDDQ_VDD2_1V8AO, so that sum
+#   counts VDDQ_VDD2_1V8AO twice; the AGX Orin total is kept as it was, issue 31 item 3.)
+# - Orin NX / Orin Nano (and Xavier NX): INA3221 0x40 ch1 VDD_IN (module input), ch2 VDD_CPU_GPU_CV, ch3 VDD_SOC (same
+#   guide; energymon JetsonPowerRails.md "Xavier NX"). VDD_IN feeds the other two: the total is VDD_IN alone, and
+#   CPU and GPU share VDD_CPU_GPU_CV, so they cannot be told apart.
+# - NVML: one "gpu" rail (the board's power).
 GPU_RAILS = ("VDD_GPU_SOC", "gpu")
 CPU_RAILS = ("VDD_CPU_CV",)
+COMBINED_CPU_GPU_RAILS = ("VDD_CPU_GPU_CV",)
+# A module input rail: the board's total where present, never summed with the rails it feeds. jetson-stats takes the
+# same two names as the total (rbonghi/jetson_stats jtop/core/power.py @f41d5ca, total_power(), l.26-57: "POM_5V_IN"
+# or "VDD_IN", else the sum of all rails).
+INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
 # A run whose meter lost more than this share of its samples is flagged (`meter_degraded`).
 DEGRADED_SHARE = 0.01
-# The clock "held" when it stayed within one table step of the pinned one this share of the time.
+# The clock "held" when it stayed at the pinned table clock (within half the gap to its neighbour, `at_pin`) this
+# share of the time.
 HELD_SHARE = 0.95
+# Where the clock read back comes from (`EnergyReport.clock_source`).
+CLOCK_MEASURED = "measured"  # a counter of the clock the GPU actually ran at (Jetson: BPMP's NAFLL counters)
+CLOCK_REQUESTED = "requested"  # the clock the driver asked for (Jetson: devfreq cur_freq)
+
+
+@dataclasses.dataclass(frozen=True)
+class RailPlan:
+    """Which rails make each energy figure of one rail set.
+
+    Attributes:
+        energy_rails: the rails summed into `energy_j` (CPU + GPU; the combined CPU/GPU rail where that is all there is;
+            the total where neither is known).
+        total_rails: the rails summed into `energy_total_j`: the module input rail alone where there is one, else all.
+        gpu_rails: the rails of `energy_gpu_j` (empty where CPU and GPU share one rail).
+        cpu_rails: the rails of `energy_cpu_j` (empty where CPU and GPU share one rail).
+        combined: CPU and GPU are metered on one rail, so `energy_gpu_j` and `energy_cpu_j` are unknown.
+    """
+
+    energy_rails: tuple[str, ...]
+    total_rails: tuple[str, ...]
+    gpu_rails: tuple[str, ...]
+    cpu_rails: tuple[str, ...]
+    combined: bool
+
+
+def rail_plan(rails: Iterable[str]) -> RailPlan:
+    """The `RailPlan` of a rail set (the rail names a meter reads), in the rails' own order."""
+    names = list(dict.fromkeys(rails))
+    inputs = [r for r in names if r in INPUT_RAILS]
+    total = (inputs[0],) if inputs else tuple(names)
+    gpu = tuple(r for r in names if r in GPU_RAILS)
+    cpu = tuple(r for r in names if r in CPU_RAILS)
+    combined = tuple(r for r in names if r in COMBINED_CPU_GPU_RAILS)
+    if gpu or cpu:
+        return RailPlan(gpu + cpu, total, gpu, cpu, False)
+    if combined:
+        return RailPlan(combined, total, (), (), True)
+    return RailPlan(total, total, (), (), False)
 
 
 @dataclasses.dataclass
@@ -37,8 +92,9 @@ class EnergyReport:
 
     Attributes:
         duration_s: the interval's length.
-        energy_j: CPU + GPU rails (GPU only where no CPU rail exists; every rail where neither is known).
-        energy_total_j: every rail.
+        energy_j: the rails of `energy_rails`: CPU + GPU (GPU only where no CPU rail exists), the combined CPU/GPU rail
+            where that is all there is (Orin NX/Nano), the total where neither is known.
+        energy_total_j: the rails of `total_rails`: the module input rail where there is one (VDD_IN), else every rail.
         energy_by_rail_j: joules per rail name.
         avg_power_w: `energy_total_j / duration_s`.
         peak_power_w: the highest sampled total power.
@@ -46,18 +102,26 @@ class EnergyReport:
         samples: power samples taken (the twin: steps charged).
         simulated: True for the twin's reports.
         clock_mhz_measured: the time-weighted mean of the GPU clock read back, None where it cannot be read.
-        clock_held: whether the clock stayed within one table step of the pinned one >= 95 % of the time; None
-            where nothing was pinned (maxn, observe) or no clock was read.
+        clock_held: whether the clock read back stayed at the pinned table clock (within half the gap to the neighbouring
+            table clock) >= 95 % of the time; None where nothing was pinned (maxn, observe) or no clock was read.
         samples_failed: samples that could not be read (after one retry) and were skipped.
         power_series_w: total power per sample (left out of `to_dict()` unless asked for).
         energy_expected_j: the twin only: `energy_j` without its run-to-run noise; None on real backends.
         time_expected_s: the twin only: `duration_s` without its run-to-run noise; None on real backends.
+        energy_rails: the rails summed into `energy_j` (derived from the rail names where not given).
+        total_rails: the rails summed into `energy_total_j` (derived from the rail names where not given).
+        cpu_gpu_combined: CPU and GPU share one rail, so `energy_gpu_j` and `energy_cpu_j` are None.
+        clock_source: where `clock_mhz_measured` comes from: "measured" (a counter of the clock the GPU ran at),
+            "requested" (the clock the driver asked for, e.g. devfreq cur_freq), None (not said, or no clock read).
+        emc_mhz: the time-weighted mean memory controller (EMC) clock over the interval, None where it cannot be read.
+        oc_throttle_events: over-current/under-voltage throttling events the board counted during the interval (Jetson
+            Orin: the soctherm_oc hwmon counters), None where no counter is readable.
         meter_degraded: (property) more than 1 % of the sample reads failed.
     """
 
     duration_s: float
-    energy_j: float  # CPU + GPU, as in the study (GPU only where no CPU rail exists)
-    energy_total_j: float  # every rail
+    energy_j: float  # the rails of energy_rails (CPU + GPU, as in the study)
+    energy_total_j: float  # the rails of total_rails (the module input where there is one)
     energy_by_rail_j: dict[str, float]
     avg_power_w: float  # energy_total_j / duration_s
     peak_power_w: float  # highest sampled total power
@@ -72,13 +136,31 @@ class EnergyReport:
     # Real backends leave them None, so nothing is logged for them.
     energy_expected_j: float | None = None  # CPU + GPU, like energy_j
     time_expected_s: float | None = None
+    energy_rails: tuple[str, ...] = ()  # () = derive from energy_by_rail_j's rail names (rail_plan)
+    total_rails: tuple[str, ...] = ()
+    cpu_gpu_combined: bool = False
+    clock_source: str | None = None  # "measured" | "requested" | None
+    emc_mhz: float | None = None  # time-weighted mean EMC clock over the interval
+    oc_throttle_events: int | None = None  # throttling events the board counted in the interval
+
+    def __post_init__(self) -> None:
+        """Fill `energy_rails`, `total_rails` and `cpu_gpu_combined` from the rail names where not given."""
+        if not self.energy_rails and self.energy_by_rail_j:
+            plan = rail_plan(self.energy_by_rail_j)
+            self.energy_rails, self.total_rails, self.cpu_gpu_combined = plan.energy_rails, plan.total_rails, plan.combined
 
     @property
-    def energy_gpu_j(self) -> float:
+    def energy_gpu_j(self) -> float | None:
+        """The GPU rails' joules; None where CPU and GPU share one rail (`cpu_gpu_combined`)."""
+        if self.cpu_gpu_combined:
+            return None
         return sum(v for k, v in self.energy_by_rail_j.items() if k in GPU_RAILS)
 
     @property
-    def energy_cpu_j(self) -> float:
+    def energy_cpu_j(self) -> float | None:
+        """The CPU rails' joules; None where CPU and GPU share one rail (`cpu_gpu_combined`)."""
+        if self.cpu_gpu_combined:
+            return None
         return sum(v for k, v in self.energy_by_rail_j.items() if k in CPU_RAILS)
 
     @property
@@ -106,9 +188,8 @@ class EnergyReport:
 
 
 def cpu_gpu_energy(by_rail: Mapping[str, float]) -> float:
-    """The study's energy: GPU + CPU rails; falls back to all rails if neither is present."""
-    chosen = [v for k, v in by_rail.items() if k in CPU_GPU_RAILS or k == "gpu"]
-    return float(sum(chosen)) if chosen else float(sum(by_rail.values()))
+    """The study's energy: the rails `rail_plan` puts into `energy_j` (CPU + GPU, or the combined CPU/GPU rail)."""
+    return float(sum(by_rail[r] for r in rail_plan(by_rail).energy_rails))
 
 
 def integrate(times_s: Sequence[float], watts: Sequence[Sequence[float]], rails: Sequence[str]) -> dict[str, float]:
@@ -136,16 +217,30 @@ def time_weighted_mean(times_s: Sequence[float], values: Sequence[float | None])
     return float(sum(v * (t1 - t0) for (t0, v), (t1, _) in itertools.pairwise(pairs)) / span)
 
 
+def at_pin(clock_mhz: float, pinned_mhz: float, table_mhz: Sequence[float]) -> bool:
+    """Whether a clock read back is the pinned table clock: within half the gap to the neighbouring table clock on its
+    side (the top and bottom clocks use their one gap on both sides), so a clock one table step away never is.
+
+    A measured clock (a counter) reads a little off the table's values; half the gap takes it to the nearest table
+    clock. 0.5 MHz is the floor: the table's own rounding (1300.5 MHz) where the table has one clock or none.
+    """
+    table = sorted(set(table_mhz))
+    below = [f for f in table if f < pinned_mhz - 1e-9]
+    above = [f for f in table if f > pinned_mhz + 1e-9]
+    gap_below = pinned_mhz - below[-1] if below else None
+    gap_above = above[0] - pinned_mhz if above else None
+    gap = gap_below if clock_mhz < pinned_mhz else gap_above
+    gap = gap if gap is not None else (gap_above if gap_below is None else gap_below)
+    return abs(clock_mhz - pinned_mhz) <= max(0.5, gap / 2.0 if gap is not None else 0.0)
+
+
 def clock_held(times_s: Sequence[float], clocks_mhz: Sequence[float | None], pinned_mhz: float,
                table_mhz: Sequence[float]) -> bool | None:
-    """True when the clock read back stayed within one table step of `pinned_mhz` >= 95 % of the time."""
+    """True when the clock read back stayed at the pinned table clock (`at_pin`) >= 95 % of the time."""
     pairs = [(t, c) for t, c in zip(times_s, clocks_mhz) if c is not None]
     if not pairs:
         return None
-    table = sorted(table_mhz)
-    steps = [b - a for a, b in itertools.pairwise(table)]
-    tolerance = (max(steps) if steps else 0.0) + 0.5
-    ok = [abs(c - pinned_mhz) <= tolerance for _, c in pairs]
+    ok = [at_pin(c, pinned_mhz, table_mhz) for _, c in pairs]
     if len(pairs) == 1:
         return ok[0]
     spans = [t1 - t0 for (t0, _), (t1, _) in itertools.pairwise(pairs)]
@@ -167,19 +262,25 @@ def build_report(
     energy_override_j: Mapping[str, float] | None = None,
     pinned_mhz: float | None = None,
     table_mhz: Sequence[float] = (),
+    clock_source: str | None = None,
+    emc_mhz: Sequence[float | None] = (),
 ) -> EnergyReport:
     """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter).
 
-    With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample.
+    With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample. The total power of a sample
+    (peak, series) is the sum of the plan's total rails, like `energy_total_j`.
     """
     duration = (times_s[-1] - times_s[0]) if len(times_s) >= 2 else 0.0
     by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts, rails)
-    totals = [float(sum(w)) for w in watts]
-    total_j = float(sum(by_rail.values()))
+    plan = rail_plan(rails if rails else by_rail)
+    at = [i for i, r in enumerate(rails) if r in plan.total_rails]
+    totals = [float(sum(w[i] for i in at)) for w in watts]
+    total_j = float(sum(by_rail.get(r, 0.0) for r in plan.total_rails))
     util_values = [u for u in utils if u is not None]
+    clocks_known = bool(clocks_mhz) and any(c is not None for c in clocks_mhz)
     return EnergyReport(
         duration_s=duration,
-        energy_j=cpu_gpu_energy(by_rail),
+        energy_j=float(sum(by_rail.get(r, 0.0) for r in plan.energy_rails)),
         energy_total_j=total_j,
         energy_by_rail_j={k: float(v) for k, v in by_rail.items()},
         avg_power_w=total_j / duration if duration > 0 else (totals[-1] if totals else 0.0),
@@ -192,6 +293,11 @@ def build_report(
                     if pinned_mhz is not None and clocks_mhz else None),
         samples_failed=samples_failed,
         power_series_w=totals,
+        energy_rails=plan.energy_rails,
+        total_rails=plan.total_rails,
+        cpu_gpu_combined=plan.combined,
+        clock_source=clock_source if clocks_known else None,
+        emc_mhz=time_weighted_mean(times_s, emc_mhz) if emc_mhz else None,
     )
 
 
@@ -201,6 +307,7 @@ class _Sample:
     watts: Sequence[float]
     util: float | None
     clock_mhz: float | None
+    emc_mhz: float | None = None
 
 
 class PowerSampler:
@@ -215,8 +322,10 @@ class PowerSampler:
         read_util: returns the GPU load in % (None: not read).
         hz: the sampling rate of the thread.
         clock: the time source (seconds).
-        read_clock: returns the GPU clock actually running, in MHz (None: not read).
+        read_clock: returns the GPU clock, in MHz (None: not read).
         retry_delay_s: the pause before the one retry of a failed read.
+        clock_source: what `read_clock` reads: "measured" or "requested" (`EnergyReport.clock_source`); None: not said.
+        read_emc: returns the memory controller (EMC) clock in MHz (None: not read); its window mean is `emc_mhz`.
 
     Raises:
         ValueError: `hz` is not positive.
@@ -231,6 +340,8 @@ class PowerSampler:
         clock: Callable[[], float] = time.monotonic,
         read_clock: Callable[[], float | None] | None = None,
         retry_delay_s: float = 0.001,
+        clock_source: str | None = None,
+        read_emc: Callable[[], float | None] | None = None,
     ):
         if hz <= 0:
             raise ValueError("sample rate must be positive")
@@ -238,6 +349,8 @@ class PowerSampler:
         self.rails = list(rails)
         self._read_util = read_util
         self._read_clock = read_clock
+        self.clock_source = clock_source
+        self._read_emc = read_emc
         self._period = 1.0 / hz
         self._clock = clock
         self._retry_delay_s = retry_delay_s
@@ -257,7 +370,8 @@ class PowerSampler:
         watts = self._read_rails()
         util = self._read_util() if self._read_util is not None else None
         clock_mhz = self._read_clock() if self._read_clock is not None else None
-        return _Sample(self._clock(), watts, util, clock_mhz)
+        emc_mhz = self._read_emc() if self._read_emc is not None else None
+        return _Sample(self._clock(), watts, util, clock_mhz, emc_mhz)
 
     def _sample(self) -> int:
         """Take one sample (one retry on an I/O error); returns the index of the newest sample."""
@@ -330,7 +444,7 @@ class PowerSampler:
             end: the last sample's index (a `mark()`); None stops the sampler and takes everything from `start`.
             energy_override_j: joules per rail from a hardware energy counter, used instead of the integral.
             pinned_mhz: the clock pinned, so `clock_held` is judged sample by sample (None: not judged).
-            table_mhz: the clock table, whose widest step is the tolerance of that judgement.
+            table_mhz: the clock table: half the gap from the pin to its neighbour is the tolerance of that judgement.
 
         Returns:
             The interval's `EnergyReport`, failed samples inside it counted in `samples_failed`.
@@ -343,4 +457,5 @@ class PowerSampler:
         return build_report([s.t for s in window], [s.watts for s in window], self.rails, [s.util for s in window],
                             clocks_mhz=[s.clock_mhz for s in window] if self._read_clock is not None else (),
                             samples_failed=failed, energy_override_j=energy_override_j,
-                            pinned_mhz=pinned_mhz, table_mhz=table_mhz)
+                            pinned_mhz=pinned_mhz, table_mhz=table_mhz, clock_source=self.clock_source,
+                            emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else ())

@@ -1,11 +1,35 @@
 """NVML backend (nvidia-ml-py): locked graphics clocks, the graphics clock read back, the energy counter.
 
-The `pynvml` module is injectable so tests run against a fake with the same names, return types
-and error classes as the real one. NVML cannot read back a locked clock range, so this backend
-restores exactly what it found by never writing where it could not undo: a "maxn" session
-writes nothing (an administrator's lock stays), and a pinned session refuses to start over an
-existing lock. `index` is NVML's (nvidia-smi's, PCI bus order); the torch device is the CUDA
-device with the same UUID, since CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID.
+The `pynvml` module is injectable so tests run against a fake with the same names, return types and error classes
+as the real one (testkit/fakes/fake_pynvml.py, which cites the source of each behaviour it models).
+
+Which GPU. `index` is NVML's (nvidia-smi's); NVML's own reference warns that "the NVML index may not correlate with
+other APIs, such as the CUDA device index" (nvmlDeviceGetIndex), and CUDA numbers GPUs fastest-first unless
+CUDA_DEVICE_ORDER=PCI_BUS_ID, within what CUDA_VISIBLE_DEVICES leaves visible (CUDA Programming Guide, "CUDA
+Environment Variables"). So the torch device is the visible CUDA device with this GPU's UUID (or one of its MIG
+devices' UUIDs), and a GPU CUDA cannot see is refused with one line before any clock is touched (`torch_device`,
+read when the board is resolved). A journal names its GPU by UUID, since "the order in which NVML enumerates devices
+has no guarantees of consistency between reboots" (nvmlDeviceGetHandleByIndex, nvmlDeviceGetIndex).
+
+Whose lock. NVML can set a locked clock range (nvmlDeviceSetGpuLockedClocks, `nvidia-smi -lgc`) but documents no
+call that reads one back: nvmlDeviceGetClock's clock ids are CURRENT, APP_CLOCK_TARGET, APP_CLOCK_DEFAULT and
+CUSTOMER_BOOST_MAX (application clocks and boost, not locks), and neither the NVML API reference nor nvidia-ml-py
+13.615 has a getter of locked clocks. The ApplicationsClocksSetting event reason is documented as "GPU clocks are
+limited by current setting of applications clocks" (`nvidia-smi -ac`), and a GPU locked with `nvidia-smi` has been
+seen to read every reason clear at its locked 915 MHz (CUDA.jl, https://github.com/JuliaGPU/CUDA.jl/pull/2194). So:
+application clocks are detected (that reason bit, or nvmlDeviceGetApplicationsClock differing from
+nvmlDeviceGetDefaultApplicationsClock) and refused; a lock is undetectable, and since a session's restore
+(nvmlDeviceResetGpuLockedClocks) would remove whatever lock was there, pinning needs the caller's word that there is
+none (`assume_unlocked=True`). A "maxn" session writes nothing (an administrator's lock stays).
+
+MIG. A locked clock is one for the whole GPU ("clock locking is device-global", CUPTI Clock Control API, which also
+lists MIG-partitioned devices as unsupported), so a GPU in MIG mode (nvmlDeviceGetMigMode) is never pinned; observing
+it is allowed and the session says its energy is the whole GPU's (`context["energy_scope"]`).
+
+Power. nvmlDeviceGetPowerUsage "on Ampere (except GA100) or newer GPUs ... returns power averaged over 1 sec interval"
+(NVML API reference); NVML_FI_DEV_POWER_INSTANT is the "current GPU power, supported on all architectures" (nvml.h)
+and is what Zeus reads (zeus/device/gpu/nvidia.py, getInstantPowerUsage). The sampler reads the instantaneous field
+where the driver answers it, else nvmlDeviceGetPowerUsage, and the session says which (`context["power_source"]`).
 """
 from __future__ import annotations
 
@@ -24,10 +48,20 @@ from dvfs_mlops.hw.device import (
     parse_freq,
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
-from dvfs_mlops.hw.meter import EnergyReport, PowerSampler
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler
+from dvfs_mlops.hw.placement import bare_uuid, cuda_device_of
 
 log = logging.getLogger(__name__)
-APPLICATIONS_CLOCKS_SETTING = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting: locked/app clocks active
+# nvml.h constants, used where an older nvidia-ml-py lacks the name
+APPLICATIONS_CLOCKS_SETTING = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting: application clocks (-ac) in force
+NVML_FI_DEV_POWER_INSTANT = 186  # "Current GPU power, supported on all architectures", mW
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_ERROR_NOT_FOUND = 6
+# nvmlFieldValue_t.valueType -> the member of its value union that holds the value (nvml.h, nvmlValueType_t)
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+POWER_INSTANT = "instant"
+POWER_AVERAGE_1S = "average_1s"
 
 
 def import_nvml() -> Any:
@@ -55,11 +89,49 @@ def _shutdown(nvml: Any) -> None:
         nvml.nvmlShutdown()
 
 
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    """nvmlDeviceGetMigMode's current mode is NVML_DEVICE_MIG_ENABLE (False where MIG is unsupported: before Ampere)."""
+    with contextlib.suppress(nvml.NVMLError, AttributeError):
+        current = nvml.nvmlDeviceGetMigMode(handle)[0]
+        return int(current) == int(getattr(nvml, "NVML_DEVICE_MIG_ENABLE", NVML_DEVICE_MIG_ENABLE))
+    return False
+
+
+def _mig_uuids(nvml: Any, handle: Any) -> list[str]:
+    """The UUIDs of a GPU's MIG devices: nvmlDeviceGetMigDeviceHandleByIndex over nvmlDeviceGetMaxMigDeviceCount slots (an
+    empty slot answers NVML_ERROR_NOT_FOUND). NVML: "When used with MIG device handles the API returns globally unique
+    UUIDs" (nvmlDeviceGetUUID); CUDA reports that MIG UUID for the device ("If the device is in MIG mode, returns its MIG
+    UUID", cuDeviceGetUuid_v2)."""
+    if not _mig_enabled(nvml, handle):
+        return []
+    found = []
+    with contextlib.suppress(nvml.NVMLError, AttributeError):
+        for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            with contextlib.suppress(nvml.NVMLError):
+                found.append(_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))))
+    return found
+
+
 class NvmlDevice:
+    """One NVIDIA GPU through NVML.
+
+    Args:
+        index: NVML's index of the GPU (nvidia-smi's), used where `uuid` is not given.
+        nvml: a `pynvml`-compatible module (None: nvidia-ml-py).
+        sample_hz: the meter thread's power/clock sampling rate.
+        assume_unlocked: the caller vouches that nobody locked this GPU's clocks (`nvidia-smi -lgc`), which NVML
+            cannot read: only then does a session pin (its restore resets locked clocks, whoever set them).
+        uuid: open the GPU with this UUID instead of `index` (a journal's GPU, wherever NVML numbers it now).
+
+    Raises:
+        DeviceNotFoundError: NVML does not start, or there is no GPU at `index` / with `uuid`.
+    """
+
     name = "nvml"
     simulated = False
 
-    def __init__(self, index: int = 0, nvml: Any = None, sample_hz: float = 50.0):
+    def __init__(self, index: int = 0, nvml: Any = None, sample_hz: float = 50.0, assume_unlocked: bool = False,
+                 uuid: str | None = None):
         self.nvml = nvml or import_nvml()
         try:
             self.nvml.nvmlInit()
@@ -68,6 +140,8 @@ class NvmlDevice:
             raise DeviceNotFoundError(f"NVML did not start ({e}); is the NVIDIA driver loaded?") from None
         # nvmlInit is reference-counted: one nvmlShutdown per device, at close() or at exit.
         self._finalizer = weakref.finalize(self, _shutdown, self.nvml)
+        if uuid is not None:
+            index = self._index_of_uuid(uuid, count)
         if index >= count:
             self.close()
             raise DeviceNotFoundError(f"NVML sees {count} GPU(s); index {index} does not exist (--gpu-index 0..{count - 1})")
@@ -78,6 +152,37 @@ class NvmlDevice:
         self.device_key = f"nvml-{index}"
         self.device_id = self._uuid() or self.device_key
         self.sample_hz = sample_hz
+        self.assume_unlocked = assume_unlocked
+        self._power_source: str | None = None
+
+    def _index_of_uuid(self, uuid: str, count: int) -> int:
+        """NVML's index of the GPU with `uuid` now (nvmlDeviceGetHandleByUUID, then nvmlDeviceGetIndex); closes and raises
+        DeviceNotFoundError where there is none ("NVML_ERROR_NOT_FOUND if uuid does not match a valid device")."""
+        n = self.nvml
+        try:
+            return int(n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(uuid)))
+        except n.NVMLError as e:
+            error = e
+        seen = ""
+        with contextlib.suppress(n.NVMLError):
+            seen = ", ".join(f"GPU {i} {_text(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)))}" for i in range(count))
+        self.close()
+        if getattr(error, "value", None) != getattr(n, "NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND):
+            raise DeviceNotFoundError(f"NVML cannot look up GPU {uuid}: {error}") from None
+        raise DeviceNotFoundError(f"no GPU with UUID {uuid} on this machine (NVML sees: {seen or 'none'}); if it was "
+                                  "removed, its clocks went with it") from None
+
+    @classmethod
+    def for_journal(cls, settings: dict[str, Any], nvml: Any = None) -> NvmlDevice:
+        """The GPU a journal was written for: by the UUID it recorded, else (a journal without one) by its index.
+
+        Raises:
+            DeviceNotFoundError: that GPU is not on this machine any more.
+        """
+        uuid = str(settings.get("uuid") or "")
+        if uuid.startswith("GPU-"):
+            return cls(nvml=nvml, uuid=uuid)
+        return cls(index=int(settings.get("index", 0)), nvml=nvml)
 
     def close(self) -> None:
         """nvmlShutdown (once). Sessions restore before their device is closed."""
@@ -88,21 +193,41 @@ class NvmlDevice:
             return _text(self.nvml.nvmlDeviceGetUUID(self.handle))
         return None
 
+    # which GPU trains ------------------------------------------------------------------------------------
+    def mig_enabled(self) -> bool:
+        """Whether the GPU is in MIG mode now (nvmlDeviceGetMigMode's current mode; False where MIG is unsupported)."""
+        return _mig_enabled(self.nvml, self.handle)
+
+    @property
+    def cuda_uuids(self) -> set[str]:
+        """Every UUID CUDA may report for this GPU, bare (no GPU-/MIG- prefix, lower case): its own and its MIG devices'."""
+        return {bare_uuid(u) for u in [self.device_id, *_mig_uuids(self.nvml, self.handle)] if u.startswith(("GPU-", "MIG-"))}
+
+    def _nvml_names(self) -> dict[str, str]:
+        """UUID -> "NVML GPU i" for every GPU NVML sees (and its MIG devices): how an error names a CUDA device."""
+        names: dict[str, str] = {}
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+            for i in range(int(self.nvml.nvmlDeviceGetCount())):
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                names[_text(self.nvml.nvmlDeviceGetUUID(handle))] = f"NVML GPU {i}"
+                for mig in _mig_uuids(self.nvml, handle):
+                    names[mig] = f"a MIG device of NVML GPU {i}"
+        return names
+
     @property
     def torch_device(self) -> str:
-        """`cuda:<k>` for the CUDA device with this GPU's UUID; `cuda:<index>` where torch cannot tell."""
-        try:
-            import torch
+        """`cuda:<k>` for the visible CUDA device with this GPU's UUID (or a MIG device's); `cuda:<index>` where torch
+        has no CUDA (`resolve_torch_device` then refuses before any clock).
 
-            if torch.cuda.is_available():
-                for k in range(torch.cuda.device_count()):
-                    uuid = str(getattr(torch.cuda.get_device_properties(k), "uuid", ""))
-                    if uuid and self.device_id.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
-                        return f"cuda:{k}"
-        except Exception as e:  # noqa: BLE001 - an unusual torch build: fall back to the NVML index
-            log.debug("cannot map GPU %s to a CUDA device: %s", self.device_id, e)
-        return f"cuda:{self.index}"
+        Raises:
+            TorchDeviceError: torch has CUDA but this GPU is not among its visible devices (CUDA_VISIBLE_DEVICES), or
+                no visible device can be matched to it; one line naming the GPU and what is visible.
+        """
+        what = f"GPU {self.index} ({self.gpu_name}, {self.device_id})"
+        found = cuda_device_of(self.cuda_uuids, what, self._nvml_names())
+        return found or f"cuda:{self.index}"
 
+    # clocks --------------------------------------------------------------------------------------------------
     @property
     def frequencies_mhz(self) -> list[float]:
         n = self.nvml
@@ -130,11 +255,45 @@ class NvmlDevice:
                 return int(fn(self.handle))
         return None
 
-    def clocks_locked(self) -> bool:
+    def application_clocks_set(self) -> bool:
+        """Whether someone set application clocks (`nvidia-smi -ac`), by what NVML documents: an applications clock ("the
+        current setting of a clock that applications will use", nvmlDeviceGetApplicationsClock) other than the default
+        one ("that GPU boots with or defaults to after nvmlDeviceResetApplicationsClocks"); where those deprecated getters
+        do not answer (NOT_SUPPORTED on GeForce), the ApplicationsClocksSetting event reason ("GPU clocks are limited by
+        current setting of applications clocks"), which says the clock is held at applications clocks, not whose they are."""
+        graphics = getattr(self.nvml, "NVML_CLOCK_GRAPHICS", 0)
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+            current = self.nvml.nvmlDeviceGetApplicationsClock(self.handle, graphics)
+            return int(current) != int(self.nvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, graphics))
         reasons = self.clocks_event_reasons()
         bit = getattr(self.nvml, "nvmlClocksEventReasonApplicationsClocksSetting",
                       getattr(self.nvml, "nvmlClocksThrottleReasonApplicationsClocksSetting", APPLICATIONS_CLOCKS_SETTING))
         return bool(reasons is not None and reasons & bit)
+
+    def clocks_locked(self) -> bool | None:
+        """True where NVML shows someone else's clock setting (application clocks); None otherwise, because a locked
+        range (`nvidia-smi -lgc`) is not readable through NVML (module doc): never False."""
+        return True if self.application_clocks_set() else None
+
+    def check_can_pin(self, what: str = "pin the clock") -> None:
+        """Refuse, before any write, to pin where the session could not restore exactly what it found.
+
+        Raises:
+            DvfsError: the GPU is in MIG mode, application clocks are set, or `assume_unlocked` was not given.
+        """
+        gpu = f"GPU {self.index} ({self.gpu_name})"
+        if self.mig_enabled():
+            raise DvfsError(f"cannot {what}: {gpu} is in MIG mode, and a locked clock is the whole GPU's, so it would change "
+                            "every MIG tenant's clock; meter without pinning (--observe), which reports the whole GPU's energy")
+        if self.application_clocks_set():
+            raise DvfsError(f"cannot {what}: the clocks of {gpu} are already set by someone else (application clocks, "
+                            f"nvidia-smi -ac); ask its administrator to reset them (nvidia-smi -i {self.index} -rac) "
+                            "or meter without pinning (--observe)")
+        if not self.assume_unlocked:
+            raise DvfsError(f"cannot {what}: NVML cannot tell whether the clocks of {gpu} are already locked (nvidia-smi "
+                            "-lgc leaves nothing NVML reads back), and this session's restore would remove such a lock; "
+                            "if nobody locked them, pass --assume-unlocked (NvmlDevice(assume_unlocked=True)), "
+                            "else meter without pinning (--observe)")
 
     def lock_clocks(self, mhz: float) -> None:
         self._call("lock the graphics clock", self.nvml.nvmlDeviceSetGpuLockedClocks, int(mhz), int(mhz))
@@ -143,9 +302,23 @@ class NvmlDevice:
         self._call("reset the locked clocks", self.nvml.nvmlDeviceResetGpuLockedClocks)
 
     def restore_settings(self, settings: dict[str, Any]) -> None:
-        """Undo our own lock. Sessions only lock where no lock was found, so a reset is exact."""
+        """Undo a session's own lock, on the GPU its journal names by UUID (NVML's index may have moved since).
+
+        Raises:
+            DeviceNotFoundError: the journal's GPU is not on this machine any more.
+            DevicePermissionError, DvfsError: the reset failed.
+        """
+        uuid = str(settings.get("uuid") or "")
+        if uuid.startswith("GPU-") and uuid != self.device_id:
+            other = NvmlDevice(nvml=self.nvml, uuid=uuid)
+            try:
+                other.reset_clocks()
+            finally:
+                other.close()
+            return
         self.reset_clocks()
 
+    # meter ---------------------------------------------------------------------------------------------------
     def energy_mj(self) -> int | None:
         try:
             return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
@@ -154,7 +327,36 @@ class NvmlDevice:
                 return None
             raise
 
+    def _instant_mw(self) -> float | None:
+        """NVML_FI_DEV_POWER_INSTANT in mW (scope 0, the GPU), None where the driver or GPU does not answer it."""
+        fid = getattr(self.nvml, "NVML_FI_DEV_POWER_INSTANT", NVML_FI_DEV_POWER_INSTANT)
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError, IndexError, TypeError):
+            value = self.nvml.nvmlDeviceGetFieldValues(self.handle, [fid])[0]
+            if int(value.nvmlReturn) == int(getattr(self.nvml, "NVML_SUCCESS", 0)):
+                return float(getattr(value.value, _VALUE_MEMBER.get(int(value.valueType), "uiVal")))
+        return None
+
+    @property
+    def power_source(self) -> str:
+        """What `power_w` reads: "instant" (the instantaneous field, or nvmlDeviceGetPowerUsage before Ampere, which NVML
+        documents as instantaneous there) or "average_1s" (nvmlDeviceGetPowerUsage on Ampere and later, a 1 s average;
+        also where the architecture is unknown, and on GA100, which NVML names as instantaneous but cannot be told apart)."""
+        if self._power_source is None:
+            if self._instant_mw() is not None:
+                self._power_source = POWER_INSTANT
+            else:
+                arch = None
+                with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+                    arch = int(self.nvml.nvmlDeviceGetArchitecture(self.handle))
+                ampere = getattr(self.nvml, "NVML_DEVICE_ARCH_AMPERE", NVML_DEVICE_ARCH_AMPERE)
+                self._power_source = POWER_INSTANT if arch is not None and arch < ampere else POWER_AVERAGE_1S
+        return self._power_source
+
     def power_w(self) -> float:
+        if self.power_source == POWER_INSTANT:
+            mw = self._instant_mw()
+            if mw is not None:
+                return mw / 1000.0
         return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
 
     def util_pct(self) -> float | None:
@@ -178,8 +380,14 @@ class NvmlDevice:
 
     def info(self) -> DeviceInfo:
         counter = self.energy_mj() is not None
+        try:
+            where = self.torch_device
+        except DvfsError as e:
+            where = f"none: {e}"
+        locked = self.clocks_locked()
         detail = {"gpu": self.gpu_name, "index": self.index, "uuid": self.device_id, "energy_counter": counter,
-                  "clocks_locked": self.clocks_locked(), "torch_device": self.torch_device}
+                  "clocks_locked": "application clocks (nvidia-smi -ac)" if locked else "unknown (NVML cannot read a -lgc lock)",
+                  "mig_mode": self.mig_enabled(), "power_source": self.power_source, "torch_device": where}
         temp = self.temperature_c()
         if temp is not None:
             detail["gpu_temp_c"] = temp
@@ -201,11 +409,11 @@ class NvmlSession(FreqSession):
         self._ownership.claim()
         if self.freq == MAXN:
             return  # the board's default as found: an administrator's lock stays as it is
-        if dev.clocks_locked():
+        try:
+            dev.check_can_pin()
+        except DvfsError:
             self._ownership.release()
-            raise DvfsError(f"the clocks of GPU {dev.index} ({dev.gpu_name}) are already locked by someone else and NVML "
-                            "cannot read that lock back to restore it; ask its administrator to unlock them "
-                            "(nvidia-smi -i N -rgc) or meter without pinning (--observe)")
+            raise
         self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, freq_label(self.freq))
         try:
             dev.lock_clocks(float(self.freq))
@@ -218,12 +426,10 @@ class NvmlSession(FreqSession):
         self._locked = True
 
     def _repin(self, mhz: float) -> None:
-        """Lock another clock; a session entered at maxn journals the reset first, as `_apply` does."""
+        """Lock another clock; a session entered at maxn checks and journals first, as `_apply` does."""
         dev = self.device
         if not self._locked:
-            if dev.clocks_locked():
-                raise DvfsError(f"the clocks of GPU {dev.index} ({dev.gpu_name}) are already locked by someone else; "
-                                "refine cannot move them (nvidia-smi -i N -rgc, or --refine 0)")
+            dev.check_can_pin("move the clock (refine; --refine 0 leaves it)")
             self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, freq_label(mhz))
             self._locked = True  # from here on the exit resets, whether or not the lock call below completes
         dev.lock_clocks(mhz)
@@ -246,7 +452,14 @@ class NvmlSession(FreqSession):
         temp = dev.temperature_c()
         if temp is not None:
             self.context["gpu_temp_c"] = temp
-        self._sampler = PowerSampler(lambda: (dev.power_w(),), ["gpu"], dev.util_pct, dev.sample_hz, read_clock=dev.current_mhz)
+        self.context["power_source"] = dev.power_source  # "instant" or "average_1s" (module doc, Power)
+        if dev.mig_enabled():  # NVML meters the physical GPU: every MIG tenant's draw is in it
+            self.context["mig_mode"] = "enabled"
+            self.context["energy_scope"] = "whole_gpu"
+        # nvmlDeviceGetClockInfo(NVML_CLOCK_GRAPHICS) is the clock the GPU runs at now (NVML API reference), not the
+        # requested one: a measured clock
+        self._sampler = PowerSampler(lambda: (dev.power_w(),), ["gpu"], dev.util_pct, dev.sample_hz, read_clock=dev.current_mhz,
+                                     clock_source=CLOCK_MEASURED)
         self._marks = []
         self._sampler.start()
         self._start = (0, dev.energy_mj())

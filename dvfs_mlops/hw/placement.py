@@ -5,9 +5,17 @@ its torch device (jetson "cuda", nvml "cuda:<index>", sim "cpu"); `resolve_torch
 that torch can reach it and fails with one line when it cannot, so a run never trains silently
 on the CPU while the GPU idles at the pinned clock. `--torch-device` overrides the choice (tests,
 unusual set-ups).
+
+Which CUDA device is which GPU is told by UUID, in both directions (`cuda_device_of`: a GPU's CUDA device; `cuda_uuid`:
+a CUDA device's GPU): NVML warns that its index "may not correlate with other APIs, such as the CUDA device index"
+(NVML API reference, nvmlDeviceGetIndex), CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, and
+CUDA_VISIBLE_DEVICES hides and reorders them (CUDA Programming Guide, "CUDA Environment Variables"). torch reports each
+visible device's UUID (`torch.cuda.get_device_properties(k).uuid`, printed as 8-4-4-4-12 hex without nvidia-smi's
+GPU-/MIG- prefix: torch/csrc/cuda/Module.cpp, `_CUuuid.__str__`), the MIG UUID for a MIG device (cuDeviceGetUuid_v2).
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from dvfs_mlops import settings
@@ -45,3 +53,116 @@ def synchronize(torch_device: str) -> None:
         import torch
 
         torch.cuda.synchronize(torch_device)
+
+
+UUID_PREFIXES = ("GPU-", "MIG-")  # nvidia-smi's forms, which CUDA_VISIBLE_DEVICES takes ("CUDA Environment Variables")
+
+
+def bare_uuid(text: str) -> str:
+    """A UUID as torch prints it: lower case, without nvidia-smi's GPU-/MIG- prefix."""
+    t = str(text).strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if t.startswith(prefix):
+            return t[len(prefix):]
+    return t
+
+
+def visible_devices(value: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES' entries as CUDA keeps them: None when unset (every GPU visible), [] when empty (none), else
+    the entries up to the first that is neither an index nor a GPU-/MIG- UUID. CUDA Programming Guide, "CUDA Environment
+    Variables": indices or UUID strings, "abbreviated forms are allowed" (enough leading digits to name one GPU), and
+    "if an invalid index is encountered, only devices with indices that appear before the invalid index" are visible."""
+    if value is None:
+        return None
+    kept: list[str] = []
+    for entry in (e.strip() for e in value.split(",")) if value.strip() else ():
+        if not (entry.isdigit() or entry.startswith(UUID_PREFIXES)):
+            break
+        kept.append(entry)
+    return kept
+
+
+def cuda_uuids() -> list[str | None] | None:
+    """The bare UUID torch reports for each visible CUDA device, in CUDA's order (None for a device whose torch build
+    reports none); None when torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    found: list[str | None] = []
+    for k in range(torch.cuda.device_count()):
+        uuid = getattr(torch.cuda.get_device_properties(k), "uuid", None)
+        found.append(bare_uuid(str(uuid)) if uuid is not None and str(uuid) else None)
+    return found
+
+
+def cuda_uuid(torch_device: str) -> str | None:
+    """The bare UUID of the CUDA device `torch_device` names ("cuda" is torch's current one); None where torch cannot
+    tell (no CUDA, no such device, no UUID reported)."""
+    seen = cuda_uuids()
+    if not seen:
+        return None
+    import torch
+
+    k = int(torch_device.split(":", 1)[1]) if ":" in torch_device else int(torch.cuda.current_device())
+    return seen[k] if 0 <= k < len(seen) else None
+
+
+def cuda_device_of(uuids: Collection[str], gpu: str, nvml_names: Mapping[str, str]) -> str | None:
+    """`cuda:<k>` of the visible CUDA device that is the GPU with one of `uuids` (its own and its MIG devices').
+
+    Where torch reports no UUID for a device, a CUDA_VISIBLE_DEVICES entry that names one of `uuids` by UUID or prefix
+    tells it (entry k is cuda:k: visible devices "are enumerated in the order of the sequence"); an index entry cannot,
+    since CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID.
+
+    Args:
+        uuids: the GPU's UUIDs (any form: GPU-/MIG- prefixed or bare).
+        gpu: how the error names the GPU, e.g. "GPU 0 (NVIDIA A100, GPU-6b1f...)".
+        nvml_names: every UUID NVML sees (prefixed) -> how the error names it, e.g. "NVML GPU 2".
+
+    Returns:
+        "cuda:<k>", or None when torch has no CUDA (`resolve_torch_device` says so).
+
+    Raises:
+        TorchDeviceError: torch has CUDA and none of its visible devices is this GPU (one line: the GPU, what is visible).
+    """
+    seen = cuda_uuids()
+    if seen is None:
+        return None
+    wanted = {bare_uuid(u) for u in uuids}
+    for k, uuid in enumerate(seen):
+        if uuid is not None and uuid in wanted:
+            return f"cuda:{k}"
+    k = _entry_naming(wanted, nvml_names)
+    if k is not None and k < len(seen) and seen[k] is None:
+        return f"cuda:{k}"
+    raise TorchDeviceError(_not_visible(gpu, seen, nvml_names))
+
+
+def _entry_naming(wanted: set[str], nvml_names: Mapping[str, str]) -> int | None:
+    """The position of the CUDA_VISIBLE_DEVICES entry that names one of `wanted` alone, by UUID or a prefix of one."""
+    for k, entry in enumerate(visible_devices(settings.cuda_visible_devices()) or []):
+        if not entry.startswith(UUID_PREFIXES):
+            return None
+        matches = [u for u in nvml_names if u.lower().startswith(entry.lower())]
+        if len(matches) != 1:
+            return None  # an entry naming no device, or several, ends CUDA's list there
+        if bare_uuid(matches[0]) in wanted:
+            return k
+    return None
+
+
+def _not_visible(gpu: str, seen: list[str | None], nvml_names: Mapping[str, str]) -> str:
+    value = settings.cuda_visible_devices()
+    env = "CUDA_VISIBLE_DEVICES unset" if value is None else f"CUDA_VISIBLE_DEVICES={value!r}"
+    by_bare = {bare_uuid(u): name for u, name in nvml_names.items()}
+    names = [by_bare.get(u, f"an unknown GPU ({u})") if u else "a device whose UUID torch does not report" for u in seen]
+    devices = ", ".join(f"cuda:{k} is {name}" for k, name in enumerate(names)) or "no device"
+    others = [n.removeprefix("NVML GPU ") for n in names if n.startswith("NVML GPU ")]
+    pick = f"pass --gpu-index {others[0]} to pin the GPU that trains, or " if others else ""
+    unmatched = (" torch reports no UUIDs here, and CUDA numbers CUDA_VISIBLE_DEVICES indices fastest-first unless "
+                 "CUDA_DEVICE_ORDER=PCI_BUS_ID, so name the GPU by UUID there;" if None in seen else "")
+    return (f"{gpu} is not a CUDA device torch can see ({env}; {devices}), so its clock would be pinned and metered while "
+            f"another GPU trains;{unmatched} {pick}make it visible (its UUID in CUDA_VISIBLE_DEVICES)")

@@ -68,7 +68,9 @@ class DvfsCallback(TrainerCallback):
 
     Args:
         governor: a `models:/` URI of the governor (None: the registry's production alias).
-        device: a backend name for `open_device` (auto, jetson, nvml, sim), or an open `Device`.
+        device: a backend name for `open_device` (auto, jetson, nvml, sim), or an open `Device`. NVML cannot tell
+            whether someone locked the GPU's clocks, so a pinned session there needs
+            `open_device("nvml", assume_unlocked=True)` passed here (observe meters without it).
         freq: pin this clock (MHz or "maxn") instead of asking the governor.
         gpu_util_pct: the `gpu_util_pct` feature (None: the twin's estimate at maxn for this model and batch).
         avg_seq_len: the `avg_seq_len` feature (None: the mean unpadded length of the first 2000 training examples).
@@ -79,9 +81,11 @@ class DvfsCallback(TrainerCallback):
         torch_device: where the model trains when it is not the backend's device, on purpose (None: the backend's).
         refine: at most this many training steps spent probing clocks around the governor's
             (`dvfs_mlops/job/refine.py`), the rest at the clock the curve model settles on; 0 is off.
+        warmup_steps: the first training steps, metered apart as the window "warmup" (None: 3 on hardware, 0 on the
+            twin; at most a quarter of `max_steps`): `report` is the steps after them.
 
     Attributes:
-        report: the `EnergyReport` of the training window, after training (None before).
+        report: the `EnergyReport` of the training window (the steps after warm-up), after training (None before).
         decision: `freq`, `path` (the decision path) and `governor` (name, version, alias, uri).
         features: the `WorkloadFeatures` the governor decided on.
         precision: fp32, bf16 or fp16, from the Trainer's arguments.
@@ -97,8 +101,11 @@ class DvfsCallback(TrainerCallback):
 
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
-                 announce: Any = logger.info, observe: bool = False, torch_device: str | None = None, refine: int = 0):
+                 announce: Any = logger.info, observe: bool = False, torch_device: str | None = None, refine: int = 0,
+                 warmup_steps: int | None = None):
         self.governor_uri = governor
+        self.warmup_steps = warmup_steps
+        self._windows: Any = None
         self._device_arg = device
         self.freq_override = freq
         self.gpu_util_pct = gpu_util_pct
@@ -171,8 +178,14 @@ class DvfsCallback(TrainerCallback):
                                 peft_of(model), kind=kind)
 
     def _check_placement(self, model: Any) -> None:
-        """The model must sit on the board's torch device: a clock pinned on a GPU that does not train saves nothing."""
-        from dvfs_mlops.hw.placement import TorchDeviceError
+        """The model must sit on the board's GPU: a clock pinned on a GPU that does not train saves nothing.
+
+        The device type must match; on nvml the CUDA device the model is on must also be the board's GPU, told by UUID
+        (`placement.cuda_uuid`: torch's UUID of that device, against the GPU's own and its MIG devices'), since a CUDA
+        index says nothing of which NVML GPU it is. A `torch_device` the caller named (here or $DVFS_TORCH_DEVICE) is
+        taken as meant."""
+        from dvfs_mlops import settings
+        from dvfs_mlops.hw.placement import TorchDeviceError, bare_uuid, cuda_uuid
 
         wanted = self.board.torch_device
         try:
@@ -183,6 +196,16 @@ class DvfsCallback(TrainerCallback):
             raise TorchDeviceError(f"the model is on {actual} but the {self.board.backend} backend meters {wanted}: the clock would "
                                    f"be pinned on a GPU that does not train; let Trainer place the model (TrainingArguments "
                                    f"use_cpu=False) or pass DvfsCallback(torch_device={actual!r}) on purpose")
+        if self.board.backend != "nvml" or not actual.startswith("cuda") or self.torch_device or settings.torch_device_override():
+            return
+        ours = set(getattr(self.device, "cuda_uuids", None) or {bare_uuid(self.board.device_id)})
+        found = cuda_uuid(actual)
+        same = found in ours if found is not None else actual == wanted  # no UUID from torch: the resolved device itself
+        if not same:
+            raise TorchDeviceError(f"the model is on {actual} ({found or 'UUID unknown'}) but the nvml backend pins and meters "
+                                   f"{self.board.device_id} ({wanted}): the clock would be pinned on a GPU that does not train; "
+                                   f"let Trainer put the model on {wanted} (CUDA_VISIBLE_DEVICES, LOCAL_RANK), open the GPU it "
+                                   f"trains on (--gpu-index), or pass DvfsCallback(torch_device={actual!r}) on purpose")
 
     def _decide(self, feats: WorkloadFeatures) -> tuple[FreqRequest, str, GovernorRef]:
         """The clock (the caller's, else the governor's for these features), the decision path, and which governor."""
@@ -222,14 +245,20 @@ class DvfsCallback(TrainerCallback):
         session = self.device.session(freq, observe=self.observe, label="trainer")
         session.__enter__()
         self.session = session
-        session.begin_window("train")
+        from dvfs_mlops.job.finetune import FinetuneConfig, StepWindows
+        from dvfs_mlops.job.run import default_warmup_steps
+
+        max_steps = int(getattr(state, "max_steps", 0) or 0)
+        wanted = default_warmup_steps(self.board.simulated) if self.warmup_steps is None else self.warmup_steps
+        cold = FinetuneConfig(warmup_steps=wanted).cold_steps(max_steps)
+        self._windows = StepWindows(session, self.board.torch_device, cold).__enter__()  # "warmup", then "train"
         if self.refine and session.pinned_mhz is None:
             self.announce("refine: off, nothing is pinned (maxn or observe), so there is no clock to move")
         elif self.refine:
-            from dvfs_mlops.job.refine import Refiner
+            from dvfs_mlops.job.refine import WARMUP_STEPS, Refiner
 
-            self._refiner = Refiner(session, self.refine, int(getattr(state, "max_steps", 0) or 0), self.board, say=self.announce,
-                                    prior=ref.power_prior_for(self.board) if ref.uri else None)
+            self._refiner = Refiner(session, self.refine, max_steps, self.board, say=self.announce,
+                                    prior=ref.power_prior_for(self.board) if ref.uri else None, warmup=max(WARMUP_STEPS, cold))
         if not self._atexit_registered:
             atexit.register(self.close)
             self._atexit_registered = True
@@ -237,8 +266,11 @@ class DvfsCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None and self.device is not None and self.device.simulated:
             self.session.step(self._trace)
+        step = int(getattr(state, "global_step", 1)) - 1
         if self.session is not None and self._refiner is not None:
-            self._refiner.on_step(int(getattr(state, "global_step", 1)) - 1)
+            self._refiner.on_step(step)
+        if self.session is not None and self._windows is not None:
+            self._windows.step_done(step)
 
     @property
     def refined(self) -> Any:

@@ -46,10 +46,17 @@ class FinetuneConfig:
     attn_implementation: str = "sdpa"  # real training; the twin traces with eager attention
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
     peft: PeftSpec = FULL  # full fine-tuning, or LoRA (base frozen; adapters and the task head train)
+    # The first steps, metered apart as the window "warmup" (allocation, autotuning, lazy loading land there, not on
+    # the clock a sweep happens to visit first): at most a quarter of the steps (`cold_steps`). Not the LR warm-up.
+    warmup_steps: int = 0
 
     @property
     def trace_dtype(self) -> str:
         return PRECISIONS[self.precision]
+
+    def cold_steps(self, steps: int) -> int:
+        """The warm-up steps of a job of `steps` steps: `warmup_steps`, never more than a quarter of them."""
+        return max(0, min(self.warmup_steps, steps // 4))
 
 
 @dataclasses.dataclass
@@ -63,6 +70,12 @@ class FinetuneResult:
     wall_time_s: float
     model: Any = dataclasses.field(default=None, repr=False)
     extra_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. eval_loss of a causal-LM task
+    warmup_steps: int = 0  # of `steps`, metered apart (window "warmup"); the "train" window is the rest
+
+    @property
+    def metered_samples(self) -> int:
+        """The examples of the steps after warm-up: what `energy_j` and `time_s` cover."""
+        return self.train_samples * (self.steps - self.warmup_steps) // max(1, self.steps)
 
 
 def num_steps(config: FinetuneConfig, n_train: int) -> int:
@@ -140,7 +153,8 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
     )
     label_dtype = torch.float32 if is_regression else torch.long
     losses: list[float] = []
-    with metered(session, "train", torch_device):
+    cold = config.cold_steps(steps)
+    with StepWindows(session, torch_device, cold) as windows:
         t_train = time.monotonic()
         for step, (idx, n) in enumerate(zip(batches, lengths)):
             ids, mask = collate([train.ids[i] for i in idx], pad_id)
@@ -161,6 +175,7 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
             _charge(session, trace_for, n)
             if on_step is not None:
                 on_step(step, loss)
+            windows.step_done(step)
         synchronize(torch_device)
         wall = time.monotonic() - t_train
     tail = losses[-max(1, len(losses) // 10):]
@@ -171,7 +186,7 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
                 value, extra["eval_loss"] = evaluate_lm(model, dev, pad_id, min(config.eval_batch_size, config.batch_size), torch_device)
             else:
                 value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
-    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra)
+    return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra, cold)
 
 
 def _lm_batch_labels(data: Encoded, idx: Any, width: int) -> np.ndarray:
@@ -190,12 +205,52 @@ def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, 
     batches = plan_batches(len(train_lengths), steps, config.batch_size, config.seed)
     lengths = [padded_length([train_lengths[i] for i in b]) for b in batches]
     t0 = time.monotonic()
-    with metered(session, "train", torch_device):
+    cold = config.cold_steps(steps)
+    with StepWindows(session, torch_device, cold) as windows:
         for step, n in enumerate(lengths):
             _charge(session, trace_for, n)
             if on_step is not None:
                 on_step(step, None)
-    return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0)
+            windows.step_done(step)
+    return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0, warmup_steps=cold)
+
+
+class StepWindows:
+    """The windows of a job's training steps: the first `warmup` steps as "warmup", the rest as "train" (what
+    `energy_j` and `time_s` mean everywhere). Each edge waits for the GPU. Without a session it only counts.
+
+    Use: `with StepWindows(session, device, warmup) as w:` and `w.step_done(step)` after every step.
+    """
+
+    def __init__(self, session: Any, torch_device: str, warmup: int):
+        self.session = session if hasattr(session, "begin_window") else None
+        self.torch_device, self.warmup = torch_device, warmup
+        self._open: str | None = None
+
+    def _begin(self, name: str) -> None:
+        if self.session is not None:
+            synchronize(self.torch_device)
+            self.session.begin_window(name)
+            self._open = name
+
+    def _end(self) -> None:
+        if self.session is not None and self._open is not None:
+            synchronize(self.torch_device)
+            self.session.end_window(self._open)
+            self._open = None
+
+    def __enter__(self) -> StepWindows:
+        self._begin("warmup" if self.warmup > 0 else "train")
+        return self
+
+    def step_done(self, step: int) -> None:
+        """After step `step` (0-based): the warm-up's last step closes "warmup" and opens "train"."""
+        if step + 1 == self.warmup:
+            self._end()
+            self._begin("train")
+
+    def __exit__(self, *exc: object) -> None:
+        self._end()
 
 
 @contextlib.contextmanager

@@ -4,11 +4,16 @@ choice, the curve model (`curve.py`) fitted to them, and the rest of the job at 
 It drives an open `FreqSession` from the training loop's per-step hook (`on_step`): after a few
 warm-up steps at the starting clock, each probe clock gets its own metered window
 ("probe@<MHz>") of `MIN_PROBE_STEPS` steps (more when the budget allows more than `MAX_PROBE_CLOCKS`
-windows), read while the session is still open. The probing is sequential (`ProbePlan`): the start
-and the clocks two table steps either side of it; then the curve model, fitted to every probe so far,
-may move the clock ONE table step, and only where its predicted saving exceeds `MOVE_Z` standard
-deviations of that saving (the fit's own uncertainty, with the board's per-window noise as a floor:
-`Board.noise`). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
+windows), read while the session is still open. Steps are steps of the probe grid (`probe_grid`): the
+table's clocks about `PROBE_SPACING_MHZ` apart, so a datacenter GPU's 15 MHz table is probed as widely in
+MHz as an Orin's. On hardware each window is long enough for the meter (`Board.min_window_s` at the
+warm-up's step time), opens `SETTLE_STEPS` after a re-pin, and its noise floor is its own samples' spread;
+the voltage curve's shape is the board's own where known, else fitted from the probes (never another
+board's constants). The probing is sequential (`ProbePlan`): the start
+and the clocks two grid steps either side of it; then the curve model, fitted to every probe so far,
+may move the clock ONE grid step, and only where its predicted saving exceeds `MOVE_Z` standard
+deviations of that saving (the fit's own uncertainty, with the per-window noise as a floor:
+`Board.noise` on the twin). After a move, up to two unprobed clocks within two steps of the new one are probed (the settled
 clock itself may go unprobed: the fit speaks for it) and the same test
 is made from there, while the budget lasts; once it says stay, `repin` keeps the clock for the
 remaining steps. Probing costs energy at clocks off the optimum, so it stops as soon as the test
@@ -25,13 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
-from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve
+from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve, fit_voltage_shape
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,11 @@ MAX_PROBE_CLOCKS = 7
 FIRST_STRIDE = 2  # the first probes: the start and the clocks this many table steps either side
 MOVE_Z = 0.5  # move one table step only on a predicted saving above this many of its standard deviations
 WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-step costs: allocation, autotuning)
+# The probes move on a grid of the table's clocks about this far apart, so a step means the same in MHz on every board:
+# the AGX Orin's table is its own grid (102 MHz steps), a datacenter GPU's 15 MHz table is thinned to ~100 MHz.
+PROBE_SPACING_MHZ = 100.0
+SETTLE_STEPS = 1  # on hardware, steps after a re-pin before the probe window opens (the clock and the meter settle)
+NOISE_FLOOR = 1e-3  # relative: the least per-window noise a fit assumes, however steady a window's samples were
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +159,33 @@ def probe_clocks(start_mhz: float, table: Sequence[float], n_clocks: int, stride
     return [freqs[j] for j in wanted]
 
 
-def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[float], int]:
+def probe_grid(table: Sequence[float], start_mhz: float, spacing_mhz: float = PROBE_SPACING_MHZ) -> list[float]:
+    """The clocks refine probes and moves on: the table where its steps are already `spacing_mhz` wide or wider (half
+    of it or more), else the table's clocks nearest the start plus and minus whole multiples of `spacing_mhz`.
+
+    Args:
+        table: the device's clock table.
+        start_mhz: the starting clock (on the grid, snapped to the table).
+        spacing_mhz: the grid's step.
+
+    Returns:
+        The grid, ascending, the start's nearest table clock included.
+    """
+    freqs = sorted(float(f) for f in table)
+    steps = sorted(b - a for a, b in itertools.pairwise(freqs))
+    if not steps or steps[len(steps) // 2] >= spacing_mhz / 2:
+        return freqs
+    start = min(freqs, key=lambda f: abs(f - start_mhz))
+    grid = {start}
+    for sign in (-1, 1):
+        k = 1
+        while freqs[0] - spacing_mhz / 2 <= start + sign * k * spacing_mhz <= freqs[-1] + spacing_mhz / 2:
+            grid.add(min(freqs, key=lambda f, t=start + sign * k * spacing_mhz: abs(f - t)))
+            k += 1
+    return sorted(grid)
+
+
+def plan(budget: int, start_mhz: float, table: Sequence[float], per_probe: int = 0, settle: int = 0) -> tuple[list[float], int]:
     """The first round of probes for a budget of probe steps.
 
     A window is `MIN_PROBE_STEPS` steps, or `budget // MAX_PROBE_CLOCKS` where that is more; at most
@@ -154,16 +193,18 @@ def plan(budget: int, start_mhz: float, table: Sequence[float]) -> tuple[list[fl
     neighbours `FIRST_STRIDE` table steps away; the later ones (after a move) are decided by the fit.
 
     Args:
-        budget: training steps that may be spent probing.
+        budget: training steps that may be spent probing (windows and the settling steps before them).
         start_mhz: the starting clock.
-        table: the device's clock table.
+        table: the clocks to probe on (`probe_grid`).
+        per_probe: the fewest steps a window needs for the meter to tell it apart (0: no such floor).
+        settle: steps after each re-pin before its window opens.
 
     Returns:
         (the first round's clocks, at most three; steps per probe window); ([], 0) when the budget (or the table)
         allows fewer than two windows.
     """
-    per = max(MIN_PROBE_STEPS, budget // MAX_PROBE_CLOCKS)
-    windows = min(budget // per, len(table))
+    per = max(MIN_PROBE_STEPS, budget // MAX_PROBE_CLOCKS, per_probe)
+    windows = min(budget // (per + settle), len(table))
     if windows < 2:
         return [], 0
     return probe_clocks(start_mhz, table, min(3, windows)), per
@@ -177,12 +218,16 @@ class ProbePlan:
 
     Args:
         start_mhz: the starting clock (snapped to the nearest of the table).
-        table: the device's clock table.
+        table: the device's clock table; the probes move on its `probe_grid`.
         budget: training steps that may be spent probing (`plan`).
-        voltage_shape: r of the board's voltage curve.
-        noise: (relative time noise, relative power noise) of one probe window.
+        voltage_shape: r of the board's voltage curve; None: fitted from the probes once three clocks are measured
+            (a board whose curve is only assumed); with fewer, the plan stays at the start.
+        noise: (relative time noise, relative power noise) of one probe window (`noise` may be updated as windows
+            are measured).
         max_steps: the probe steps the job leaves room for (None: no limit beside the budget).
         prior: the board's power prior (used where the probes carry their GPU utilisation).
+        per_probe: the fewest steps a window needs for the meter (0: `MIN_PROBE_STEPS` and the budget decide).
+        settle: steps after each re-pin before its window opens (counted against the budget).
 
     Attributes:
         chosen_mhz: the clock settled on; None while probing.
@@ -192,15 +237,18 @@ class ProbePlan:
         measured: each probed clock's per-step measurement, in the order probed.
     """
 
-    def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float,
-                 noise: tuple[float, float], max_steps: int | None = None, prior: PowerPrior | None = None):
-        self.table = sorted(float(f) for f in table)
+    def __init__(self, start_mhz: float, table: Sequence[float], budget: int, *, voltage_shape: float | None,
+                 noise: tuple[float, float], max_steps: int | None = None, prior: PowerPrior | None = None, per_probe: int = 0,
+                 settle: int = 0):
+        self.full_table = sorted(float(f) for f in table)
+        self.table = probe_grid(self.full_table, start_mhz)
         self.voltage_shape, self.noise, self.prior = voltage_shape, noise, prior
         self.prior_used: PowerPrior | None = None  # the prior the last fit leaned on (None: a probe lacked its utilisation)
         self.center = min(range(len(self.table)), key=lambda k: abs(self.table[k] - start_mhz))
-        first, self.per_probe = plan(budget, start_mhz, self.table)
-        self.windows = 0 if not first else min(budget // self.per_probe, len(self.table),
-                                                 max_steps // self.per_probe if max_steps is not None else len(self.table))
+        first, self.per_probe = plan(budget, start_mhz, self.table, per_probe, settle)
+        cost = self.per_probe + settle
+        self.windows = 0 if not first else min(budget // cost, len(self.table),
+                                                 max_steps // cost if max_steps is not None else len(self.table))
         self.queue: list[float] = first[:self.windows]
         self.measured: dict[float, Measurement] = {}  # each probed clock once, in the order probed
         self.moves = 0
@@ -220,6 +268,16 @@ class ProbePlan:
             self._decide()
         return None
 
+    def shape(self) -> float | None:
+        """The voltage shape the fits use: the given one, else fitted across the probes (three clocks or more), else
+        None (no fit: another board's constants would bias it)."""
+        if self.voltage_shape is not None:
+            return self.voltage_shape
+        try:
+            return fit_voltage_shape([list(self.measured.values())], self.full_table[-1])
+        except DvfsError:
+            return None
+
     def record(self, m: Measurement) -> None:
         """Take the per-step measurement of the clock `next_clock()` returned (recorded at that clock).
 
@@ -232,13 +290,17 @@ class ProbePlan:
     def _decide(self) -> None:
         """Fit every probe so far; move one table step on a significant predicted saving, then probe around it."""
         here = self.table[self.center]
+        shape = self.shape()
+        if shape is None:
+            self.chosen_mhz, self.reason = here, f"this board's voltage curve is unknown and {len(self.measured)} clocks cannot fit it; staying at {here:g} MHz"
+            return
         try:
-            fit = fit_curve(list(self.measured.values()), voltage_shape=self.voltage_shape, f_max_mhz=self.table[-1], noise=self.noise,
+            fit = fit_curve(list(self.measured.values()), voltage_shape=shape, f_max_mhz=self.full_table[-1], noise=self.noise,
                             prior=self.prior)
         except DvfsError as e:
             self.chosen_mhz, self.reason = here, f"no fit ({e}); staying at {here:g} MHz"
             return
-        self.predicted = fit.predict(self.table)
+        self.predicted = fit.predict(self.full_table)
         self.prior_used = fit.prior
         best, best_gain, best_z = self.center, 0.0, 0.0
         for j in (self.center - 1, self.center + 1):
@@ -295,26 +357,51 @@ class Refiner:
         if session.pinned_mhz is None:
             raise DvfsError("refine probes around a pinned clock, and this session pins none (maxn or observe); "
                             "give it a clock of the table")
-        self.session = session
+        self.session, self.board, self.budget = session, board, budget
         self.table = sorted(float(f) for f in board.frequencies_mhz)
         self.start_mhz = float(session.pinned_mhz)
         self.prior, self.voltage_shape = _usable_prior(prior, board)
         self.noise = board.noise()
+        self.settle = 0 if board.simulated else SETTLE_STEPS  # the twin's clock and meter move with the step
         self.warmup = warmup
         self.say = say or log.info
-        self.plan = ProbePlan(self.start_mhz, self.table, budget, voltage_shape=self.voltage_shape, noise=self.noise,
-                              max_steps=max(total_steps - warmup - 1, 0), prior=self.prior)  # at least one step left at the settled clock
+        self.max_steps = max(total_steps - warmup - 1, 0)  # at least one step left at the settled clock
+        self.plan = self._plan(0)
         self.clocks = list(self.plan.queue)  # the first round (more may follow a move)
         self.per_probe = per = self.plan.per_probe
         self.result: RefineResult | None = None
         self._probes: list[Probe] = []
         self._clock: float | None = None  # the clock of the probe running, None before the first
         self._in_probe = 0
+        self._settling = 0  # steps left before the window of the probe running opens
+        self._stamps: list[float] = []  # monotonic time at each step's end: warm-up and window step times
+        self._window_noise = (NOISE_FLOOR, NOISE_FLOOR)
         self._done = False
         if not per:
-            self._finish(self.start_mhz, [], f"a budget of {budget} steps is too small to probe (needs {2 * MIN_PROBE_STEPS})")
+            self._finish(self.start_mhz, [], f"a budget of {budget} steps is too small to probe (needs {2 * (MIN_PROBE_STEPS + self.settle)})")
         elif len(self.clocks) < 2:
             self._finish(self.start_mhz, [], f"the job's {total_steps} steps leave nothing after {2 * per} probe steps")
+
+    def _plan(self, per_probe: int) -> ProbePlan:
+        return ProbePlan(self.start_mhz, self.table, self.budget, voltage_shape=self.voltage_shape, noise=self.noise,
+                         max_steps=self.max_steps, prior=self.prior, per_probe=per_probe, settle=self.settle)
+
+    def _size_to_meter(self) -> bool:
+        """Before the first probe: windows long enough for the meter (`Board.min_window_s`) at the step time the warm-up
+        showed; False (refine done) when the budget then allows fewer than two windows."""
+        if self.board.min_window_s <= 0 or len(self._stamps) < 2:
+            return True
+        step_s = (self._stamps[-1] - self._stamps[0]) / (len(self._stamps) - 1)
+        need = math.ceil(self.board.min_window_s / step_s) if step_s > 0 else 0
+        if need <= self.plan.per_probe:
+            return True
+        self.plan = self._plan(need)
+        self.per_probe = self.plan.per_probe
+        if len(self.plan.queue) < 2:
+            self._finish(self.start_mhz, [], f"windows the meter can tell apart need {need} steps ({self.board.min_window_s:g} s); "
+                                             f"a budget of {self.budget} steps holds fewer than two")
+            return False
+        return True
 
     @property
     def active(self) -> bool:
@@ -324,14 +411,17 @@ class Refiner:
         self._clock, self._in_probe = clock, 0
         if clock != float(self.session.freq):
             self.session.repin(clock)
-        self.session.begin_window(f"probe@{clock:g}")
+            self._settling = self.settle
+        if not self._settling:
+            self.session.begin_window(f"probe@{clock:g}")
 
     def on_step(self, step: int, loss: float | None = None) -> None:
         """Advance probing by one finished training step: open, close and read probe windows, repin, settle.
 
-        The first probe window opens once `warmup` steps have run; each closes after its steps, and the
-        plan then names the next clock or settles, pinning the chosen clock for the rest of the job and
-        saying the result. A no-op once settled.
+        The first probe window opens once `warmup` steps have run (on hardware sized to the meter from their step
+        time, and `SETTLE_STEPS` after each re-pin); each closes after its steps, and the plan then names the next
+        clock or settles, pinning the chosen clock for the rest of the job and saying the result. A no-op once
+        settled.
 
         Args:
             step: the 0-based index of the step that just finished.
@@ -342,9 +432,17 @@ class Refiner:
         """
         if self._done:
             return
+        self._stamps.append(time.monotonic())
         if self._clock is None:
-            if step + 1 >= self.warmup:
+            if step + 1 >= self.warmup and self._size_to_meter():
+                self._stamps = self._stamps[-1:]
                 self._begin(self.plan.queue[0])
+            return
+        if self._settling:
+            self._settling -= 1
+            if not self._settling:
+                self._stamps = self._stamps[-1:]
+                self.session.begin_window(f"probe@{self._clock:g}")
             return
         self._in_probe += 1
         if self._in_probe < self.per_probe:
@@ -355,12 +453,25 @@ class Refiner:
         util = None if r.gpu_util_pct is None else r.gpu_util_pct / 100.0
         probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util)
         self._probes.append(probe)
+        if not self.board.simulated:  # the noise floor from this window's own samples, not a constant
+            self.plan.noise = self._floor_from(r)
+        self._stamps = self._stamps[-1:]
         self.plan.record(probe.per_step())
         nxt = self.plan.next_clock()
         if nxt is not None:
             self._begin(nxt)
         else:
             self._settle()
+
+    def _floor_from(self, report: Any) -> tuple[float, float]:
+        """(time, power) relative noise of a window's mean from its own samples (step times, power samples), the
+        largest over the windows so far."""
+        steps = [b - a for a, b in itertools.pairwise(self._stamps)]
+        power = list(report.power_series_w)
+        t = _relative_error(steps)
+        p = _relative_error(power)
+        self._window_noise = (max(self._window_noise[0], t), max(self._window_noise[1], p))
+        return self._window_noise
 
     def _settle(self) -> None:
         chosen = float(self.plan.chosen_mhz if self.plan.chosen_mhz is not None else self.session.freq)
@@ -375,18 +486,29 @@ class Refiner:
             self.say(line)
 
 
-def _usable_prior(prior: PowerPrior | None, board: Board) -> tuple[PowerPrior | None, float]:
-    """(the prior, if it belongs to this board; the voltage shape the fits use)."""
+def _relative_error(values: Sequence[float]) -> float:
+    """The relative standard error of the mean of `values` (`NOISE_FLOOR` with fewer than two)."""
+    if len(values) < 2:
+        return NOISE_FLOOR
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return max(NOISE_FLOOR, math.sqrt(var / len(values)) / mean) if mean > 0 else NOISE_FLOOR
+
+
+def _usable_prior(prior: PowerPrior | None, board: Board) -> tuple[PowerPrior | None, float | None]:
+    """(the prior, if it belongs to this board; the voltage shape the fits use: the prior's, else the board's own, else
+    None where the board's is only assumed, which `ProbePlan` then fits from the probes)."""
+    own = board.voltage_shape if board.voltage_shape_known else None
     if prior is None:
-        return None, board.voltage_shape
+        return None, own
     if prior.f_max_mhz is not None and abs(prior.f_max_mhz - board.f_max_mhz) > 0.5:
         log.info("refine: the power prior was fitted on a table topping out at %g MHz, this one at %g MHz; not used",
                  prior.f_max_mhz, board.f_max_mhz)
-        return None, board.voltage_shape
+        return None, own
     if prior.voltage_shape is None:
-        return prior, board.voltage_shape
+        return prior, own
     if board.voltage_shape_known and abs(prior.voltage_shape - board.voltage_shape) > 1e-9:
         log.info("refine: the power prior was fitted with voltage shape %g, this board's is %g; not used",
                  prior.voltage_shape, board.voltage_shape)
-        return None, board.voltage_shape
+        return None, own
     return prior, prior.voltage_shape

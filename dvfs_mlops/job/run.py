@@ -16,10 +16,18 @@ from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, finetune, metered, profile_only
+from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, StepWindows, finetune, profile_only
 
 TRAIN, PROFILE, REPLAY = "train", "profile", "replay"
 MODES = (TRAIN, PROFILE, REPLAY)
+# Warm-up steps metered apart (`FinetuneConfig.warmup_steps`) unless a command says otherwise: on hardware the first
+# steps pay allocation, autotuning and lazy loading; the twin charges every step alike, so none there.
+HARDWARE_WARMUP_STEPS = 3
+
+
+def default_warmup_steps(simulated: bool) -> int:
+    """The warm-up steps a job meters apart unless told: 3 on real hardware, 0 on the twin."""
+    return 0 if simulated else HARDWARE_WARMUP_STEPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +71,12 @@ def run_job(job: Job, session: Any, *, mode: str = TRAIN, replay_of: FinetuneRes
     if mode == REPLAY:
         if replay_of is None or trace_for is None:
             raise DvfsError("a replayed job needs the run it replays, on the twin")
-        with metered(session, "train", job.torch_device):
+        with StepWindows(session, job.torch_device, replay_of.warmup_steps) as windows:
             for step, n in enumerate(replay_of.padded_lengths):
                 session.step(trace_for(n))
                 if on_step is not None:
                     on_step(step, None)
+                windows.step_done(step)
         return dataclasses.replace(replay_of, model=None, wall_time_s=0.0)
     if mode == PROFILE:
         return profile_only(workload.train_lengths, cfg, workload.task.metric, session=session, trace_for=trace_for, on_step=on_step,

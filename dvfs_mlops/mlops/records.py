@@ -17,14 +17,15 @@ from dvfs_mlops.mlops import schema
 
 POWER_SERIES_MAX_POINTS = 1000
 # Backend observations (FreqSession.context) that are numbers: logged as metrics.
-_CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "emc_mhz", "nvpmodel_gpu_max_mhz", "gpu_temp_c_max")
-# ... and text: logged as params.
-_CONTEXT_PARAMS = ("nvpmodel_mode",)
+_CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "nvpmodel_gpu_max_mhz", "gpu_temp_c_max")
+# ... and text: logged as params (nvml: where the power samples come from, MIG mode and then the energy's scope).
+_CONTEXT_PARAMS = ("nvpmodel_mode", "power_source", "mig_mode", "energy_scope")
 # The callback logs into the user's own run: a few report metrics, prefixed (`dvfs_energy_j`, ...).
 _CALLBACK_METRICS = {"energy_j": "dvfs_energy_j", "energy_total_j": "dvfs_energy_total_j", "avg_power_w": "dvfs_avg_power_w",
                      "peak_power_w": "dvfs_peak_power_w", "time_s": "dvfs_time_s", "gpu_util_pct": "dvfs_gpu_util_pct",
                      "clock_mhz_measured": "dvfs_clock_mhz_measured", "clock_held": "dvfs_clock_held",
-                     "samples_failed": "dvfs_samples_failed"}
+                     "samples_failed": "dvfs_samples_failed", "emc_mhz": "dvfs_emc_mhz",
+                     "oc_throttle_events": "dvfs_oc_throttle_events"}
 
 
 @dataclasses.dataclass
@@ -56,6 +57,9 @@ def report_metrics(report: EnergyReport) -> dict[str, float | None]:
         "time_s": report.duration_s, "gpu_util_pct": report.gpu_util_pct, "clock_mhz_measured": report.clock_mhz_measured,
         "clock_held": None if report.clock_held is None else float(report.clock_held),
         "samples_failed": float(report.samples_failed),
+        # the window's mean memory clock and the over-current throttling the board counted in it (Jetson; else None)
+        "emc_mhz": report.emc_mhz,
+        "oc_throttle_events": None if report.oc_throttle_events is None else float(report.oc_throttle_events),
         # the twin's noise-free values (None, so not logged, on real backends)
         "energy_expected_j": report.energy_expected_j, "time_expected_s": report.time_expected_s,
     }
@@ -68,6 +72,10 @@ def session_metrics(session: Any) -> dict[str, float | None]:
     if evaluation is not None:
         out["eval_energy_j"] = evaluation.energy_j
         out["eval_time_s"] = evaluation.duration_s
+    warmup = session.windows.get("warmup")
+    if warmup is not None:  # the first steps, metered apart (FinetuneConfig.warmup_steps)
+        out["warmup_energy_j"] = warmup.energy_j
+        out["warmup_s"] = warmup.duration_s
     whole = session.session_report()
     out["session_energy_j"] = whole.energy_j
     out["session_time_s"] = whole.duration_s
@@ -76,6 +84,15 @@ def session_metrics(session: Any) -> dict[str, float | None]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
     return out
+
+
+def report_params(report: EnergyReport) -> dict[str, str]:
+    """What the training window's figures mean: the rails summed into `energy_j` (`energy_rails`) and where the
+    clock read back comes from (`clock_source`: measured or requested)."""
+    params = {"energy_rails": ",".join(report.energy_rails)} if report.energy_rails else {}
+    if report.clock_source:
+        params["clock_source"] = report.clock_source
+    return params
 
 
 def session_tags(session: Any, report: EnergyReport, board: Board) -> dict[str, str]:
@@ -133,7 +150,7 @@ def job_record(job: Any, board: Board, session: Any, result: Any, freq: FreqRequ
         "device": board.backend, "device_profile": board.profile, "batch_size": cfg.batch_size,
         "steps": 0 if profiled else result.steps, "seed": cfg.seed, "split": task.split, "data_source": job.workload.data_source,
         "precision": cfg.precision, "trainable_params": f.trainable_params, **cfg.peft.params(),
-        **({"profile_steps": result.steps} if profiled else {}), "torch_device": job.torch_device, **session_params(session),
+        **({"profile_steps": result.steps} if profiled else {}), "torch_device": job.torch_device, **session_params(session), **report_params(report),
     }
     return RunRecord(params, point_metrics(report, result, _clock_ran(session, freq), session),
                      session_tags(session, report, board), {"power_w": downsample(report.power_series_w)})
@@ -150,7 +167,7 @@ def point_metrics(report: EnergyReport, result: Any, clock_mhz: float | None, se
     """A job's metrics: the training window (energy_j, time_s, ...), the evaluation, throughput, the clock it ran at
     (`clock_mhz`), and the session around it."""
     t = report.duration_s
-    samples = result.train_samples
+    samples = result.metered_samples  # the steps after warm-up, as energy_j and time_s
     return {
         **report_metrics(report), result.eval_metric: result.eval_value, **getattr(result, "extra_metrics", {}),
         "samples_per_s": samples / t if t > 0 else None, "energy_per_sample_j": report.energy_j / samples if samples else None,
@@ -172,7 +189,10 @@ def callback_record(session: Any, report: EnergyReport, board: Board, decision: 
                     precision: str, refined: Any = None) -> RunRecord:
     """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board."""
     reported = report_metrics(report)
-    metrics = {name: reported[key] for key, name in _CALLBACK_METRICS.items()}
+    metrics: dict[str, float | None] = {name: reported[key] for key, name in _CALLBACK_METRICS.items()}
+    warmup = session.windows.get("warmup")
+    if warmup is not None:
+        metrics.update({"dvfs_warmup_energy_j": warmup.energy_j, "dvfs_warmup_s": warmup.duration_s})
     g = decision.get("governor", {})
     tags = {schema.TAG_CALLBACK_FREQ: str(decision.get("freq")), schema.TAG_DECISION_PATH: str(decision.get("path")),
             schema.TAG_GOVERNOR_URI: str(g.get("uri")), schema.TAG_GOVERNOR_VERSION: str(g.get("version") or ""),

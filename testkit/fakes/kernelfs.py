@@ -22,6 +22,9 @@ backing dir (symlinks included, so os.path.realpath works through the relative l
     writing fails with EACCES (kernfs does this even for root).
   - truncation (open with O_TRUNC) is ignored, and each write(2) is one store, at any offset.
 * rail reads (in{N}_input / curr{N}_input under hwmon) can be made to fail with EIO.
+* BPMP's GPC clock counters (sys/kernel/debug/bpmp/debug/clk/nafll_gpc{N}/pto_counter, where the backing tree has
+  them: testkit/fakes/sysfs.py `set_gpc_clock_hz`) read as the clock the GPU runs at, cur_freq's value: jetson-stats
+  shows them as the GPU's measured clock (rbonghi/jetson_stats jtop/core/gpu.py @f41d5ca, l.120-129).
 
 Every read goes to the daemon (`direct_io`, zero attribute/entry timeouts): os.pread on a file held
 open returns the current value each time, as sysfs does.
@@ -60,6 +63,7 @@ UNMOUNT_TIMEOUT_S = 5.0
 RULES = ("einval", "qos")
 _RAIL_RE = re.compile(r"^(in|curr)\d+_input$")
 _READ_ONLY_ATTRS = ("cur_freq", "available_frequencies", "available_governors")
+_GPC_RE = re.compile(r"^sys/kernel/debug/bpmp/debug/clk/nafll_gpc\d+/pto_counter$")
 _STORE_ATTRS = ("min_freq", "max_freq", "governor")
 _REPO = Path(__file__).resolve().parents[2]
 _LIVE: set[KernelTree] = set()
@@ -311,10 +315,10 @@ class KernelTree:
         self.unmount()
 
 
-def mount_orin(tmp: Path, jetpack: int = 6, nvpmodel_mode: int = 0, rule: str = "einval") -> KernelTree:
-    """Build a fake Orin under tmp/backing and serve it at tmp/mnt. Use as a context manager, or call
-    unmount() (an atexit hook unmounts whatever is left)."""
-    backing = make_orin_tree(Path(tmp) / "backing", jetpack=jetpack, nvpmodel_mode=nvpmodel_mode)
+def mount_orin(tmp: Path, jetpack: int = 6, nvpmodel_mode: int = 0, rule: str = "einval", module: str = "p3701-0005") -> KernelTree:
+    """Build a fake Orin (`module`: its P-number, testkit/fakes/sysfs.py ORIN_MODULES) under tmp/backing and serve it
+    at tmp/mnt. Use as a context manager, or call unmount() (an atexit hook unmounts whatever is left)."""
+    backing = make_orin_tree(Path(tmp) / "backing", jetpack=jetpack, nvpmodel_mode=nvpmodel_mode, module=module)
     return KernelTree(backing, Path(tmp) / "mnt", rule=rule).mount()
 
 
@@ -482,6 +486,11 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             return name if head == node_rel and name in _STORE_ATTRS + _READ_ONLY_ATTRS else None
 
         @staticmethod
+        def _is_gpc(path: str) -> bool:
+            """One of BPMP's GPC clock counters (debugfs)."""
+            return bool(_GPC_RE.match(path.strip("/")))
+
+        @staticmethod
         def _is_rail(path: str) -> bool:
             head, _, name = path.strip("/").rpartition("/")
             return head in hw_dirs and bool(_RAIL_RE.match(name))
@@ -583,6 +592,8 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             if name is not None and stat.S_ISREG(st.st_mode):
                 attrs["st_size"] = 4096  # sysfs attributes report a page
                 attrs["st_mode"] = stat.S_IFREG | (0o444 if name in _READ_ONLY_ATTRS else 0o644)
+            elif self._is_gpc(path) and stat.S_ISREG(st.st_mode):
+                attrs["st_size"] = 4096  # generated on each read
             return attrs
 
         def readdir(self, path: str, fh: Any) -> list[str]:
@@ -633,6 +644,8 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             with state.lock:
                 if name is not None:
                     return self._show(name)[offset:offset + size]
+                if self._is_gpc(path):
+                    return f"{self._cur()}\n".encode()[offset:offset + size]
                 if offset == 0 and state.rail_eio > 0 and self._is_rail(path):
                     state.rail_eio -= 1
                     fail(errno.EIO)

@@ -1,11 +1,16 @@
-"""Build fake Jetson AGX Orin sysfs trees (JetPack 5 and JetPack 6) under a temporary root.
+"""Build fake Jetson Orin sysfs trees (JetPack 5 and JetPack 6) under a temporary root: an AGX Orin 64 GB by default,
+or another Orin module (`make_orin_tree(module=...)`, `ORIN_MODULES`).
 
 The layout mirrors the real kernels: the devfreq class entry is a relative symlink into
 /sys/devices, `device` and `of_node` are relative symlinks, the devicetree `name` property ends
 in a NUL byte, INA3221 chips appear under the i2c driver as symlinks to their device, each with
 a hwmon directory of in{N}_label / in{N}_input (mV) / curr{N}_input (mA), one "NC" channel and the
-channel-7 shunt sum. Besides sysfs: thermal zones (sys/class/thermal/thermal_zone{N}/type, temp in
-millidegrees C), the EMC clock in debugfs, and nvpmodel's files (etc/nvpmodel.conf, var/lib/nvpmodel/status).
+channel-7 shunt sum. The module's rail set: AGX Orin's four rails on two chips, Orin NX/Nano's VDD_IN,
+VDD_CPU_GPU_CV and VDD_SOC on one. The device tree's root `model` and `compatible` (the module's P-number;
+/proc/device-tree is a link to /sys/firmware/devicetree/base). Besides sysfs: thermal zones
+(sys/class/thermal/thermal_zone{N}/type, temp in millidegrees C), the EMC clock in debugfs, the over-current
+throttling counters (hwmon "soctherm_oc"), the kernel's boot id, and nvpmodel's files (etc/nvpmodel.conf,
+var/lib/nvpmodel/status). BPMP's measured GPC clock counters are not there unless `set_gpc_clock_hz` adds them.
 
 These are plain files: reading cur_freq returns whatever was last written. For a tree that behaves like the
 kernel (the min_freq <= max_freq rule, cur_freq under caps, injected EIO), serve it through
@@ -26,6 +31,61 @@ NVPMODEL_MODES = [(0, "MAXN", -1), (1, "MODE_15W", 408000000), (2, "MODE_30W", 6
 EMC_RATE_HZ = 3199000000
 GPU_TEMP_MC = 45500  # millidegrees C
 CPU_TEMP_MC = 44000
+# The kernel's boot id: "a UUID generated the first time this is retrieved, and unvarying after that" (Linux
+# Documentation/admin-guide/sysctl/kernel.rst, "random"); a reboot makes a new one (`reboot`).
+BOOT_ID = "6f1d0c2e-3b5a-4e8f-9a7d-2c4b6e8f0a1b"
+BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+# BPMP's GPC clock counters (Hz) that jetson-stats reads as the GPU's measured clock (rbonghi/jetson_stats
+# jtop/core/gpu.py @f41d5ca, igpu_read_freq(), l.120-129): debugfs, root only.
+GPC_CLOCK_FILES = ("sys/kernel/debug/bpmp/debug/clk/nafll_gpc0/pto_counter",
+                   "sys/kernel/debug/bpmp/debug/clk/nafll_gpc1/pto_counter")
+# NVIDIA's tegra23x_oc_event driver (Jetson Linux r35/r36 kernel sources, tegra23x_oc_event.c) registers the hwmon
+# device "soctherm_oc" with read-only, cumulative oc{1,2,3}_event_cnt and oc{1,2,3}_throt_en; its platform device is
+# soctherm-oc-event. The hwmon class links every hwmon device under /sys/class/hwmon.
+OC_HWMON_REL = "sys/devices/platform/soctherm-oc-event/hwmon/hwmon3"
+
+
+@dataclasses.dataclass(frozen=True)
+class OrinModule:
+    """One Orin module as its device tree and rails show it.
+
+    `compatible` follows Linux's Jetson device trees, carrier+module first, then the module, then the SoC:
+    arch/arm64/boot/dts/nvidia/tegra234-p3737-0000+p3701-0000.dts ("nvidia,p3737-0000+p3701-0000",
+    "nvidia,p3701-0000", "nvidia,tegra234"; model "NVIDIA Jetson AGX Orin Developer Kit"),
+    tegra234-p3768-0000+p3767-0000.dts (model "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"),
+    tegra234-p3768-0000+p3767-0005.dts (model "NVIDIA Jetson Orin Nano Developer Kit"); the carrier+module strings of
+    the other SKUs are those NVIDIA/jetson-gpio lists (lib/python/Jetson/GPIO/gpio_pin_data.py @8e5f0a0, l.80-135).
+    `gpu_max_hz`: the module data sheet's GPU maximum frequency (Jetson AGX Orin Series, Jetson Orin NX Series
+    DS-10712-001 and Jetson Orin Nano Series data sheets: AGX Orin 64 GB 1.3 GHz, 32 GB 930 MHz, Orin NX 16 GB 918 MHz,
+    8 GB 765 MHz, Orin Nano 625 MHz); the fake's devfreq table is the 64 GB table up to it (NVIDIA documents no
+    per-module table).
+    """
+
+    part: str
+    carrier: str
+    model: str
+    rails: str  # "agx" or "nx": the INA3221 rail set
+    gpu_max_hz: int
+    super_dt: bool = False
+
+    @property
+    def compatible(self) -> str:
+        module = self.part + ("-super" if self.super_dt else "")
+        return f"nvidia,{self.carrier}+{module}\x00nvidia,{module}\x00nvidia,tegra234\x00"
+
+
+_AGX_MODEL = "NVIDIA Jetson AGX Orin Developer Kit"
+_NX_MODEL = "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
+_NANO_MODEL = "NVIDIA Jetson Orin Nano Developer Kit"
+ORIN_MODULES = {
+    "p3701-0005": OrinModule("p3701-0005", "p3737-0000", _AGX_MODEL, "agx", 1300500000),
+    "p3701-0004": OrinModule("p3701-0004", "p3737-0000", _AGX_MODEL, "agx", 930000000),
+    "p3767-0000": OrinModule("p3767-0000", "p3768-0000", _NX_MODEL, "nx", 918000000),
+    "p3767-0001": OrinModule("p3767-0001", "p3768-0000", _NX_MODEL, "nx", 765000000),
+    "p3767-0003": OrinModule("p3767-0003", "p3768-0000", _NANO_MODEL, "nx", 625000000),
+    "p3767-0004": OrinModule("p3767-0004", "p3768-0000", _NANO_MODEL, "nx", 625000000),
+    "p3767-0005": OrinModule("p3767-0005", "p3768-0000", _NANO_MODEL, "nx", 625000000),
+}
 
 
 @dataclasses.dataclass
@@ -69,13 +129,15 @@ def _link(link: Path, target: str) -> None:
     os.symlink(target, link)
 
 
-def _devfreq(root: Path, dev_rel: str, node_name: str, of_rel: str, of_name: str, governor: str = "nvhost_podgov") -> Path:
+def _devfreq(root: Path, dev_rel: str, node_name: str, of_rel: str, of_name: str, governor: str = "nvhost_podgov",
+             table_hz: list[int] | None = None) -> Path:
     dev = root / dev_rel
     node = dev / "devfreq" / node_name
-    _w(node / "available_frequencies", " ".join(str(h) for h in ORIN_TABLE_HZ) + " \n")
-    _w(node / "min_freq", f"{ORIN_TABLE_HZ[0]}\n")
-    _w(node / "max_freq", f"{ORIN_TABLE_HZ[-1]}\n")
-    _w(node / "cur_freq", f"{ORIN_TABLE_HZ[-1]}\n")
+    table = table_hz or ORIN_TABLE_HZ
+    _w(node / "available_frequencies", " ".join(str(h) for h in table) + " \n")
+    _w(node / "min_freq", f"{table[0]}\n")
+    _w(node / "max_freq", f"{table[-1]}\n")
+    _w(node / "cur_freq", f"{table[-1]}\n")
     _w(node / "governor", f"{governor}\n")
     _w(node / "available_governors", "wmark_active nvhost_podgov userspace performance simple_ondemand\n")
     _w(dev / "load", "523\n")
@@ -101,17 +163,41 @@ def _ina3221(root: Path, addr: str, channels: dict[int, tuple[str, int, int]]) -
     return hw
 
 
-def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0) -> FakeJetson:
-    """A fake AGX Orin 64 GB: GPU devfreq, a non-GPU devfreq node, two INA3221 chips, thermal zones,
-    the EMC clock, and nvpmodel in mode `nvpmodel_mode` (0 MAXN, 1 15 W, 2 30 W, 3 50 W; a capped mode
-    also leaves its GPU cap in max_freq, as nvpmodel does)."""
+def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0, module: str = "p3701-0005",
+                   super_dt: bool = False) -> FakeJetson:
+    """A fake Orin module (default: AGX Orin 64 GB, p3701-0005; `ORIN_MODULES` lists the others): GPU devfreq with the
+    module's table, a non-GPU devfreq node, its INA3221 rail set, its device tree (`super_dt`: JetPack 6.2's Super
+    device tree), thermal zones, the EMC clock, the over-current counters, a boot id, and nvpmodel in mode
+    `nvpmodel_mode` (0 MAXN, 1 15 W, 2 30 W, 3 50 W; a capped mode also leaves its GPU cap in max_freq, as nvpmodel
+    does)."""
+    spec = dataclasses.replace(ORIN_MODULES[module], super_dt=super_dt)
+    table = [h for h in ORIN_TABLE_HZ if h <= spec.gpu_max_hz]
     root.mkdir(parents=True, exist_ok=True)
     if jetpack == 5:
-        node = _devfreq(root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b@17000000", "ga10b")
+        node = _devfreq(root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b@17000000", "ga10b", table_hz=table)
     else:
-        node = _devfreq(root, "sys/devices/platform/bus@0/17000000.gpu", "17000000.gpu", "bus@0/gpu@17000000", "gpu")
+        node = _devfreq(root, "sys/devices/platform/bus@0/17000000.gpu", "17000000.gpu", "bus@0/gpu@17000000", "gpu",
+                        table_hz=table)
     # Another devfreq device that discovery must skip (the video image compositor).
     _devfreq(root, "sys/devices/platform/15340000.vic", "15340000.vic", "vic@15340000", "vic", governor="simple_ondemand")
+    hwmon = _agx_rails(root) if spec.rails == "agx" else _nx_rails(root)
+    _device_tree(root, spec)
+    _thermal(root, jetpack)
+    _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{EMC_RATE_HZ}\n")
+    _oc_counters(root)
+    _w(root / BOOT_ID_FILE, BOOT_ID + "\n")
+    _nvpmodel(root, nvpmodel_mode)
+    cap = nvpmodel_gpu_cap_hz(nvpmodel_mode)
+    if cap is not None and cap < table[-1]:  # nvpmodel writes the mode's GPU MAX_FREQ into devfreq when it sets the mode
+        _w(node / "max_freq", f"{cap}\n")
+        _w(node / "cur_freq", f"{cap}\n")
+    return FakeJetson(root=root, node=node, hwmon=hwmon)
+
+
+def _agx_rails(root: Path) -> list[Path]:
+    """AGX Orin: INA3221 0x40 VDD_GPU_SOC, VDD_CPU_CV, VIN_SYS_5V0; 0x41 NC, VDDQ_VDD2_1V8AO, NC (NVIDIA Jetson Linux
+    Developer Guide r35/r36, Platform Power and Performance, Jetson AGX Orin series power monitors; energymon/energymon
+    jetson/JetsonPowerRails.md @a95cefb, "AGX Orin Series"). The watts are the fake's own."""
     chip1 = _ina3221(root, "0040", {
         1: ("VDD_GPU_SOC", 5000, 2400),   # 12.0 W
         2: ("VDD_CPU_CV", 5000, 1300),    # 6.5 W
@@ -123,15 +209,65 @@ def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0) -> Fake
         2: ("VDDQ_VDD2_1V8AO", 5000, 300),  # 1.5 W
         3: ("NC", 0, 0),
     })
-    _w(root / "proc/device-tree/model", "NVIDIA Jetson AGX Orin Developer Kit\x00")
-    _thermal(root, jetpack)
-    _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{EMC_RATE_HZ}\n")
-    _nvpmodel(root, nvpmodel_mode)
-    cap = nvpmodel_gpu_cap_hz(nvpmodel_mode)
-    if cap is not None:  # nvpmodel writes the mode's GPU MAX_FREQ into devfreq when it sets the mode
-        _w(node / "max_freq", f"{cap}\n")
-        _w(node / "cur_freq", f"{cap}\n")
-    return FakeJetson(root=root, node=node, hwmon=[chip1, chip2])
+    return [chip1, chip2]
+
+
+NX_RAILS_W = {"VDD_IN": 12.0, "VDD_CPU_GPU_CV": 5.0, "VDD_SOC": 2.5}
+
+
+def _nx_rails(root: Path) -> list[Path]:
+    """Orin NX / Orin Nano: one INA3221 at 0x40, ch1 VDD_IN (the module's input, feeding the others), ch2 VDD_CPU_GPU_CV,
+    ch3 VDD_SOC (NVIDIA Jetson Linux Developer Guide r35/r36, Platform Power and Performance, Jetson Orin NX/Nano series
+    power monitor; the Xavier NX's same three rails: energymon JetsonPowerRails.md @a95cefb, "Xavier NX"; jetson-stats
+    takes VDD_IN as the total: jtop/core/power.py @f41d5ca, total_power(), l.26-57). The watts (`NX_RAILS_W`) are the fake's own, the
+    input above the sum of the two rails it feeds."""
+    return [_ina3221(root, "0040", {
+        1: ("VDD_IN", 5000, 2400),          # 12.0 W
+        2: ("VDD_CPU_GPU_CV", 5000, 1000),  # 5.0 W
+        3: ("VDD_SOC", 5000, 500),          # 2.5 W
+        7: ("sum of shunt voltages", 15000, 3900),  # channel 7: the sum, never a rail
+    })]
+
+
+def _device_tree(root: Path, spec: OrinModule) -> None:
+    """The root node's model and compatible (NUL-terminated strings) under /sys/firmware/devicetree/base, and
+    /proc/device-tree as the link to it (Linux Documentation/ABI/testing/sysfs-firmware-ofw)."""
+    base = root / "sys/firmware/devicetree/base"
+    _w(base / "model", spec.model + "\x00")
+    _w(base / "compatible", spec.compatible)
+    _link(root / "proc/device-tree", "../sys/firmware/devicetree/base")
+
+
+def _oc_counters(root: Path) -> None:
+    """The soctherm_oc hwmon device (see OC_HWMON_REL) with every counter at 0 and throttling enabled."""
+    hw = root / OC_HWMON_REL
+    _w(hw / "name", "soctherm_oc\n")
+    for n in (1, 2, 3):
+        _w(hw / f"oc{n}_event_cnt", "0\n")
+        _w(hw / f"oc{n}_throt_en", "1\n")
+    _link(root / "sys/class/hwmon" / hw.name, "../../" + OC_HWMON_REL.removeprefix("sys/"))
+
+
+def add_oc_events(root: Path, n: int, counter: int = 3) -> None:
+    """`n` more over-current events on counter oc{counter} (the kernel's counters only grow)."""
+    f = root / OC_HWMON_REL / f"oc{counter}_event_cnt"
+    f.write_text(f"{int(f.read_text()) + n}\n")
+
+
+def set_gpc_clock_hz(root: Path, hz: int, gpcs: int = 2) -> None:
+    """Add (or set) BPMP's measured GPC clock counters (`GPC_CLOCK_FILES`), `gpcs` of them, at `hz`."""
+    for rel in GPC_CLOCK_FILES[:gpcs]:
+        _w(root / rel, f"{hz}\n")
+
+
+def set_emc_rate_hz(root: Path, hz: int) -> None:
+    """The EMC clock BPMP reports now (the memory clock moves with load and the nvpmodel mode)."""
+    _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{hz}\n")
+
+
+def reboot(root: Path, boot_id: str = "0b7e4c1d-8a2f-4f6e-9c3b-1d5a7e9f2b4c") -> None:
+    """What a reboot does to the tree for the journal logic: a new boot id."""
+    _w(root / BOOT_ID_FILE, boot_id + "\n")
 
 
 def _thermal(root: Path, jetpack: int) -> None:
@@ -248,3 +384,6 @@ class FakeKernel:
         if self.cap_hz is not None:
             cur = min(cur, self.cap_hz)
         (self.fake.node / "cur_freq").write_text(f"{cur}\n")
+        for rel in GPC_CLOCK_FILES:  # BPMP's counters (where the tree has them) count the clock the GPU runs at
+            if (self.fake.root / rel).exists():
+                (self.fake.root / rel).write_text(f"{cur}\n")

@@ -13,6 +13,7 @@ from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.hw.device import parse_freq
+from dvfs_mlops.job.run import default_warmup_steps
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
@@ -88,6 +89,7 @@ class SweepSpec:
     model_entries: tuple[ModelEntry, ...] = ()
     precision: str = "fp32"  # fp32 | bf16 | fp16: how every point trains (and what the twin charges)
     peft: PeftSpec = FULL  # full fine-tuning or LoRA, for every point
+    warmup_steps: int = 0  # each point's first steps, metered apart (FinetuneConfig.warmup_steps)
 
     @property
     def variant(self) -> str:
@@ -139,13 +141,15 @@ class SweepSpec:
 # SweepSpec changes no id until it is added here, with a first value in _FIRST_VALUES under which it stays out.
 IDENTITY_SCHEMA = 1
 IDENTITY_FIELDS = ("models", "tasks", "freqs", "steps", "profile_steps", "batch_size", "repeats", "seed", "data_source", "data_dir",
-                   "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft")
+                   "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft",
+                   "warmup_steps")
 # Fields that joined the identity after the first sweeps, and the value under which they stay out of it.
 _FIRST_VALUES: dict[str, Any] = {
     "twin_digest": lambda v: v == "",  # a built-in twin profile
     "strategy": lambda v: v == "grid",
     "precision": lambda v: v == "fp32",
     "peft": lambda v: not v.is_lora,  # full fine-tuning
+    "warmup_steps": lambda v: v == 0,  # every step in the training window (the twin's default)
 }
 
 
@@ -215,6 +219,7 @@ class SweepRequest:
     strategy: str = "grid"
     precision: str = "fp32"
     peft: PeftSpec = FULL
+    warmup_steps: int | None = None  # None: 3 on hardware, 0 on the twin (job.run.default_warmup_steps)
 
 
 def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
@@ -257,6 +262,7 @@ def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
         experiment=r.experiment, replay=r.replay and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
         shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
         model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
+        warmup_steps=default_warmup_steps(board.simulated) if r.warmup_steps is None else r.warmup_steps,
     )
     return spec.with_default_id()
 
