@@ -198,8 +198,7 @@ def run_finetune(device: Any, board: Board, job: Job, options: LaunchOptions, sa
             c.set_terminated(run_id, "FAILED" if not isinstance(sys.exc_info()[1], KeyboardInterrupt) else "KILLED")
         raise
     say(_done_line(session, result, settled, refined, options.observe, board.simulated, run_id))
-    summary.update({"run_id": run_id, "metrics": {k: v for k, v in base.metrics.items() if v is not None},
-                    "params": {k: str(v) for k, v in base.params.items()}})
+    summary.update({"run_id": run_id, "metrics": {k: v for k, v in base.metrics.items() if v is not None}})
     if refined is not None:
         summary["refine"] = {"start_mhz": refined.start_mhz, "chosen_mhz": refined.chosen_mhz, "reason": refined.reason,
                              "probes": [dataclasses.asdict(p) for p in refined.probes], "simulated": board.simulated}
