@@ -12,6 +12,7 @@ from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE, Board
 from dvfs_mlops.job import refine as refine_mod
 from dvfs_mlops.job.refine import ProbePlan, Refiner, probe_grid
 from dvfs_mlops.model.curve import Measurement
+from tests.test_refine import _drive
 
 ORIN_TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 # An A100-like table: 15 MHz steps from 210 to 1410 MHz (nvidia-smi -q -d SUPPORTED_CLOCKS lists such a table).
@@ -24,14 +25,6 @@ def _truth(f: float, f_max: float = FINE_TABLE[-1], shape: float = SHAPE) -> Mea
     g, v = f / 1000.0, 1 + shape * (f / f_max) ** 2
     t = 0.05 + 0.04 / g
     return Measurement(f, t, t * (20.0 + 60.0 * v * v * g))
-
-
-def _drive(p: ProbePlan, truth) -> list[float]:
-    asked = []
-    while (f := p.next_clock()) is not None:
-        asked.append(f)
-        p.record(truth(f))
-    return asked
 
 
 def test_probe_grid_is_the_orin_table_itself_and_thins_a_15_mhz_table_to_about_100_mhz():
