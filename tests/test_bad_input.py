@@ -105,3 +105,25 @@ def test_bad_input(env, monkeypatch, state_dir, args, message):
         exps = [e.experiment_id for e in c.search_experiments()]
         running = [r.info.run_name for r in c.search_runs(exps, filter_string="attributes.status = 'RUNNING'")] if exps else []
         assert running == [], f"runs left RUNNING: {running}"
+
+
+def test_a_torch_device_from_the_environment_or_the_callback_is_checked_before_any_clock(env, monkeypatch, state_dir):
+    """DVFS_TORCH_DEVICE and DvfsCallback(torch_device=...) take the same check as --torch-device (one line, no clock)."""
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.board import board_of
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+
+    fake, _ = env
+    monkeypatch.setenv("DVFS_TORCH_DEVICE", "quantum:7")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # unreachable: the check comes before the store
+    result = CliRunner().invoke(main, ["sweep", "--preset", "smoke", "--device", "jetson"], catch_exceptions=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "DVFS_TORCH_DEVICE 'quantum:7' is not a torch device" in lines[0]
+    monkeypatch.delenv("DVFS_TORCH_DEVICE")
+    with pytest.raises(DvfsError, match="'quantum:7' is not a torch device"):
+        board_of(JetsonDevice(), "quantum:7")
+    callback = DvfsCallback(device="jetson", torch_device="quantum:7", freq=612.0, announce=None)
+    with pytest.raises(DvfsError, match="'quantum:7' is not a torch device"):
+        callback.on_train_begin(args=None, state=None, control=None, model=None)
+    assert fake.range_hz == DEFAULT and list_journals(state_dir) == []

@@ -203,6 +203,7 @@ def test_no_jetson_is_a_clear_error(tmp_path, monkeypatch):
 # -- which module (issue 31, item 4): the device tree's compatible names it -------------------------------------------
 @pytest.mark.parametrize(("module", "profile"), [
     ("p3701-0005", "jetson-agx-orin-64gb"),  # keeps its name: its sweeps keep their ids
+    ("p3701-0000", "jetson-agx-orin-64gb"),  # the first developer kit's module: the same GPU, the name it always had
     ("p3701-0004", "jetson-agx-orin-32gb"),
     ("p3767-0000", "jetson-orin-nx-16gb"),
     ("p3767-0001", "jetson-orin-nx-8gb"),

@@ -367,6 +367,10 @@ def test_without_the_field_the_power_series_says_what_it_is(arch, source):
     with dev.session("maxn", observe=True) as s:
         pass
     assert s.context["power_source"] == source
+    # the board record says how long each sample already averages (refine's noise estimate batches by it)
+    from dvfs_mlops.hw.board import board_of
+
+    assert board_of(dev, "cpu").power_average_s == (1.0 if source == "average_1s" else 0.0)
 
 
 def test_mig_mode_refuses_to_pin_and_observe_meters_the_whole_gpu(state_dir):

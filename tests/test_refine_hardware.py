@@ -66,13 +66,36 @@ def test_refine_on_a_board_with_an_assumed_shape_fits_it_and_on_a_known_one_keep
     assert Refiner(session, 30, 100, known, warmup=0).plan.voltage_shape == 0.5
 
 
-class _Session:
-    """A pinned session as the Refiner drives it, with windows whose reports follow `_truth`."""
+STEP_S = 0.1  # the test's step time (the `clock` fixture advances by it)
+SAMPLES_PER_STEP = 10
 
-    def __init__(self, mhz: float, spread: float = 0.0):
+
+def _phases(steps: int, p: float) -> list[float]:
+    """A steady job's power at 100 Hz: every step the same phases (forward +20 %, backward -20 %), no step unlike
+    another: the window's mean is exact, although its samples spread by 20 %."""
+    return [p * (1 + 0.2 * (1 if k % SAMPLES_PER_STEP < SAMPLES_PER_STEP // 2 else -1)) for k in range(steps * SAMPLES_PER_STEP)]
+
+
+def _step_levels(steps: int, p: float) -> list[float]:
+    """Steps whose mean power differs (+5 %, -5 %, ...), each flat within the step."""
+    return [p * (1 + 0.05 * (-1) ** (k // SAMPLES_PER_STEP)) for k in range(steps * SAMPLES_PER_STEP)]
+
+
+def _nvml_average(steps: int, p: float) -> list[float]:
+    """nvmlDeviceGetPowerUsage on Ampere and later: each sample a ~1 s average (NVML API reference), so a 0.8 s
+    window's samples are one smoothed value's lag, not independent draws: step levels seen through a 1 s moving mean."""
+    raw = [p * (1 + 0.05 * (-1) ** (k // SAMPLES_PER_STEP)) for k in range(-100, steps * SAMPLES_PER_STEP)]
+    return [sum(raw[k:k + 100]) / 100 for k in range(steps * SAMPLES_PER_STEP)]
+
+
+class _Session:
+    """A pinned session as the Refiner drives it, with windows whose reports follow `_truth` and whose power samples
+    (100 Hz) follow `series`."""
+
+    def __init__(self, mhz: float, series=_phases):
         self.pinned_mhz = self.freq = mhz
         self.calls: list[tuple[str, object]] = []
-        self.spread = spread
+        self.series = series
         self._open: dict[str, int] = {}
         self._steps = 0
 
@@ -95,15 +118,14 @@ class _Session:
     def window_report(self, name: str):
         steps = self._open[name]
         m = _truth(float(self.freq))
-        p = m.power_w
-        series = [p * (1 + self.spread * (-1) ** k) for k in range(steps * 10)]
-        return types.SimpleNamespace(duration_s=steps * m.time_s, energy_j=steps * m.energy_j, gpu_util_pct=None,
-                                     power_series_w=series)
+        return types.SimpleNamespace(duration_s=steps * STEP_S, energy_j=steps * m.energy_j, gpu_util_pct=None,
+                                     power_series_w=self.series(steps, m.power_w))
 
 
-def _board(table, *, min_window_s: float, known: bool = False, simulated: bool = False) -> Board:
+def _board(table, *, min_window_s: float, known: bool = False, simulated: bool = False, power_average_s: float = 0.0) -> Board:
     return Board(backend="nvml", profile="nvml-test", family="nvml-test", device_id="GPU-test", simulated=simulated,
-                 frequencies_mhz=tuple(table), voltage_shape=0.5, voltage_shape_known=known, min_window_s=min_window_s)
+                 frequencies_mhz=tuple(table), voltage_shape=0.5, voltage_shape_known=known, min_window_s=min_window_s,
+                 power_average_s=power_average_s)
 
 
 @pytest.fixture
@@ -116,7 +138,7 @@ def clock(monkeypatch):
 
 def _run(refiner: Refiner, session: _Session, clock, steps: int) -> None:
     for step in range(steps):
-        clock.t += 0.1
+        clock.t += STEP_S
         session.step()
         refiner.on_step(step)
         if not refiner.active:
@@ -136,6 +158,8 @@ def test_windows_are_sized_to_the_meter_from_the_warmup_step_time_and_open_a_ste
     assert len(repins) >= 2
     for k in repins[:-1]:  # the last re-pin is the settled clock's
         assert calls[k + 1:k + 3] == ["step", "begin"], session.calls[k - 1:k + 4]
+    # the settling steps are counted and said beside the probe steps
+    assert r.result.settle_steps == len(repins) - 1 and "settling after re-pins" in r.result.lines()[0]
 
 
 def test_a_budget_too_small_for_meter_sized_windows_leaves_the_clock_and_says_so(clock):
@@ -146,17 +170,27 @@ def test_a_budget_too_small_for_meter_sized_windows_leaves_the_clock_and_says_so
     assert not any(c[0] == "repin" for c in session.calls)
 
 
+def _first_window_noise(clock, series, **board) -> tuple[float, float]:
+    session = _Session(1110.0, series)
+    r = Refiner(session, 60, 400, _board(FINE_TABLE, min_window_s=0.0, **board), warmup=0)
+    _run(r, session, clock, 9)  # one window of 60 // 7 = 8 steps
+    assert len(r._probes) == 1
+    return r.plan.noise
+
+
 def test_the_noise_floor_on_hardware_comes_from_each_windows_own_samples(clock):
-    quiet, noisy = _Session(1110.0, spread=0.0), _Session(1110.0, spread=0.2)
-    r_quiet = Refiner(quiet, 60, 400, _board(FINE_TABLE, min_window_s=0.0), warmup=0)
-    r_noisy = Refiner(noisy, 60, 400, _board(FINE_TABLE, min_window_s=0.0), warmup=0)
-    _run(r_quiet, quiet, clock, 9)
-    _run(r_noisy, noisy, clock, 9)
-    # one window of 8 steps, 80 power samples alternating +-20 %: standard error 0.2 / sqrt(80) ~ 2.2 %
-    assert r_quiet.plan.noise[1] == refine_mod.NOISE_FLOOR
-    assert r_noisy.plan.noise[1] == pytest.approx(0.2 / 80 ** 0.5, rel=0.05)
+    # a steady job: its samples spread by 20 % within every step, yet its steps are alike: the floor, not 0.2 / sqrt(80)
+    assert _first_window_noise(clock, _phases)[1] == refine_mod.NOISE_FLOOR
+    # steps +-5 % apart: the standard error of 8 step means
+    means = [1.05, 0.95] * 4
+    mean = sum(means) / 8
+    se = (sum((x - mean) ** 2 for x in means) / 7 / 8) ** 0.5 / mean
+    assert _first_window_noise(clock, _step_levels)[1] == pytest.approx(se, rel=1e-6)
+    # NVML's 1 s average: a 0.8 s window holds no independent batch, so the board's own per-window noise stands in
+    board = _board(FINE_TABLE, min_window_s=0.0, power_average_s=1.0)
+    assert _first_window_noise(clock, _nvml_average, power_average_s=1.0)[1] == board.noise_power
     # on the twin the board's own noise stays (its meter is exact per step)
-    twin = _Session(1110.0, spread=0.2)
+    twin = _Session(1110.0, _step_levels)
     r_twin = Refiner(twin, 60, 400, _board(FINE_TABLE, min_window_s=0.0, simulated=True), warmup=0)
     _run(r_twin, twin, clock, 9)
     assert r_twin.plan.noise == _board(FINE_TABLE, min_window_s=0.0).noise()

@@ -44,6 +44,10 @@ def test_a_hardware_sweep_point_meters_its_first_steps_apart_and_a_twin_sweep_do
     assert (df["metrics.samples_per_s"] * df["metrics.time_s"]).round().eq(9 * 16).all()
     twin = build_spec(board_of(SimDevice()), SweepRequest("smoke"))
     assert twin.warmup_steps == 0 and "warmup_steps" not in twin.definition()
+    # the identity holds the warm-up that runs: of 8 steps at most 2, however many were asked for
+    short = [build_spec(board, SweepRequest("smoke", models="bert-tiny", tasks="rte", freqs="612", steps=8, warmup_steps=w))
+             for w in (2, 3, 5)]
+    assert {s.warmup_steps for s in short} == {2} and len({s.sweep_id for s in short}) == 1
 
 
 def test_finetune_says_the_whole_jobs_energy_beside_the_training_steps(orin6, state_dir, empty_store, monkeypatch):
@@ -82,3 +86,39 @@ def test_the_utilisation_probe_runs_warm_and_long_enough_to_be_a_mean(orin6, sta
     util, source = measure_gpu_util(dev, board_of(dev, "cpu"), Job(w, FinetuneConfig(steps=40, batch_size=8, warmup_steps=3), "cpu"), 2)
     steps = int(re.fullmatch(r"probe: (\d+) steps at maxn after 3 warm-up", source).group(1))
     assert steps >= 9 and util is not None and MIN_PROBE_S == 2.0
+
+
+def _trainer(tmp_path, model, w, max_steps: int, callbacks: list):
+    from transformers import Trainer, TrainingArguments
+
+    from tests.conftest import trainer_data
+
+    train_split, collate = trainer_data(w)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=8, report_to=[],
+                             use_cpu=True, save_strategy="steps", save_steps=4, logging_strategy="no", disable_tqdm=True)
+    return Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=callbacks)
+
+
+def test_dvfs_callback_meters_the_warm_up_apart_also_when_the_trainer_resumes_from_a_checkpoint(orin6, state_dir, tmp_path):
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    model = build_model(w.model_config, seed=0)
+    _trainer(tmp_path, model, w, 4, []).train()  # a checkpoint at step 4
+    from transformers import TrainerCallback
+
+    steps: list[int] = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    with DvfsCallback(device="jetson", announce=None, torch_device="cpu", freq=612.0) as dvfs:
+        _trainer(tmp_path, model, w, 16, [dvfs, Steps()]).train(resume_from_checkpoint=True)
+    session = dvfs._closed_session
+    assert steps[0] == 5 and len(steps) == 12  # resumed: this train() ran steps 5..16
+    # warm-up: 3 of the 12 steps this train() runs (the hardware default), then "train" for the other 9
+    assert {"warmup", "train"} <= set(session.windows)
+    assert dvfs.report is session.windows["train"] and dvfs.report.duration_s > session.windows["warmup"].duration_s

@@ -10,7 +10,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.placement import check_torch_device
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.device import Device, DeviceInfo
@@ -43,26 +45,7 @@ class DeviceChoice:
 
     def __post_init__(self) -> None:
         check_torch_device(self.torch_device)
-
-
-# The device types torch names (torch.device's own list; `torch.device("x")` refuses any other), which `--torch-device`
-# may name with an optional index: checked from the text alone, so a typo is one line before a store or a clock is
-# touched and a command that never trains imports no torch for it.
-TORCH_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "meta", "ipu", "mtia", "privateuseone")
-
-
-def check_torch_device(text: str) -> None:
-    """`--torch-device`: '' (the backend's own), or TYPE or TYPE:INDEX with a device type torch knows.
-
-    Raises:
-        DvfsError: anything else, with the valid types.
-    """
-    if not text:
-        return
-    kind, sep, index = text.partition(":")
-    if kind not in TORCH_DEVICE_TYPES or (sep and not index.isdigit()):
-        raise DvfsError(f"--torch-device {text!r} is not a torch device; give TYPE or TYPE:INDEX with TYPE one of "
-                        f"{', '.join(TORCH_DEVICE_TYPES)} (e.g. cpu, cuda:1)")
+        check_torch_device(settings.torch_device_override() or "", "DVFS_TORCH_DEVICE")
 
 
 def load_twin(choice: DeviceChoice) -> OrinTwinParams | None:

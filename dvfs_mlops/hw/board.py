@@ -51,6 +51,8 @@ class Board:
         torch_device: where training runs (cpu on the twin, cuda / cuda:<k> on hardware).
         twin_digest: a twin whose profile is not built in: a digest of its constants (part of a sweep's identity).
         min_window_s: the shortest window the meter tells apart (`board_of`); 0 on the twin, exact per step.
+        power_average_s: the period each power sample is already an average over (NVML's ~1 s from Ampere on); 0 where
+            samples are instantaneous. Samples closer than this are not independent.
     """
 
     backend: str
@@ -67,6 +69,7 @@ class Board:
     torch_device: str = "cpu"
     twin_digest: str = ""
     min_window_s: float = 0.0
+    power_average_s: float = 0.0
 
     @property
     def f_max_mhz(self) -> float:
@@ -154,7 +157,7 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
         rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
-        return Board(**common, rails=rails, min_window_s=_min_window_s(device))
+        return Board(**common, rails=rails, min_window_s=_min_window_s(device), power_average_s=_power_average_s(device))
     from dvfs_mlops.hw.twin.physics import RAILS
     from dvfs_mlops.hw.twin.profiles import twin_digest
 
@@ -175,6 +178,10 @@ def _min_window_s(device: Any) -> float:
         return NVML_POWER_AVERAGE_S
     rate = float(getattr(device, "sample_hz", 0.0) or 0.0)
     return MIN_SAMPLES_PER_WINDOW / rate if device.name == "jetson" and rate > 0 else 0.0
+
+
+def _power_average_s(device: Any) -> float:
+    return NVML_POWER_AVERAGE_S if device.name == "nvml" and getattr(device, "power_source", "") == "average_1s" else 0.0
 
 
 def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...]) -> Board:

@@ -349,9 +349,13 @@ DEVICE_TREE_DIRS = ("proc/device-tree", "sys/firmware/devicetree/base")
 # jtop/core/jetson_variables.py @f41d5ca, MODULE_NAME_TABLE, l.150-156): p3767-0005 "Orin Nano (Developer kit)",
 # p3767-0004 "Orin Nano (4GB ram)", p3767-0003 "Orin Nano (8GB ram)", p3767-0001 "Orin NX (8GB ram)",
 # p3767-0000 "Orin NX (16GB ram)", p3701-0005 "AGX Orin (64GB ram)", p3701-0004 "AGX Orin (32GB ram)". The developer
-# kit's Orin Nano (p3767-0005) is an 8 GB module.
+# kit's Orin Nano (p3767-0005) is an 8 GB module. p3701-0000, "NVIDIA Jetson AGX Orin" in that table, is the first AGX
+# Orin Developer Kit's module (Linux tegra234-p3737-0000+p3701-0000.dts): the 64 GB module's GPU (2048 cores, 1.3 GHz)
+# with 32 GB of memory; it keeps the name every AGX Orin had before modules were told apart, so its sweeps keep their
+# ids and its governors their family.
 ORIN_MODULE_PROFILES = {
     "p3701-0005": "jetson-agx-orin-64gb",
+    "p3701-0000": "jetson-agx-orin-64gb",
     "p3701-0004": "jetson-agx-orin-32gb",
     "p3767-0000": "jetson-orin-nx-16gb",
     "p3767-0001": "jetson-orin-nx-8gb",

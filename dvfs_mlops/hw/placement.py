@@ -26,8 +26,35 @@ class TorchDeviceError(DvfsError):
     """The backend's GPU is not reachable from this torch build."""
 
 
+# The device types torch names (torch.device's own list; `torch.device("x")` refuses any other), which a torch device
+# override may name with an optional index: checked from the text alone, so a typo is one line before a store or a
+# clock is touched and a command that never trains imports no torch for it.
+TORCH_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "meta", "ipu", "mtia", "privateuseone")
+
+
+def check_torch_device(text: str, source: str = "--torch-device") -> None:
+    """A torch device override: '' (the backend's own), or TYPE or TYPE:INDEX with a device type torch knows.
+
+    Args:
+        text: the override.
+        source: where it came from, for the error (--torch-device, DVFS_TORCH_DEVICE, torch_device=).
+
+    Raises:
+        DvfsError: anything else, with the valid types.
+    """
+    if not text:
+        return
+    kind, sep, index = text.partition(":")
+    if kind not in TORCH_DEVICE_TYPES or (sep and not index.isdigit()):
+        raise DvfsError(f"{source} {text!r} is not a torch device; give TYPE or TYPE:INDEX with TYPE one of "
+                        f"{', '.join(TORCH_DEVICE_TYPES)} (e.g. cpu, cuda:1)")
+
+
 def resolve_torch_device(device: Any, override: str | None = None) -> str:
-    """The torch device to train on for `device`, checked; raises TorchDeviceError before any clock write."""
+    """The torch device to train on for `device`, checked; raises TorchDeviceError (CUDA unreachable) or DvfsError
+    (an override that names no torch device) before any clock write."""
+    check_torch_device(override or "", "the torch device")
+    check_torch_device(settings.torch_device_override() or "", "DVFS_TORCH_DEVICE")
     wanted = override or settings.torch_device_override() or getattr(device, "torch_device", "cpu")
     if not str(wanted).startswith("cuda"):
         return str(wanted)

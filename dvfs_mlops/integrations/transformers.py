@@ -106,6 +106,7 @@ class DvfsCallback(TrainerCallback):
         self.governor_uri = governor
         self.warmup_steps = warmup_steps
         self._windows: Any = None
+        self._step0 = 0  # global_step when this train() began (a resumed run starts past 0)
         self._device_arg = device
         self.freq_override = freq
         self.gpu_util_pct = gpu_util_pct
@@ -248,7 +249,9 @@ class DvfsCallback(TrainerCallback):
         from dvfs_mlops.job.finetune import FinetuneConfig, StepWindows
         from dvfs_mlops.job.run import default_warmup_steps
 
-        max_steps = int(getattr(state, "max_steps", 0) or 0)
+        # steps counted from where this train() starts: a run resumed from a checkpoint starts at its global_step
+        self._step0 = int(getattr(state, "global_step", 0) or 0)
+        max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
         wanted = default_warmup_steps(self.board.simulated) if self.warmup_steps is None else self.warmup_steps
         cold = FinetuneConfig(warmup_steps=wanted).cold_steps(max_steps)
         self._windows = StepWindows(session, self.board.torch_device, cold).__enter__()  # "warmup", then "train"
@@ -266,7 +269,7 @@ class DvfsCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None and self.device is not None and self.device.simulated:
             self.session.step(self._trace)
-        step = int(getattr(state, "global_step", 1)) - 1
+        step = int(getattr(state, "global_step", 1)) - self._step0 - 1  # 0 for this train()'s first step
         if self.session is not None and self._refiner is not None:
             self._refiner.on_step(step)
         if self.session is not None and self._windows is not None:

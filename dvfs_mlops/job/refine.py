@@ -53,6 +53,7 @@ WARMUP_STEPS = 2  # steps at the starting clock before the first probe (first-st
 PROBE_SPACING_MHZ = 100.0
 SETTLE_STEPS = 1  # on hardware, steps after a re-pin before the probe window opens (the clock and the meter settle)
 NOISE_FLOOR = 1e-3  # relative: the least per-window noise a fit assumes, however steady a window's samples were
+MIN_BATCHES = 3  # independent batches a window needs before its own power samples say its noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,7 @@ class RefineResult:
             was made).
         reason: why the job settled where it did.
         prior: the board power prior the last fit leaned on; None where none was used.
+        settle_steps: training steps spent settling after a re-pin before a window opened (hardware).
         probe_steps: (property) training steps spent in probe windows.
     """
 
@@ -99,6 +101,7 @@ class RefineResult:
     predicted: list[CurvePoint]  # per training step, at every clock of the table
     reason: str  # why the job settled where it did
     prior: PowerPrior | None = None  # the board prior the fits leaned on
+    settle_steps: int = 0
 
     @property
     def probe_steps(self) -> int:
@@ -121,7 +124,8 @@ class RefineResult:
     def lines(self) -> list[str]:
         """The result as "refine: ..." lines for the log: the probes, the clock settled on, the prior used."""
         probes = ", ".join(f"{p.freq_mhz:g} MHz {p.per_step().energy_j:.4g} J/step" for p in self.probes)
-        out = [f"refine: probed {probes} ({self.probe_steps} steps)",
+        settling = f" + {self.settle_steps} settling after re-pins" if self.settle_steps else ""
+        out = [f"refine: probed {probes} ({self.probe_steps} steps{settling})",
                f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
         if self.prior is not None:
             p = self.prior
@@ -374,6 +378,7 @@ class Refiner:
         self._clock: float | None = None  # the clock of the probe running, None before the first
         self._in_probe = 0
         self._settling = 0  # steps left before the window of the probe running opens
+        self._settled = 0  # steps spent settling so far
         self._stamps: list[float] = []  # monotonic time at each step's end: warm-up and window step times
         self._window_noise = (NOISE_FLOOR, NOISE_FLOOR)
         self._done = False
@@ -397,6 +402,7 @@ class Refiner:
             return True
         self.plan = self._plan(need)
         self.per_probe = self.plan.per_probe
+        self.clocks = list(self.plan.queue)
         if len(self.plan.queue) < 2:
             self._finish(self.start_mhz, [], f"windows the meter can tell apart need {need} steps ({self.board.min_window_s:g} s); "
                                              f"a budget of {self.budget} steps holds fewer than two")
@@ -440,6 +446,7 @@ class Refiner:
             return
         if self._settling:
             self._settling -= 1
+            self._settled += 1
             if not self._settling:
                 self._stamps = self._stamps[-1:]
                 self.session.begin_window(f"probe@{self._clock:g}")
@@ -464,12 +471,22 @@ class Refiner:
             self._settle()
 
     def _floor_from(self, report: Any) -> tuple[float, float]:
-        """(time, power) relative noise of a window's mean from its own samples (step times, power samples), the
-        largest over the windows so far."""
+        """(time, power) relative noise of a window's mean from its own samples, the largest over the windows so far.
+
+        Time: the step times' standard error. Power: batch means, each batch at least a step and at least the span a
+        sample is already averaged over (`Board.power_average_s`), since samples closer than that are not independent
+        (NVML's ~1 s average; a step's own phases); with fewer than `MIN_BATCHES` batches the window cannot tell its
+        noise and the board's per-window noise stands in. Drift between windows (temperature) is not seen here.
+        """
         steps = [b - a for a, b in itertools.pairwise(self._stamps)]
-        power = list(report.power_series_w)
         t = _relative_error(steps)
-        p = _relative_error(power)
+        power = list(report.power_series_w)
+        span_s = max(sum(steps) / len(steps) if steps else 0.0, self.board.power_average_s)
+        per_sample_s = report.duration_s / len(power) if power else 0.0
+        size = max(1, math.ceil(span_s / per_sample_s - 1e-9)) if per_sample_s > 0 else len(power) or 1
+        batches = [power[k:k + size] for k in range(0, len(power) - size + 1, size)]
+        means = [sum(b) / len(b) for b in batches]
+        p = _relative_error(means) if len(means) >= MIN_BATCHES else self.board.noise_power
         self._window_noise = (max(self._window_noise[0], t), max(self._window_noise[1], p))
         return self._window_noise
 
@@ -481,7 +498,8 @@ class Refiner:
 
     def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
         self._done = True
-        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.plan.prior_used)
+        self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.plan.prior_used,
+                                   self._settled)
         for line in self.result.lines():
             self.say(line)
 

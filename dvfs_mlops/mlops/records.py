@@ -181,7 +181,7 @@ def refine_tags(refined: Any) -> dict[str, str]:
     p = schema.REFINE_PREFIX
     return {f"{p}start_mhz": f"{refined.start_mhz:g}", f"{p}chosen_mhz": f"{refined.chosen_mhz:g}",
             f"{p}probes": ",".join(f"{q.freq_mhz:g}x{q.steps}" for q in refined.probes),
-            f"{p}probe_steps": str(refined.probe_steps), f"{p}reason": refined.reason,
+            f"{p}probe_steps": str(refined.probe_steps), f"{p}settle_steps": str(refined.settle_steps), f"{p}reason": refined.reason,
             f"{p}power_prior": refined.prior.to_json() if refined.prior is not None else "none"}
 
 

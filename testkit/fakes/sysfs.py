@@ -79,6 +79,7 @@ _NX_MODEL = "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
 _NANO_MODEL = "NVIDIA Jetson Orin Nano Developer Kit"
 ORIN_MODULES = {
     "p3701-0005": OrinModule("p3701-0005", "p3737-0000", _AGX_MODEL, "agx", 1300500000),
+    "p3701-0000": OrinModule("p3701-0000", "p3737-0000", _AGX_MODEL, "agx", 1300500000),  # the first developer kit's
     "p3701-0004": OrinModule("p3701-0004", "p3737-0000", _AGX_MODEL, "agx", 930000000),
     "p3767-0000": OrinModule("p3767-0000", "p3768-0000", _NX_MODEL, "nx", 918000000),
     "p3767-0001": OrinModule("p3767-0001", "p3768-0000", _NX_MODEL, "nx", 765000000),
