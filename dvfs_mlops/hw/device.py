@@ -143,9 +143,9 @@ class FreqSession(abc.ABC):
     def _window_report(self, start: Any, end: Any) -> EnergyReport:
         """The report between two marks (called after the meter stopped)."""
 
+    @abc.abstractmethod
     def _repin(self, mhz: float) -> None:
         """Move the pin to `mhz` inside the session (the journal keeps the original settings)."""
-        raise NotImplementedError(f"the {self.device.name} backend cannot change the clock inside a session")
 
     # public ----------------------------------------------------------------------------------
     def repin(self, freq: FreqRequest) -> float:
@@ -163,7 +163,6 @@ class FreqSession(abc.ABC):
         Raises:
             DvfsError: the session observes (it pins nothing), or `freq` is "maxn".
             UnknownNameError: `freq` is not a clock of the table.
-            NotImplementedError: the backend cannot change the clock inside a session.
         """
         from dvfs_mlops.errors import DvfsError
 
