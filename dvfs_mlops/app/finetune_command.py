@@ -118,7 +118,7 @@ def finetune(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchO
     from dvfs_mlops.app.finetune import run_finetune
     from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.job.finetune import FinetuneConfig
-    from dvfs_mlops.job.run import Job, default_warmup_steps
+    from dvfs_mlops.job.run import Job, warmup_for
     from dvfs_mlops.job.workloads.prepare import prepare_workload
     from dvfs_mlops.mlops import tracking
 
@@ -131,9 +131,8 @@ def finetune(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchO
                                 peft=r.peft, precision=r.precision)
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)  # CUDA missing: stop before the probe touches anything
-    warmup = default_warmup_steps(board.simulated) if r.warmup_steps is None else r.warmup_steps
     cfg = FinetuneConfig(steps=r.steps, epochs=r.epochs, batch_size=r.batch_size, learning_rate=default_learning_rate(r), seed=r.seed,
-                         precision=r.precision, peft=r.peft, warmup_steps=warmup)
+                         precision=r.precision, peft=r.peft, warmup_steps=warmup_for(r.warmup_steps, board.simulated))
     launch = dataclasses.replace(options, announce_device=not quiet)
     summary = run_finetune(dev, board, Job(prepared, cfg, board.torch_device, r.pretrained or None), launch, say=say)
     return FinetuneReport(summary, run_link_lines(summary["run_id"]) if summary.get("run_id") else [])

@@ -49,7 +49,7 @@ from dvfs_mlops.hw.device import (
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
 from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler
-from dvfs_mlops.hw.placement import bare_uuid, cuda_device_of
+from dvfs_mlops.hw.placement import UUID_PREFIXES, bare_uuid, cuda_device_of
 
 log = logging.getLogger(__name__)
 # nvml.h constants, used where an older nvidia-ml-py lacks the name
@@ -201,7 +201,7 @@ class NvmlDevice:
     @property
     def cuda_uuids(self) -> set[str]:
         """Every UUID CUDA may report for this GPU, bare (no GPU-/MIG- prefix, lower case): its own and its MIG devices'."""
-        return {bare_uuid(u) for u in [self.device_id, *_mig_uuids(self.nvml, self.handle)] if u.startswith(("GPU-", "MIG-"))}
+        return {bare_uuid(u) for u in [self.device_id, *_mig_uuids(self.nvml, self.handle)] if u.startswith(UUID_PREFIXES)}
 
     def _nvml_names(self) -> dict[str, str]:
         """UUID -> "NVML GPU i" for every GPU NVML sees (and its MIG devices): how an error names a CUDA device."""

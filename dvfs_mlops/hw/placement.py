@@ -87,11 +87,11 @@ UUID_PREFIXES = ("GPU-", "MIG-")  # nvidia-smi's forms, which CUDA_VISIBLE_DEVIC
 
 def bare_uuid(text: str) -> str:
     """A UUID as torch prints it: lower case, without nvidia-smi's GPU-/MIG- prefix."""
-    t = str(text).strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if t.startswith(prefix):
-            return t[len(prefix):]
-    return t
+    t = str(text).strip()
+    for prefix in UUID_PREFIXES:
+        if t.upper().startswith(prefix):
+            return t[len(prefix):].lower()
+    return t.lower()
 
 
 def visible_devices(value: str | None) -> list[str] | None:

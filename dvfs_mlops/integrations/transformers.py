@@ -246,14 +246,13 @@ class DvfsCallback(TrainerCallback):
         session = self.device.session(freq, observe=self.observe, label="trainer")
         session.__enter__()
         self.session = session
-        from dvfs_mlops.job.finetune import FinetuneConfig, StepWindows
-        from dvfs_mlops.job.run import default_warmup_steps
+        from dvfs_mlops.job.finetune import StepWindows
+        from dvfs_mlops.job.run import warmup_for
 
         # steps counted from where this train() starts: a run resumed from a checkpoint starts at its global_step
         self._step0 = int(getattr(state, "global_step", 0) or 0)
         max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
-        wanted = default_warmup_steps(self.board.simulated) if self.warmup_steps is None else self.warmup_steps
-        cold = FinetuneConfig(warmup_steps=wanted).cold_steps(max_steps)
+        cold = warmup_for(self.warmup_steps, self.board.simulated, max_steps)
         self._windows = StepWindows(session, self.board.torch_device, cold).__enter__()  # "warmup", then "train"
         if self.refine and session.pinned_mhz is None:
             self.announce("refine: off, nothing is pinned (maxn or observe), so there is no clock to move")

@@ -55,8 +55,13 @@ class FinetuneConfig:
         return PRECISIONS[self.precision]
 
     def cold_steps(self, steps: int) -> int:
-        """The warm-up steps of a job of `steps` steps: `warmup_steps`, never more than a quarter of them."""
-        return max(0, min(self.warmup_steps, steps // 4))
+        """The warm-up steps of a job of `steps` steps (`cold_steps`)."""
+        return cold_steps(self.warmup_steps, steps)
+
+
+def cold_steps(warmup_steps: int, steps: int) -> int:
+    """The warm-up steps a job of `steps` steps meters apart: `warmup_steps`, never more than a quarter of them."""
+    return max(0, min(warmup_steps, steps // 4))
 
 
 @dataclasses.dataclass

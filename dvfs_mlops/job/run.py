@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, StepWindows, finetune, profile_only
+from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, StepWindows, cold_steps, finetune, profile_only
 
 TRAIN, PROFILE, REPLAY = "train", "profile", "replay"
 MODES = (TRAIN, PROFILE, REPLAY)
@@ -28,6 +28,13 @@ HARDWARE_WARMUP_STEPS = 3
 def default_warmup_steps(simulated: bool) -> int:
     """The warm-up steps a job meters apart unless told: 3 on real hardware, 0 on the twin."""
     return 0 if simulated else HARDWARE_WARMUP_STEPS
+
+
+def warmup_for(requested: int | None, simulated: bool, steps: int | None = None) -> int:
+    """The warm-up steps a job meters apart: `requested` (--warmup-steps), else `default_warmup_steps`; given the job's
+    `steps`, at most a quarter of them (`finetune.cold_steps`), the warm-up that runs."""
+    wanted = default_warmup_steps(simulated) if requested is None else requested
+    return wanted if steps is None else cold_steps(wanted, steps)
 
 
 @dataclasses.dataclass(frozen=True)

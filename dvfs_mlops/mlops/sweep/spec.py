@@ -13,8 +13,7 @@ from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.hw.device import parse_freq
-from dvfs_mlops.job.finetune import FinetuneConfig
-from dvfs_mlops.job.run import default_warmup_steps
+from dvfs_mlops.job.run import warmup_for
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
@@ -220,7 +219,7 @@ class SweepRequest:
     strategy: str = "grid"
     precision: str = "fp32"
     peft: PeftSpec = FULL
-    warmup_steps: int | None = None  # None: 3 on hardware, 0 on the twin (job.run.default_warmup_steps)
+    warmup_steps: int | None = None  # None: 3 on hardware, 0 on the twin (job.run.warmup_for)
 
 
 def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
@@ -263,8 +262,7 @@ def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
         experiment=r.experiment, replay=r.replay and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
         shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
         model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
-        warmup_steps=FinetuneConfig(warmup_steps=default_warmup_steps(board.simulated) if r.warmup_steps is None
-                                    else r.warmup_steps).cold_steps(n_steps),  # what runs: at most a quarter of the steps
+        warmup_steps=warmup_for(r.warmup_steps, board.simulated, n_steps),  # what runs: at most a quarter of the steps
     )
     return spec.with_default_id()
 
