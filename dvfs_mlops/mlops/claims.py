@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.mlops.tracking import without_password
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class PointClaims(Protocol):
 
 def claim_scope(sweep_id: str, experiment_id: str, tracking_uri: str) -> str:
     """What a claim's sweep is: the same sweep id in another store or experiment is another set of points."""
-    return f"{sweep_id}|{experiment_id}|{_masked(tracking_uri)}"
+    return f"{sweep_id}|{experiment_id}|{without_password(tracking_uri)}"
 
 
 def default_worker(device_id: str = "") -> str:
@@ -278,7 +279,7 @@ class PostgresClaims:
                     self._conn = None
                     if time.monotonic() > deadline:
                         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                        raise DvfsError(f"the point-claims database {_masked(self.dsn)} is unreachable ({first})") from None
+                        raise DvfsError(f"the point-claims database {without_password(self.dsn)} is unreachable ({first})") from None
                     log.info("point claims: database unreachable (%s); retrying in %.1f s", str(e).strip()[:120], delay)
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -320,14 +321,6 @@ class PostgresClaims:
                 self._conn = None
 
 
-def _masked(uri: str) -> str:
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
 def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
     """The claim store for a sweep: `claims_uri` (else $DVFS_CLAIMS_URI), else one beside the tracking store."""
     uri = claims_uri or settings.claims_uri()
@@ -339,7 +332,7 @@ def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
             return PostgresClaims(uri)
         if scheme == "file":
             return FileClaims(Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path)))
-        raise DvfsError(f"--claims {_masked(uri)}: give a postgresql:// URL, a file:// path, or 'none'")
+        raise DvfsError(f"--claims {without_password(uri)}: give a postgresql:// URL, a file:// path, or 'none'")
     scheme = urllib.parse.urlsplit(tracking_uri).scheme.split("+", 1)[0]
     if scheme in ("postgresql", "postgres"):
         return PostgresClaims(tracking_uri)
@@ -350,7 +343,7 @@ def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
         path = Path(urllib.parse.unquote(urllib.parse.urlsplit(tracking_uri).path)) if scheme == "file" else Path(tracking_uri)
         return FileClaims(path / "dvfs-claims.json")
     log.info("no point claims for %s (set --claims postgresql://... or %s): workers given the same sweep may run the same "
-             "points; give each worker its own workloads", _masked(tracking_uri), settings.CLAIMS_ENV)
+             "points; give each worker its own workloads", without_password(tracking_uri), settings.CLAIMS_ENV)
     return NoClaims()
 
 

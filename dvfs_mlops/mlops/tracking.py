@@ -140,7 +140,8 @@ def _is_server(uri: str) -> bool:
     return urllib.parse.urlsplit(uri).scheme in ("http", "https")
 
 
-def _without_password(uri: str) -> str:
+def without_password(uri: str) -> str:
+    """`uri` with its password, if any, shown as *** (for messages, logs and keys)."""
     parts = urllib.parse.urlsplit(uri)
     if parts.password is None:
         return uri
@@ -162,7 +163,7 @@ def ui_store_uri(uri: str | None = None) -> str:
         return Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path)).resolve().as_uri()
     if not scheme or len(scheme) == 1:  # a plain path (a drive letter is no scheme)
         return Path(uri).resolve().as_uri()
-    return _without_password(uri)
+    return without_password(uri)
 
 
 def ui_base(uri: str | None = None) -> tuple[str, str | None]:
