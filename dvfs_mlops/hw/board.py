@@ -116,11 +116,20 @@ class Board:
         return cls.from_dict(data)
 
 
-def board_family(profile: str) -> str:
-    """The board family of a device profile: the built-in twin profiles and twins fitted from them (`sim-orin*`,
-    `fit-*`) describe an AGX Orin 64 GB; any other profile (a real board's, a YAML twin's own name) is its family."""
+def board_family(profile: str, params: OrinTwinParams | None = None) -> str:
+    """The board family of a device profile: a twin's is the board its constants describe (`params.family`: a built-in
+    profile's own, which a `--twin-params` file inherits unless it names another); by name alone, a built-in twin
+    profile's (or a params file's twin on one, `<base>+<digest>`) and twins fitted from the AGX Orin (`sim-orin*`,
+    `fit-*`) the AGX Orin 64 GB; any other profile (a real board's, a YAML twin's own name) is its family."""
+    if params is not None and params.family:
+        return params.family
+    from dvfs_mlops.hw.twin.profiles import family_of
+
+    builtin = family_of(profile)
+    if builtin is not None:
+        return builtin
     if profile.startswith(("sim-orin", "fit-")):
-        return "jetson-agx-orin-64gb"
+        return _ORIN.family
     return profile
 
 
@@ -152,7 +161,7 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
 
     where = resolve_torch_device(device, torch_device)
     params = getattr(device, "params", None) if device.simulated else None
-    common = {"backend": device.name, "profile": device.profile, "family": board_family(device.profile),
+    common = {"backend": device.name, "profile": device.profile, "family": board_family(device.profile, params),
               "device_id": str(getattr(device, "device_id", "") or ""), "simulated": bool(device.simulated),
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
@@ -193,5 +202,5 @@ def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...])
     params = BUILTIN_PROFILES.get(profile)
     if params is None:
         return Board("unknown", profile, board_family(profile), "", False, tuple(sorted(float(f) for f in frequencies_mhz)) or (1.0,))
-    return Board("sim", profile, board_family(profile), "", True, tuple(params.frequencies_mhz), **_twin_constants(params),
+    return Board("sim", profile, board_family(profile, params), "", True, tuple(params.frequencies_mhz), **_twin_constants(params),
                  rails=tuple(RAILS))

@@ -1,4 +1,5 @@
-"""`OrinTwinParams`: every constant of the simulated Jetson AGX Orin 64 GB, with its source.
+"""`OrinTwinParams`: every constant of the simulated Jetson AGX Orin 64 GB, with its source (the other Orin modules'
+profiles, `profiles.py`, override the constants that differ, each with its own source).
 
 Load another board's description with `OrinTwinParams.from_yaml(path)`; unknown keys are an error
 so a typo can't silently fall back to a default.
@@ -16,6 +17,9 @@ from dvfs_mlops.errors import DvfsError
 @dataclasses.dataclass(frozen=True)
 class OrinTwinParams:
     profile: str = "sim-orin"
+    # The board family the profile describes (hw/jetson.py's ORIN_MODULE_PROFILES names, so a twin and the real module
+    # share sweeps' families and governors). A `--twin-params` file inherits its base profile's unless it names one.
+    family: str = "jetson-agx-orin-64gb"
     # JetPack 6 GPU devfreq table of the AGX Orin 64 GB (available_frequencies), MHz.
     frequencies_mhz: tuple[float, ...] = (306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5)
     # Ampere GA10B: 16 SMs x 128 = 2048 CUDA cores, 2 FP32 FLOP (FMA) per core per cycle.
@@ -117,9 +121,9 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 def _checked(key: str, value: Any, source: str) -> Any:
     """One override, converted to its field's type (a bool or a string where a number belongs is refused)."""
     default = getattr(OrinTwinParams, key, None) if key != "frequencies_mhz" else None
-    if key == "profile":
+    if key in ("profile", "family"):
         if not isinstance(value, str) or not value.strip():
-            raise DvfsError(f"{source}: profile must be a non-empty name, got {value!r}")
+            raise DvfsError(f"{source}: {key} must be a non-empty name, got {value!r}")
         return value.strip()
     if key == "frequencies_mhz":
         if not isinstance(value, (list, tuple)) or not value or not all(_is_number(f) and f > 0 for f in value):

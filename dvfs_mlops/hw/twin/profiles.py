@@ -9,6 +9,13 @@
   that differs says why below, all the others (clock table, cores, DRAM, kernel and host timing,
   CPU/board rails, noise) are sim-orin's, whose sources are in `params.py`.
 
+- The other Orin modules people own, each its own family (hw/jetson.py's module names): `sim-orin-32gb` (AGX Orin 32 GB),
+  `sim-orin-nx-16gb`, `sim-orin-nx-8gb`, `sim-orin-nano-8gb` and `sim-orin-nano-8gb-super` (the same Nano module
+  with JetPack 6.2's higher ceilings). Each is `_module(...)`: sim-orin-measured's untuned rail shape carried to the
+  module's published SM count, GPU clock ceiling, memory bandwidth, CPU cores and power budget (sources beside each
+  figure in `_MODULES`); how each constant follows from them is `_module`'s docstring. Nothing in them was tuned to
+  any optimum, saving or governor result.
+
 A params file (`--twin-params FILE.yaml`) holds overrides on the chosen profile. Its `profile`
 names the result; without one the name is `<base>+<digest of the constants>`, so runs of a
 changed board never carry (or resume into a sweep of) a built-in profile's name. A file that
@@ -46,7 +53,82 @@ _MEASURED = OrinTwinParams(
     maxn_load_target=0.5,
 )
 
-BUILTIN_PROFILES: dict[str, OrinTwinParams] = {DEFAULT_PROFILE: OrinTwinParams(), "sim-orin-measured": _MEASURED}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Module:
+    """One Orin module's published figures (each cited where `_MODULES` lists it)."""
+
+    family: str  # hw/jetson.py ORIN_MODULE_PROFILES' name of the real module
+    sms: int  # Ampere GA10B SMs enabled (128 CUDA cores each)
+    gpu_max_mhz: float  # the GPU's clock ceiling in the module's top power mode
+    dram_bw_gb_s: float  # LPDDR5 bandwidth
+    cpu_cores: int  # Cortex-A78AE cores
+    max_power_w: float  # the top of the module's configurable power range
+
+
+# Sources (figures as published; the AGX Orin 64 GB row is the twin's own, params.py):
+# [AGX] NVIDIA Jetson AGX Orin Series data sheet and "Jetson AGX Orin Series Technical Brief" v1.2 (summarised at
+#   http://mzph.cn/web/30785.shtml: two GPCs, 16 SMs x 128 = 2048 CUDA cores on the 64 GB module; 32 GB and 64 GB
+#   modules): AGX Orin 32 GB: 1792 CUDA cores (14 SMs), GPU max 930 MHz, 256-bit LPDDR5 204.8 GB/s, 8-core CPU,
+#   15-40 W.
+# [NX] NVIDIA Jetson Orin NX Series data sheet (a copy: https://github.com/icub-tech-iit/cad-libraries/files/13056089/
+#   JETSON-ORIN-NX-DATASHEET.pdf, "power configurable between 10W and 25W"): Orin NX 16 GB: 1024 CUDA cores (8 SMs,
+#   32 tensor cores), GPU max 918 MHz, 128-bit LPDDR5 102.4 GB/s, 8-core CPU, 10-25 W; Orin NX 8 GB: 1024 CUDA cores,
+#   GPU max 765 MHz, 102.4 GB/s, 6-core CPU, 10-20 W.
+# [NANO] NVIDIA Jetson Orin Nano series data sheet and the Orin Nano Super Developer Kit data sheet (Dec 2024), as
+#   summarised at https://www.brojogopalsapui.com/ai-foundations/sub_contents/AI_hardware/jetson_orin_nano_light.html:
+#   Orin Nano 8 GB: 1024 CUDA cores, 8 SMs (1 GPC x 4 TPC x 2), GPU 625 MHz ("1.02 GHz, was 625 MHz" in Super mode),
+#   128-bit LPDDR5 68 GB/s (102 GB/s Super), 6-core A78AE, 7-15 W (25 W Super, "15 W -> 25 W").
+# Per-mode GPU ceilings: Jetson Linux Developer Guide, "Jetson Orin Nano Series, Jetson Orin NX Series and Jetson AGX
+#   Orin Series", Supported Modes and Power Efficiency (https://docs.nvidia.com/jetson/archives/r36.3/DeveloperGuide/SD/
+#   PlatformPowerAndPerformance/JetsonOrinNanoSeriesJetsonOrinNxSeriesAndJetsonAgxOrinSeries.html).
+_MODULES: dict[str, _Module] = {
+    "sim-orin-32gb": _Module("jetson-agx-orin-32gb", 14, 930.0, 204.8, 8, 40.0),  # [AGX]
+    "sim-orin-nx-16gb": _Module("jetson-orin-nx-16gb", 8, 918.0, 102.4, 8, 25.0),  # [NX]
+    "sim-orin-nx-8gb": _Module("jetson-orin-nx-8gb", 8, 765.0, 102.4, 6, 20.0),  # [NX]
+    "sim-orin-nano-8gb": _Module("jetson-orin-nano-8gb", 8, 625.0, 68.0, 6, 15.0),  # [NANO]
+    "sim-orin-nano-8gb-super": _Module("jetson-orin-nano-8gb-super", 8, 1020.0, 102.4, 6, 25.0),  # [NANO], Super mode
+}
+# The AGX Orin 64 GB figures the module profiles are scaled from (params.py's sources; 15-60 W, 12-core CPU).
+_AGX64 = _Module("jetson-agx-orin-64gb", 16, 1300.5, 204.8, 12, 60.0)
+
+
+def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Module = _AGX64) -> OrinTwinParams:
+    """A module's twin: `base` (sim-orin-measured, the AGX Orin 64 GB with its untuned rail shape) with the module's
+    own figures, every other constant following from them as stated here:
+
+    - clock table: the GPU devfreq steps are the same GA10B table on every Orin module; NVIDIA publishes only each
+      module's ceiling, so the table is the AGX Orin 64 GB's truncated at the ceiling, plus the ceiling itself where it
+      is not a step (DERIVED, not read from a module).
+    - cuda_cores = 128 x SMs; dram_bw_bytes_s the module's LPDDR5 bandwidth.
+    - kernel_fixed_s: the same cycles at the module's own top clock (params.py states it at the table top).
+    - V(f): the same silicon's curve, read up to the module's ceiling: v0 unchanged, v1 x (ceiling / 1300.5)^2.
+    - gpu_k (switched capacitance) in proportion to the SMs that switch.
+    - gpu_static_w (the GPU/SoC rail's clock-independent part: SoC fabric, memory controllers) and the DRAM rail in
+      proportion to the module's power budget and bandwidth; the CPU rail in proportion to its cores (ASSUMED scalings:
+      no public per-rail figures per module were found).
+    """
+    share_f = m.gpu_max_mhz / ref.gpu_max_mhz
+    table = tuple(f for f in base.frequencies_mhz if f < m.gpu_max_mhz) + (m.gpu_max_mhz,)
+    bw = m.dram_bw_gb_s / ref.dram_bw_gb_s
+    cpu = m.cpu_cores / ref.cpu_cores
+    return dataclasses.replace(
+        base, profile=name, family=m.family, frequencies_mhz=table, cuda_cores=128 * m.sms, dram_bw_bytes_s=m.dram_bw_gb_s * 1e9,
+        kernel_fixed_s=base.kernel_fixed_s / share_f, volt_v1=base.volt_v1 * share_f ** 2, gpu_k=base.gpu_k * m.sms / ref.sms,
+        gpu_static_w=base.gpu_static_w * m.max_power_w / ref.max_power_w, ddr_base_w=base.ddr_base_w * bw,
+        ddr_per_bw_w=base.ddr_per_bw_w * bw, cpu_base_w=base.cpu_base_w * cpu, cpu_busy_w=base.cpu_busy_w * cpu)
+
+
+BUILTIN_PROFILES: dict[str, OrinTwinParams] = {DEFAULT_PROFILE: OrinTwinParams(), "sim-orin-measured": _MEASURED,
+                                                **{name: _module(name, m) for name, m in _MODULES.items()}}
+
+
+def family_of(profile: str) -> str | None:
+    """The board family of a built-in twin profile, or of a params file's twin built on one (`<base>+<digest>`); None
+    for any other name."""
+    params = BUILTIN_PROFILES.get(profile.split("+", 1)[0])
+    return None if params is None else params.family
 
 
 def builtin_profile(name: str) -> OrinTwinParams:
@@ -59,6 +141,8 @@ def params_digest(params: OrinTwinParams) -> str:
     """A short digest of every constant but the name (what makes two boards the same board)."""
     d = params.to_dict()
     d.pop("profile")
+    if d["family"] == OrinTwinParams.family:
+        d.pop("family")  # the AGX Orin 64 GB's twins keep the digests they had before profiles named a family
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -87,4 +171,4 @@ def load_twin_params(profile: str | None = None, params_file: str | Path | None 
     return params
 
 
-__all__ = ["BUILTIN_PROFILES", "DEFAULT_PROFILE", "builtin_profile", "load_twin_params", "params_digest", "twin_digest"]
+__all__ = ["BUILTIN_PROFILES", "DEFAULT_PROFILE", "builtin_profile", "family_of", "load_twin_params", "params_digest", "twin_digest"]
