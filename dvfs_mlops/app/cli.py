@@ -204,13 +204,14 @@ def registry() -> None:
 
 
 @registry.command("list")
+@click.option("--family", default="", help="Only the versions of this board family (e.g. jetson-orin-nano-8gb).")
 @opts.JSON_OPTION
-def registry_list(as_json: bool) -> None:
-    """Versions with aliases and held-out (nested CV) figures."""
+def registry_list(family: str, as_json: bool) -> None:
+    """Versions with aliases, board family and held-out (nested CV) figures."""
     from dvfs_mlops.app.governor_commands import version_lines
     from dvfs_mlops.mlops.registry import list_versions
 
-    versions = list_versions()
+    versions = list_versions(family=family)
     _echo_lines([json.dumps(versions, indent=2, default=str)] if as_json else version_lines(versions))
 
 
@@ -234,19 +235,21 @@ def registry_bootstrap() -> None:
 @registry.command("promote")
 @click.argument("version")
 @click.option("--force", is_flag=True, help="Promote even if a gate fails.")
-def registry_promote(version: str, force: bool) -> None:
-    """Check the gates of governor.yaml (the registry data), then alias VERSION as production."""
+@click.option("--family", default="", help="The board family VERSION must belong to (default: whichever it is).")
+def registry_promote(version: str, force: bool, family: str) -> None:
+    """Check the gates of governor.yaml (the registry data), then alias VERSION as its board family's production."""
     from dvfs_mlops.app.governor_commands import promote
 
-    _echo_lines(promote(version, force=force, say=click.echo))
+    _echo_lines(promote(version, force=force, say=click.echo, family=family))
 
 
 @registry.command("rollback")
-def registry_rollback() -> None:
-    """Swap production and previous back."""
+@click.option("--family", default="", help="The board family (default: the AGX Orin 64 GB's, what `production` means).")
+def registry_rollback(family: str) -> None:
+    """Swap a board family's production and previous back."""
     from dvfs_mlops.app.governor_commands import rollback
 
-    _echo_lines(rollback(say=click.echo))
+    _echo_lines(rollback(say=click.echo, family=family))
 
 
 @main.group()

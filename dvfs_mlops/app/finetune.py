@@ -1,4 +1,7 @@
-"""`dvfs-mlops finetune`: load the production governor, decide, pin, fine-tune, log, restore."""
+"""`dvfs-mlops finetune`: load the production governor of the board's family, decide, pin, fine-tune, log, restore.
+
+Without a governor of the board's family the job refines from the curve model instead (`mlops.governor.
+governor_for_board`: one line says why); another family's governor decides only with --allow-other-board."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +21,7 @@ from dvfs_mlops.job.finetune import num_steps, plan_batches
 from dvfs_mlops.job.run import PROFILE, TRAIN, Job, run_job
 from dvfs_mlops.job.workloads.tokenizer import padded_length
 from dvfs_mlops.mlops import records, schema, tracking
-from dvfs_mlops.mlops.governor import Governor, GovernorRef
+from dvfs_mlops.mlops.governor import BoardGovernor, Governor, GovernorRef
 from dvfs_mlops.model.workload import WorkloadFeatures
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ class LaunchOptions:
         observe: meter only, write no clock (no root needed).
         refine: probe-and-refine's step budget (None: the board's default, `default_refine`; 0: off).
         announce_device: say which device runs the job.
+        allow_other_board: a governor of another board family may decide (recorded on the run).
     """
 
     governor_uri: str | None = None
@@ -47,6 +51,7 @@ class LaunchOptions:
     observe: bool = False
     refine: int | None = None
     announce_device: bool = False
+    allow_other_board: bool = False
 
 
 @dataclasses.dataclass
@@ -59,16 +64,29 @@ class Decision:
     governor: GovernorRef
     expected_saving: float | None  # twin's estimate vs maxn (simulated)
     util_source: str  # how gpu_util_pct was obtained
+    board_governor: BoardGovernor | None = None  # what decided on this board's family (None: a caller's own Decision)
+
+    @property
+    def refines_without_governor(self) -> bool:
+        """No governor of the board's family: the clock is refine's start, and refine picks the one the job runs at."""
+        return self.board_governor is not None and self.board_governor.governor is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"freq_mhz": self.freq_mhz, "path": self.path, "features": self.features.as_row(), "governor": self.governor.to_dict(),
-                "expected_saving_vs_maxn": self.expected_saving, "expected_saving_simulated": True, "gpu_util_source": self.util_source}
+        out = {"freq_mhz": self.freq_mhz, "path": self.path, "features": self.features.as_row(), "governor": self.governor.to_dict(),
+               "expected_saving_vs_maxn": self.expected_saving, "expected_saving_simulated": True, "gpu_util_source": self.util_source}
+        if self.board_governor is not None:
+            out.update({"board_family": self.board_governor.family, "other_board": self.board_governor.other_board})
+            if self.board_governor.note:
+                out["reason"] = self.board_governor.note
+        return out
 
     def lines(self) -> list[str]:
         """The decision as the launcher says it: the governor, the features, the path, the twin's expected saving."""
         shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.features.as_row().items()]
-        out = [f"governor: {self.governor.label}", "features: " + ", ".join(shown) + f"  [gpu util: {self.util_source}]",
-               f"decision: {self.path}"]
+        governor = self.governor.label if self.governor.uri else f"none for {self.board_governor.family if self.board_governor else '?'}"
+        path = self.path + (f", starting at {self.freq_mhz:g} MHz" if self.refines_without_governor else "")
+        out = [f"governor: {governor}", "features: " + ", ".join(shown) + f"  [gpu util: {self.util_source}]",
+               f"decision: {path}"]
         if self.expected_saving is not None:
             out.append(f"expected saving vs maxn: {100 * self.expected_saving:.1f}% (twin estimate, SIMULATED)")
         return out
@@ -127,25 +145,37 @@ def _probe(device: Any, board: Board, job: Job, warm: int, steps: int, observe: 
     return session.report()
 
 
-def plan_decision(device: Any, board: Board, job: Job, options: LaunchOptions, say: Callable[[str], None]) -> tuple[Decision, Governor]:
-    """Load the governor (a missing one is an error before the device is used), measure the utilisation, decide."""
+def plan_decision(device: Any, board: Board, job: Job, options: LaunchOptions,
+                  say: Callable[[str], None]) -> tuple[Decision, Governor | None]:
+    """Resolve what decides on this board (`governor_for_board`: a missing store or URI is an error before the device
+    is used; no governor of the family is one line, then refine), measure the utilisation, decide."""
     from dvfs_mlops.hw import describe_device
-    from dvfs_mlops.mlops.governor import load_governor
+    from dvfs_mlops.mlops.governor import governor_for_board
 
-    governor = load_governor(options.governor_uri)
-    governor.check_board(board, options.strict, say)
+    chosen = governor_for_board(board, options.governor_uri, allow_other_board=options.allow_other_board,
+                                strict=options.strict, say=say)
+    if chosen.note:
+        say(chosen.note)
+    if not options.observe:
+        chosen.refine_budget(options.refine, default_refine(board))  # no governor and --refine 0: refused before the device is used
+    governor = chosen.governor
     if options.announce_device:
         say(describe_device(device))
     util, source = measure_gpu_util(device, board, job, options.probe_steps, options.observe)
     features = job.workload.features.with_gpu_util(util)
-    freq, path = governor.decide(features, board.frequencies_mhz)
+    freq, path = chosen.decide(features, board)
+    saving = _expected_saving(job, device, freq) if governor is not None else None  # refine's start says nothing of it
+    return Decision(freq, path, features, chosen.ref, saving, source, chosen), governor
+
+
+def _expected_saving(job: Job, device: Any, freq: float) -> float | None:
+    """The twin's estimate of the saving at `freq` against maxn; None where the twin cannot trace the job."""
     try:
         curve, maxn = twin_curve(job, device)
         nearest = min(curve, key=lambda f: abs(f - freq))
-        saving = 1.0 - curve[nearest].energy_j / maxn.energy_j
+        return 1.0 - curve[nearest].energy_j / maxn.energy_j
     except Exception:  # noqa: BLE001 - an estimate only; a custom config the twin can't trace just has none
-        saving = None
-    return Decision(freq, path, features, governor.ref, saving, source), governor
+        return None
 
 
 def default_refine(board: Board) -> int:
@@ -210,7 +240,10 @@ def _open_run(c: Any, job: Job, decision: Decision, board: Board) -> tuple[str, 
     g = decision.governor
     tags = {schema.TAG_GOVERNOR_NAME: str(g.name or ""), schema.TAG_GOVERNOR_VERSION: str(g.version or ""),
             schema.TAG_GOVERNOR_ALIAS: str(g.alias or ""), schema.TAG_GOVERNOR_URI: g.uri, schema.TAG_DECISION_PATH: decision.path,
-            schema.TAG_SIMULATED: str(board.simulated).lower(), schema.TAG_WORKLOAD: job.workload.name}
+            schema.TAG_SIMULATED: str(board.simulated).lower(), schema.TAG_WORKLOAD: job.workload.name,
+            schema.TAG_BOARD_FAMILY: board.family}
+    if decision.board_governor is not None:
+        tags.update(decision.board_governor.tags())
     env_run = settings.mlflow_run_id()
     if env_run:
         tracking.log_run_batch(c, env_run, tags=tags)
@@ -228,7 +261,10 @@ def _finetune_at(device: Any, board: Board, job: Job, decision: Decision, option
     sim = " (SIMULATED)" if board.simulated else ""
     say(f"observing on {board.backend}{sim} (clocks left as found; would pin {freq:g} MHz), fine-tuning on {job.torch_device} ..."
         if options.observe else f"pinning {freq:g} MHz on {board.backend}{sim}, fine-tuning on {job.torch_device} ...")
-    budget = default_refine(board) if options.refine is None else options.refine
+    if decision.board_governor is not None:
+        budget = decision.board_governor.refine_budget(options.refine, default_refine(board))
+    else:
+        budget = default_refine(board) if options.refine is None else options.refine
     if budget and options.observe:
         say("refine: off under --observe (nothing is pinned, so there is no clock to move)")
         budget = 0

@@ -117,16 +117,21 @@ def evaluate(sweep_id: str, experiment: str, split: str, policies: str, objectiv
 
 
 def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
-    """`registry list`: one line per version (aliases, objective, profile, sweep, held-out regret), or a hint when none."""
+    """`registry list`: one line per version (board family, aliases, objective, profile, sweep, held-out regret or what
+    it was calibrated from), or a hint when none."""
     if not versions:
         return ["no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`"]
     lines = []
     for v in versions:
         m, tags = v["metrics"], v["tags"]
-        regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
-        aliases = ",".join(v["aliases"]) or "-"
-        lines.append(f"v{v['version']:<3} {aliases:<20} {tags.get(schema.TAG_OBJECTIVE, '?'):<8} {tags.get(schema.TAG_VERSION_PROFILE, '?'):<22} "
-                     f"sweep {tags.get('sweep_id') or '-':<18} {regret}")
+        if tags.get(schema.TAG_CALIBRATED_FROM):
+            regret = (f"calibrated from v{tags[schema.TAG_CALIBRATED_FROM]} on {tags.get(schema.TAG_CALIBRATION_SWEEP) or '?'}"
+                      + (f", regret {100 * m['calibration_regret']:.2f}% on its workloads" if "calibration_regret" in m else ""))
+        else:
+            regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
+        aliases = ",".join(sorted(v["aliases"])) or "-"
+        lines.append(f"v{v['version']:<3} {v.get('family', '?'):<24} {aliases:<20} {tags.get(schema.TAG_OBJECTIVE, '?'):<8} "
+                     f"{tags.get(schema.TAG_VERSION_PROFILE, '?'):<22} sweep {tags.get('sweep_id') or '-':<18} {regret}")
     return lines
 
 
@@ -144,39 +149,61 @@ def bootstrap(say: Callable[[str], None] = _quiet) -> list[str]:
     return version_link_lines(register_published(say=say))
 
 
-def promote(version: str, force: bool = False, say: Callable[[str], None] = _quiet) -> list[str]:
-    """`registry promote`: check the gates, then alias `version` as production.
+def promote(version: str, force: bool = False, say: Callable[[str], None] = _quiet, family: str = "") -> list[str]:
+    """`registry promote`: check the gates, then alias `version` as its board family's production.
 
     Args:
         version: a version number or 'latest'.
         force: promote even if a gate fails.
         say: where the gates' results and the change go.
+        family: the family the version must belong to ('' whichever it is).
 
     Returns:
-        The MLflow UI link lines of the production version.
+        The MLflow UI link lines of the family's production version.
 
     Raises:
-        DvfsError: no such version, or a failed gate without `force`.
+        DvfsError: no such version, a version of another family, or a failed gate without `force`.
     """
+    from dvfs_mlops.mlops.registry import load_config, version_family
     from dvfs_mlops.mlops.registry import promote as promote_version
 
-    promote_version(version, force=force, say=say)
-    return production_link_lines()
+    promote_version(version, force=force, say=say, family=family)
+    return _production_links(family or version_family(_version_tags(version)), load_config())
 
 
-def rollback(say: Callable[[str], None] = _quiet) -> list[str]:
-    """`registry rollback`: swap production and previous back.
+def rollback(say: Callable[[str], None] = _quiet, family: str = "") -> list[str]:
+    """`registry rollback`: swap a family's production and previous back.
 
     Args:
         say: where the change goes.
+        family: the board family ('' the legacy one's: what `production` means).
 
     Returns:
-        The MLflow UI link lines of the production version.
+        The MLflow UI link lines of the family's production version.
 
     Raises:
-        DvfsError: no previous version.
+        DvfsError: no previous version of the family.
     """
+    from dvfs_mlops.mlops.registry import load_config
     from dvfs_mlops.mlops.registry import rollback as roll_back
 
-    roll_back(say=say)
-    return production_link_lines()
+    roll_back(say=say, family=family)
+    cfg = load_config()
+    return _production_links(family or cfg.legacy_family, cfg)
+
+
+def _version_tags(version: str) -> dict[str, str]:
+    from dvfs_mlops.mlops.registry import show_version
+
+    return dict(show_version(version)["tags"])
+
+
+def _production_links(family: str, cfg: Any) -> list[str]:
+    """The UI link lines of a family's production version (the legacy family's: `production`)."""
+    if family == cfg.legacy_family:
+        return production_link_lines()
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.registry import alias_version
+
+    mv = alias_version(tracking.client(), cfg.name, cfg.production_alias(family))
+    return version_link_lines(mv.version) if mv is not None else []

@@ -295,6 +295,9 @@ launch_options = option_group(
     click.option("--refine", default=None, type=Count(min=0), metavar="N",
                  help="Probe-and-refine: N training steps spent probing clocks around the governor's, then the rest at the curve "
                       "model's optimum (probes count in the totals); 0 = off. Default: 30 on jetson and nvml, 0 on the twin."),
+    click.option("--allow-other-board", is_flag=True,
+                 help="Let a governor of another board family decide when this board's family has none (or --governor names "
+                      "one); recorded on the run. Without it such a board refines from the curve model."),
 )
 
 

@@ -1,7 +1,11 @@
 """The one way to a governor: `load_governor(uri)` returns a `Governor`, its reference and the model that decides.
 
 `dvfs-mlops finetune`, `DvfsCallback`, `evaluate` and the adaptive sweep's start all load it here. Default URI:
-`models:/dvfs-governor@production` (the registry's name and alias, `registry/governor.yaml`).
+`models:/dvfs-governor@production` (the registry's name and alias, `registry/governor.yaml`). Given the board,
+the default is its family's production version (`production-<family>`; for the AGX Orin 64 GB `production`, which
+moves with it), and a version of another family is refused unless `allow_other_board` (`NoGovernorForBoard`,
+`OtherBoardGovernor`). `governor_for_board` is what a launcher asks: the family's governor, another family's where
+allowed, or none, in which case the job refines from the curve model (`BoardGovernor`).
 
 Fast path: a registered version of our models-from-code pyfunc whose `model_code.py` and `policy_tree.py` are this
 package's, byte for byte, decides exactly as `policy_tree` does on its policy.json. That file is then read directly,
@@ -27,6 +31,33 @@ from dvfs_mlops.model.curve import PowerPrior
 from dvfs_mlops.model.workload import WorkloadFeatures
 
 log = logging.getLogger(__name__)
+
+# Probe-and-refine's step budget where no governor of the board's family decides (the hardware default, 30 steps:
+# app/finetune.default_refine): the curve model, fitted to the probes, is then all that picks the clock.
+NO_GOVERNOR_REFINE_STEPS = 30
+
+
+class NoAliasError(DvfsError):
+    """No version of the registered model holds the alias a URI names."""
+
+
+class NoGovernorForBoard(DvfsError):
+    """No production governor of this board's family (`dvfs-mlops calibrate` makes one).
+
+    Attributes:
+        family: the board's family.
+        found: what the registry has instead ("registered: jetson-agx-orin-64gb v3", or what `production` holds).
+    """
+
+    def __init__(self, family: str, found: str):
+        self.family, self.found = family, found
+        super().__init__(f"no production governor for {family} ({found}); `dvfs-mlops calibrate` makes one for this board, "
+                         "--allow-other-board uses another board's")
+
+
+class OtherBoardGovernor(DvfsError):
+    """The governor asked for is of another board family, and `allow_other_board` was not given."""
+
 
 _MODELS_URI = re.compile(r"models:/([^/@]+)(?:@([^/@]+)|/([^/@]+))")
 
@@ -58,6 +89,15 @@ class GovernorRef:
         if not self.name:
             return self.uri
         return f"{self.name} v{self.version}" + (f" (@{self.alias})" if self.alias else "")
+
+    @property
+    def family(self) -> str | None:
+        """The board family the version belongs to (`registry.version_family`); None for an unregistered model."""
+        if self.name is None:
+            return None
+        from dvfs_mlops.mlops.registry import version_family
+
+        return version_family(self.tags)
 
     @property
     def device_profile(self) -> str | None:
@@ -141,6 +181,105 @@ class Governor:
             say(f"warning: {msg}; its clocks are snapped to this device's table")
 
 
+@dataclasses.dataclass(frozen=True)
+class BoardGovernor:
+    """What decides on a board: its family's production governor, another family's (`allow_other_board`), or none.
+
+    With none, the job refines from the curve model (`job/refine.py`): it starts at the middle of the board's table
+    (`refine_start_mhz`) and the probes, not a governor, pick the clock.
+
+    Attributes:
+        governor: the loaded governor; None where this family has none.
+        family: the board's family.
+        note: the one line a launcher says ('' where the board's own governor decides).
+        other_board: the governor is of another family, applied on purpose (--allow-other-board).
+    """
+
+    governor: Governor | None
+    family: str
+    note: str = ""
+    other_board: bool = False
+
+    @property
+    def ref(self) -> GovernorRef:
+        """The governor's reference; an empty one (uri '') where none decides."""
+        return self.governor.ref if self.governor is not None else GovernorRef("")
+
+    def decide(self, features: WorkloadFeatures | dict[str, Any], board: Board, objective: str | None = None) -> tuple[float, str]:
+        """(clock in MHz, decision path): the governor's, or refine's start and the path `refine`.
+
+        Raises:
+            DvfsError: the governor could not decide.
+        """
+        if self.governor is None:
+            return refine_start_mhz(board), "refine"
+        return self.governor.decide(features, board.frequencies_mhz, objective)
+
+    def refine_budget(self, requested: int | None, default: int) -> int:
+        """Refine's step budget: the requested one (None: `default`); where no governor decides, refine is what picks
+        the clock, so its budget is at least `NO_GOVERNOR_REFINE_STEPS` unless refine was turned off.
+
+        Raises:
+            DvfsError: no governor and refine turned off (0): nothing would pick the clock.
+        """
+        if self.governor is not None:
+            return default if requested is None else requested
+        if requested == 0:
+            raise DvfsError(f"no production governor for {self.family} and refine is off (0 steps): nothing would pick the "
+                            "clock; drop --refine 0, or run `dvfs-mlops calibrate`, or pass --allow-other-board")
+        return max(requested or 0, NO_GOVERNOR_REFINE_STEPS)
+
+    def tags(self) -> dict[str, str]:
+        """What a run records of this: `decision.reason` without a governor, `governor.other_board` with another's."""
+        if self.governor is None:
+            return {schema.TAG_DECISION_REASON: self.note[:5000]}
+        return {schema.TAG_OTHER_BOARD: "true"} if self.other_board else {}
+
+
+def refine_start_mhz(board: Board) -> float:
+    """Where refine starts without a governor: the middle clock of the board's table (the probes go either way)."""
+    table = sorted(float(f) for f in board.frequencies_mhz)
+    return table[len(table) // 2]
+
+
+def governor_for_board(board: Board, uri: str | None = None, *, allow_other_board: bool = False, strict: bool = False,
+                       say: Callable[[str], None] = log.info) -> BoardGovernor:
+    """What decides on `board`: the one call `dvfs-mlops finetune` and `DvfsCallback` make before deciding.
+
+    The family's production governor (or `uri`); with none, a `BoardGovernor` without one whose note says so (the
+    caller refines from the curve model: `BoardGovernor.decide`, `refine_budget`); another family's only with
+    `allow_other_board`, said as a warning. A version of this family trained on another profile of it is said too
+    (`Governor.check_board`).
+
+    Args:
+        board: the board.
+        uri: an explicit governor (None: the family's production).
+        allow_other_board: accept a governor of another family.
+        strict: refuse a version trained on another device profile (`check_board`).
+        say: where the warnings go (the no-governor note is the caller's to say: `note`).
+
+    Returns:
+        The `BoardGovernor`.
+
+    Raises:
+        OtherBoardGovernor: `uri` names another family's version and `allow_other_board` is not given.
+        DvfsError: the store is unreachable, `uri` names nothing, nothing is registered at all, or as `check_board`.
+    """
+    try:
+        governor = _for_board(board, uri, allow_other_board, direct=True)  # as load_governor(uri, board=board, ...)
+    except NoGovernorForBoard as e:
+        note = (f"no production governor for {e.family} ({e.found}); refining from the curve model; `dvfs-mlops calibrate` "
+                "makes one, --allow-other-board uses another board's")
+        return BoardGovernor(None, board.family, note)
+    family = governor.ref.family
+    if family is not None and family != board.family:
+        say(f"warning: governor {governor.ref.label} is of {family}, this board is {board.family} (--allow-other-board); "
+            "its clocks are snapped to this board's table")
+        return BoardGovernor(governor, board.family, other_board=True)
+    governor.check_board(board, strict, say)
+    return BoardGovernor(governor, board.family)
+
+
 def input_frame(model: Any, rows: list[dict[str, Any]]) -> Any:
     """The rows as the governor's input, with only the columns its signature declares: a version registered before
     `trainable_params` and `precision` existed would otherwise make MLflow warn about the extra inputs on every call
@@ -164,19 +303,28 @@ def default_uri() -> str:
     return f"models:/{cfg.name}@{cfg.production}"
 
 
-def load_governor(uri: str | None = None, *, direct: bool = True) -> Governor:
-    """The governor at `uri` (default: the production alias), the fast way where it can be.
+def load_governor(uri: str | None = None, *, direct: bool = True, board: Board | None = None,
+                  allow_other_board: bool = False) -> Governor:
+    """The governor at `uri` (default: the production alias; with `board`, its family's), the fast way where it can be.
 
     Args:
         uri: a `models:/NAME@ALIAS` or `models:/NAME/VERSION` URI, or any URI mlflow.pyfunc loads.
         direct: read a version of our own pyfunc's policy.json directly (the fast path); False: always mlflow.pyfunc.
+        board: the board it will decide for: the default is then its family's production version, and a registered
+            version of another family is refused unless `allow_other_board`.
+        allow_other_board: accept a governor of another board family (with no `uri` and none of this family: the
+            production governor of the family trained on the most workloads).
 
     Returns:
         The `Governor`.
 
     Raises:
+        NoGovernorForBoard: with `board` and no `uri`, this family has no production version (and no other was allowed).
+        OtherBoardGovernor: the version is of another family and `allow_other_board` is not given.
         DvfsError: the tracking store is unreachable, no version has the alias or number, or the model cannot load.
     """
+    if board is not None:
+        return _for_board(board, uri, allow_other_board, direct)
     from dvfs_mlops.mlops import alias_cache
 
     target = uri or default_uri()
@@ -203,6 +351,73 @@ def load_governor(uri: str | None = None, *, direct: bool = True) -> Governor:
     return Governor(ref, _pyfunc(target))
 
 
+def _load(target: str, direct: bool) -> Governor:
+    """`load_governor(target)` through this module's name (a caller may stand in for it), `direct=False` passed on."""
+    return load_governor(target) if direct else load_governor(target, direct=False)
+
+
+def _for_board(board: Board, uri: str | None, allow_other_board: bool, direct: bool) -> Governor:
+    """`load_governor` with a board: the family's production (migrating an old store once where its alias is missing),
+    or the explicit `uri`; either checked against the board's family."""
+    from dvfs_mlops.mlops.registry import load_config
+
+    cfg = load_config()
+    target = uri or cfg.production_uri(board.family)
+    try:
+        governor = _load(target, direct)
+    except NoAliasError:
+        if uri:
+            raise
+        governor = _after_migration(cfg, board, target, allow_other_board, direct)
+    family = governor.ref.family
+    if family is None or family == board.family:
+        return governor
+    if not allow_other_board:
+        if uri:
+            raise OtherBoardGovernor(f"governor {target} is {governor.ref.label.split(' (')[0]} of {family}, this board is "
+                                     f"{board.family}; pass --allow-other-board to use it anyway (its clocks are snapped to "
+                                     "this board's table)")
+        raise NoGovernorForBoard(board.family, f"{cfg.production} is v{governor.ref.version} of {family}")
+    return governor
+
+
+def _after_migration(cfg: Any, board: Board, target: str, allow_other_board: bool, direct: bool) -> Governor:
+    """The family's production after `registry.ensure_families` (a store from before families has only `production`);
+    else, where allowed, another family's; else `NoGovernorForBoard`."""
+    from dvfs_mlops.mlops.registry import ensure_families, family_productions, workloads_of
+
+    c = tracking.check_reachable()
+    if ensure_families(c, cfg):
+        try:
+            return _load(target, direct)
+        except NoAliasError:
+            pass
+    productions = family_productions(c, cfg)
+    if not productions:
+        versions = c.search_model_versions(f"name='{cfg.name}'") if _model_exists(c, cfg.name) else []
+        if not versions:  # nothing registered at all: the store is not set up (the message says how)
+            _load(cfg.production_uri(None), direct)
+    if allow_other_board and productions:
+        family, mv = max(productions.items(), key=lambda kv: (workloads_of(kv[1]), int(kv[1].version)))
+        return _load(cfg.production_uri(family), direct)
+    raise NoGovernorForBoard(board.family, _registered(productions))
+
+
+def _model_exists(c: Any, name: str) -> bool:
+    try:
+        c.get_registered_model(name)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _registered(productions: dict[str, Any]) -> str:
+    """`registered: jetson-agx-orin-64gb v3, ...` (each family's production), or `none registered`."""
+    if not productions:
+        return "no production governor of any board"
+    return "registered: " + ", ".join(f"{family} v{mv.version}" for family, mv in sorted(productions.items()))
+
+
 def _reference(c: Any, target: str) -> GovernorRef:
     """Which version `target` names (its alias or number checked), or a bare reference for another URI form."""
     from dvfs_mlops.mlops.registry import alias_version, get_version
@@ -214,7 +429,7 @@ def _reference(c: Any, target: str) -> GovernorRef:
     if alias:
         mv = alias_version(c, name, alias)
         if mv is None:
-            raise DvfsError(f"no {name} version has alias '{alias}'; register one with `dvfs-mlops train` (or `dvfs-mlops "
+            raise NoAliasError(f"no {name} version has alias '{alias}'; register one with `dvfs-mlops train` (or `dvfs-mlops "
                             "registry bootstrap` for the published tree), then `dvfs-mlops registry promote VERSION`")
     else:
         mv = get_version(c, name, number)

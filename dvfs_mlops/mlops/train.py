@@ -91,7 +91,8 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
                           run_name=None if env_run else f"governor {_short(dataset.sweep_id)} {obj.name}") as run:
         tags = {schema.TAG_OBJECTIVE: obj.name, schema.TAG_VERSION_PROFILE: dataset.device_profile,
                 schema.TAG_VERSION_SWEEP: dataset.sweep_id[:4900], schema.TAG_N_WORKLOADS: str(len(dataset.split("train"))),
-                schema.TAG_SIMULATED: str(dataset.simulated).lower(), **_prior_tag(dataset, say)}
+                schema.TAG_SIMULATED: str(dataset.simulated).lower(), schema.TAG_BOARD_FAMILY: dataset_family(dataset),
+                **_prior_tag(dataset, say)}
         mlflow.set_tags(tags)
         result = run_search(dataset, obj, trials=r.trials, seed=r.seed, storage=r.storage or optuna_storage(), study_name=r.study_name or None,
                             on_trial=_trial_logger(c, run.info.run_id, run.info.experiment_id), cv_split=r.cv_split,
@@ -111,6 +112,14 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
         for k, v in tags.items():
             c.set_model_version_tag(cfg.name, str(version), k, v)
     return TrainOutcome(result, run.info.run_id, version, info.model_uri)
+
+
+def dataset_family(dataset: Any) -> str:
+    """The board family a dataset's sweeps measured (their board record's; a record-less sweep's from its profile)."""
+    from dvfs_mlops.mlops.registry import version_family
+
+    board = getattr(dataset, "board", None)
+    return board.family if board is not None and board.family else version_family({schema.TAG_VERSION_PROFILE: dataset.device_profile})
 
 
 def _prior_tag(dataset: Any, say: Callable[[str], None]) -> dict[str, str]:
