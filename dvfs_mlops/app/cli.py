@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.app.sweep_command import SweepWorker
     from dvfs_mlops.mlops.sweep import SweepRequest
     from dvfs_mlops.mlops.train import TrainRequest
+    from dvfs_mlops.mlops.calibration import CalibrationRequest
 
 
 class DvfsGroup(click.Group):
@@ -162,6 +163,18 @@ def finetune_cmd(job: FinetuneJobRequest, options: LaunchOptions, device: Device
     if as_json:
         click.echo(json.dumps(report.summary, indent=2, default=str))
     _echo_lines(report.link, err=as_json)
+
+
+@main.command()
+@opts.calibrate_options
+@opts.device_options()
+def calibrate(request: CalibrationRequest, device: DeviceChoice) -> None:
+    """Move another board's governor to this board from a few measured points (at most 3 workloads x 4 clocks): a new
+    version of this board's family, promoted to production-<family> if it passes the gates."""
+    from dvfs_mlops.app.calibrate import calibrate as calibrate_board
+
+    report = calibrate_board(request, device, say=_echo_err)
+    _echo_lines([*report.lines(), *report.link])
 
 
 @main.group()

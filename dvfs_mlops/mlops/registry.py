@@ -247,7 +247,7 @@ def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]
     prod_m = version_metrics(c, prod) if prod is not None and prod.version != candidate.version else None
     out = []
     for gate in cfg.gates:
-        if gate.get("for", TRAINED) != kind and kind != BASELINE:
+        if gate.get("for", TRAINED) != (TRAINED if kind == BASELINE else kind):  # a baseline is shown the trained gates (n/a)
             continue
         name, metric = gate.get("name", gate.get("metric", "gate")), gate["metric"]
         value = cand.get(metric)
@@ -269,6 +269,11 @@ def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict
         cond = cand.get(when["metric"])
         if cond is None or not cond >= float(when.get("at_least", 1)):
             return GateResult(name, None, f"not applicable: {when['metric']} is {cond if cond is not None else 'absent'}")
+    if "production_not" in gate:  # the family's production may not be of this kind (a calibration is a stand-in)
+        kind = version_kind(prod.tags) if prod is not None and prod.version != candidate.version else None
+        if kind is None:
+            return GateResult(name, None, f"no production version of {family} yet")
+        return GateResult(name, kind != gate["production_not"], f"{family}'s production v{prod.version} is {kind}")
     if gate.get("compare_to") == "production":
         if prod_m is None or metric not in prod_m:
             return GateResult(name, None, f"no production version of {family} to compare with")
