@@ -19,6 +19,8 @@ SUITES = {
                "benchmarks.distributed_optuna"),
     "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
     "prior": ("The board power prior on synthetic boards whose workloads differ (SIMULATED)", "benchmarks.prior_robustness"),
+    "transfer": ("A governor moved to another board family from a few measured points (SIMULATED pairs; REAL A100/A40 rows)",
+                 "benchmarks.transfer"),
 }
 
 

@@ -45,7 +45,9 @@ __all__ = ["BoardConstants", "CalibrationPlan", "calibrate_policy", "leaf_of", "
 
 MAX_WORKLOADS = 3
 MAX_CLOCKS = 4
-_SHARE_CLIP = 1e-3  # phi and psi are kept inside (0.001, 0.999) so their logits stay finite
+_SHARE_CLIP = 1e-3
+# What a search wrote of the source's own sweep: moved under "calibrated_from", not claimed for the target.
+_SOURCE_ONLY = ("sweep_id", "inner_cv", "outer_cv", "n_workloads")  # phi and psi are kept inside (0.001, 0.999) so their logits stay finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,13 +226,27 @@ def _curve(x: np.ndarray, phi: float, psi: float, shape: float) -> tuple[np.ndar
 
 def _source_shape(policy: Mapping[str, Any]) -> tuple[float, float]:
     """(voltage shape, table top) the source policy's leaves were measured with: its own record where it carries one
-    ("board_constants" of an earlier calibration, or top-level "voltage_shape"/"f_max_mhz"), else the AGX Orin's
-    curve and its clock table's top."""
+    ("board_constants" of an earlier calibration, or top-level "voltage_shape"/"f_max_mhz"), else the built-in twin
+    profile its "device_profile" names, else the AGX Orin's curve; the top of its clocks ("clocks_mhz", a search's
+    "frequencies_mhz", else its leaves' clocks)."""
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+
     consts = policy.get("board_constants") or {}
     shape = consts.get("voltage_shape", policy.get("voltage_shape"))
     fmax = consts.get("f_max_mhz", policy.get("f_max_mhz"))
-    return (float(shape) if shape is not None else ORIN_VOLTAGE_SHAPE,
-            float(fmax) if fmax is not None else max(float(f) for f in policy["clocks_mhz"]))
+    twin = BUILTIN_PROFILES.get(str(policy.get("device_profile", "")))
+    if shape is None and twin is not None and twin.volt_v0 > 0:
+        shape = twin.volt_v1 / twin.volt_v0
+    if fmax is None:
+        clocks = policy.get("clocks_mhz") or policy.get("frequencies_mhz") or _leaf_clocks(policy["tree"])
+        fmax = max(float(f) for f in clocks)
+    return float(shape) if shape is not None else ORIN_VOLTAGE_SHAPE, float(fmax)
+
+
+def _leaf_clocks(node: Mapping[str, Any]) -> list[float]:
+    if "feature" in node:
+        return _leaf_clocks(node["left"]) + _leaf_clocks(node["right"])
+    return [float(node["freq_mhz"])] if "freq_mhz" in node else []
 
 
 def _target_shape(target: Board, curves: Sequence[WorkloadCurve]) -> tuple[float, bool]:
@@ -293,8 +309,10 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
             features with the GPU utilisation measured there).
 
     Returns:
-        A new policy dict (policy_tree.FORMAT) on the target's clock table, with "calibrated_from" (the source's
-        clocks, voltage shape, table top and any identity keys it had: "board_family", "version", "sweep_id"),
+        A new policy dict (policy_tree.FORMAT) on the target's clock table ("device_profile", "simulated" and a
+        search's "frequencies_mhz" the target's), with "calibrated_from" (the source's clocks, voltage shape, table
+        top, and what it had of "board_family", "device_profile", "version", and of its own sweep: "sweep_id",
+        "n_workloads", "inner_cv", "outer_cv", moved here),
         "board_constants" (`BoardConstants.to_dict`), "board_family" (the target's), "voltage_shape"/"f_max_mhz" (so
         it can be calibrated again) and, where the calibration points make one, "power_prior" (the target's
         `PowerPrior` fields).
@@ -308,8 +326,11 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     src_shape, src_fmax = _source_shape(source_policy)
     out = copy.deepcopy(dict(source_policy))
     calibrated_from = {"clocks_mhz": list(source_policy.get("clocks_mhz", [])), "voltage_shape": src_shape,
-                       "f_max_mhz": src_fmax, **{k: source_policy[k] for k in ("board_family", "version", "sweep_id")
-                                                  if k in source_policy}}
+                       "f_max_mhz": src_fmax, **{k: out.pop(k) for k in _SOURCE_ONLY if k in out},
+                       **{k: source_policy[k] for k in ("board_family", "device_profile", "version") if k in source_policy}}
+    out.update(device_profile=target.profile, simulated=target.simulated)
+    if "frequencies_mhz" in out:
+        out["frequencies_mhz"] = table
     if "clocks_mhz" not in source_policy:  # a classifier tree: each leaf's clock keeps its place in the table
         def move(leaf: dict[str, Any]) -> dict[str, Any]:
             x = float(leaf["freq_mhz"]) / src_fmax

@@ -1,0 +1,159 @@
+"""Moving a curve governor to another board (model.governor.transfer) on the twin's expected curves of synthetic step
+traces: no torch, no MLflow."""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.board import board_of
+from dvfs_mlops.hw.sim import SimDevice
+from dvfs_mlops.hw.twin.profiles import builtin_profile
+from dvfs_mlops.hw.twin.trace import KIND_KERNEL, KIND_VIEW, StepTrace
+from dvfs_mlops.model.governor.curve_tree import CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.dataset import WorkloadCurve
+from dvfs_mlops.model.governor.objectives import parse_objective
+from dvfs_mlops.model.governor.policies import TreePolicy
+from dvfs_mlops.model.governor.policy_tree import decide
+from dvfs_mlops.model.governor.transfer import CalibrationPlan, calibrate_policy, plan_calibration, spread_clocks
+from dvfs_mlops.model.workload import WorkloadFeatures
+
+ENERGY = parse_objective("energy")
+# (layers, hidden): a size ladder from launch-bound to compute-bound steps
+SIZES = [(2, 128), (4, 256), (4, 512), (6, 512), (8, 768), (12, 768), (12, 1024), (16, 1024), (24, 1024), (24, 1536),
+         (32, 2048), (36, 2560)]
+
+
+def _trace(layers: int, hidden: int, seq: int) -> StepTrace:
+    """A transformer-like step: per layer 4 matmuls (FLOPs by formula) and 4 elementwise kernels, plus view ops."""
+    tokens = 8 * seq
+    kinds, flops, moved, formula = [], [], [], []
+    for _ in range(3 * layers):  # forward, backward (x2)
+        for _ in range(4):
+            kinds.append(KIND_KERNEL), flops.append(2.0 * tokens * hidden * hidden), formula.append(True)
+            moved.append(4.0 * (2 * tokens * hidden + hidden * hidden))
+        for _ in range(4):
+            kinds.append(KIND_KERNEL), flops.append(float(tokens * hidden)), formula.append(False)
+            moved.append(8.0 * tokens * hidden)
+        kinds.append(KIND_VIEW), flops.append(0.0), moved.append(0.0), formula.append(False)
+    params = layers * 12 * hidden * hidden
+    kinds.append(KIND_KERNEL), flops.append(12.0 * params), moved.append(28.0 * params), formula.append(False)
+    return StepTrace(f"synthetic-{layers}-{hidden}-{seq}", np.asarray(kinds, dtype=np.int8), np.asarray(flops), np.asarray(moved),
+                     np.asarray(formula, dtype=bool), params, 8, seq, "float32")
+
+
+def _curves(profile: str) -> list[WorkloadCurve]:
+    """Every size at three sequence lengths on the profile's twin, noise-free (expected = measured)."""
+    dev = SimDevice(builtin_profile(profile))
+    out = []
+    for i, (layers, hidden) in enumerate(SIZES):
+        for seq, task in ((64, "short"), (128, "mid"), (256, "long")):
+            curve, maxn = dev.curve(_trace(layers, hidden, seq))
+            e = {f: s.energy_j for f, s in curve.items()}
+            t = {f: s.time_s for f, s in curve.items()}
+            feats = WorkloadFeatures("encoder", layers, hidden, layers * 12 * hidden * hidden, float(seq), 100.0 * maxn.gpu_util)
+            split = "eval" if i % 3 == 1 else "train"
+            out.append(WorkloadCurve(f"m{layers}x{hidden}/{task}", split, feats, e, t, maxn.energy_j, maxn.time_s, {}, dict(e), dict(t),
+                                     maxn.energy_j, maxn.time_s, {f: 100.0 * s.gpu_util for f, s in curve.items()}))
+    return out
+
+
+def _governor(curves: list[WorkloadCurve]) -> dict:
+    train = [c for c in curves if c.split == "train"]
+    features = ("num_layers", "hidden_size", "num_params", "avg_seq_len")
+    return fit_curve_policy(train, train[0].clocks, CurveParams(max_depth=2, min_samples_leaf=2, features=features))[0]
+
+
+def _calibration(policy: dict, profile: str, curves: list[WorkloadCurve]) -> tuple[CalibrationPlan, list[WorkloadCurve]]:
+    board = board_of(SimDevice(builtin_profile(profile)))
+    train = [c for c in curves if c.split == "train"]
+    plan = plan_calibration(policy, board, [(c.workload, c.features) for c in train])
+    picked = [WorkloadCurve(c.workload, c.split, c.features, {f: c.energy_j[f] for f in plan.clocks_mhz},
+                            {f: c.time_s[f] for f in plan.clocks_mhz}, c.maxn_energy_j, c.maxn_time_s)
+              for c in train if c.workload in plan.workloads]
+    return plan, picked
+
+
+def _regret(policy: dict, curves: list[WorkloadCurve]) -> float:
+    tree = TreePolicy(policy, "p")
+    return statistics.mean(c.regret(tree.choose(c.features, c.clocks), ENERGY) for c in curves if c.split == "eval")
+
+
+@pytest.fixture(scope="module")
+def boards() -> dict[str, tuple[list[WorkloadCurve], dict]]:
+    out = {}
+    for profile in ("sim-orin-measured", "sim-orin-nano-8gb"):
+        curves = _curves(profile)
+        out[profile] = (curves, _governor(curves))
+    return out
+
+
+def test_plan_measures_few_workloads_at_spread_target_clocks(boards):
+    curves, policy = boards["sim-orin-measured"]
+    nano = board_of(SimDevice(builtin_profile("sim-orin-nano-8gb")))
+    agx = board_of(SimDevice(builtin_profile("sim-orin-measured")))
+    plan = plan_calibration(policy, agx, [(c.workload, c.features) for c in curves])
+    assert len(plan.workloads) == 3 and len(set(plan.workloads)) == 3 and not plan.needs_maxn
+    assert len(plan.clocks_mhz) == 4 and set(plan.clocks_mhz) <= set(agx.frequencies_mhz)
+    assert plan.clocks_mhz[0] == min(agx.frequencies_mhz) and plan.clocks_mhz[-1] == max(agx.frequencies_mhz)
+    assert plan.cost(200) == 4 * 3 * 200
+    # the workloads come from different leaves of the source tree
+    leaves = {tuple(decide(policy, next(c.features.as_row() for c in curves if c.workload == w))[1][:-1]) for w in plan.workloads}
+    assert len(leaves) == 3
+    by_name = plan_calibration(policy, nano, [c.workload for c in curves], max_workloads=2, max_clocks=3)
+    assert len(by_name.workloads) == 2 and by_name.clocks_mhz == spread_clocks(nano.frequencies_mhz, 3)
+    assert set(by_name.clocks_mhz) <= set(nano.frequencies_mhz)
+    with pytest.raises(DvfsError, match="1..3 workloads at 2..4 clocks"):
+        plan_calibration(policy, nano, ["a/b"], max_workloads=4)
+    with pytest.raises(DvfsError, match="no candidate workloads"):
+        plan_calibration(policy, nano, [])
+
+
+def test_calibrating_onto_its_own_board_keeps_its_decisions(boards):
+    curves, policy = boards["sim-orin-measured"]
+    plan, cal = _calibration(policy, "sim-orin-measured", curves)
+    moved = calibrate_policy(policy, board_of(SimDevice(builtin_profile("sim-orin-measured"))), cal)
+    assert moved["clocks_mhz"] == policy["clocks_mhz"] and moved["board_family"] == "jetson-agx-orin-64gb"
+
+    def splits(node: dict) -> list:
+        return [] if "feature" not in node else [(node["feature"], node["threshold"]), *splits(node["left"]), *splits(node["right"])]
+
+    assert splits(moved["tree"]) == splits(policy["tree"])  # the workload-level knowledge is kept
+    held = [c for c in curves if c.split == "eval"]
+    same = sum(decide(moved, c.features.as_row())[0] == decide(policy, c.features.as_row())[0] for c in held)
+    assert same >= 0.75 * len(held)
+    assert _regret(moved, curves) <= _regret(policy, curves) + 0.002
+    assert moved["calibrated_from"]["clocks_mhz"] == policy["clocks_mhz"]
+    assert set(moved["board_constants"]["workloads"]) == set(plan.workloads)
+
+
+@pytest.mark.parametrize(("source", "target"), [("sim-orin-nano-8gb", "sim-orin-measured")])
+def test_calibrated_governor_beats_the_snapped_source(boards, source, target):
+    """A Nano governor snapped onto the AGX Orin's table pins its low clocks; calibrated from 3 x 4 points it lands
+    near the target's own governor."""
+    src_policy = boards[source][1]
+    curves, own = boards[target]
+    _, cal = _calibration(src_policy, target, curves)
+    moved = calibrate_policy(src_policy, board_of(SimDevice(builtin_profile(target))), cal)
+    assert moved["clocks_mhz"] == sorted(builtin_profile(target).frequencies_mhz)
+    snapped, calibrated = _regret(src_policy, curves), _regret(moved, curves)
+    assert calibrated < snapped
+    assert calibrated - _regret(own, curves) < snapped - _regret(own, curves)
+
+
+def test_a_classifier_tree_keeps_each_leaf_clock_in_its_place():
+    policy = {"format": "dvfs-governor-policy/1", "tree": {"feature": "num_layers", "threshold": 6, "left": {"freq_mhz": 612.0},
+                                                           "right": {"freq_mhz": 1300.5}}}
+    nano = board_of(SimDevice(builtin_profile("sim-orin-nano-8gb")))
+    moved = calibrate_policy(policy, nano, [])
+    assert moved["tree"]["right"]["freq_mhz"] == 625.0 and moved["tree"]["left"]["freq_mhz"] == 306.0
+
+
+def test_nothing_to_calibrate_from_is_one_error(boards):
+    curves, policy = boards["sim-orin-measured"]
+    one_clock = [WorkloadCurve(c.workload, c.split, c.features, {306.0: c.energy_j[306.0]}, {306.0: c.time_s[306.0]},
+                               c.maxn_energy_j, c.maxn_time_s) for c in curves[:3]]
+    with pytest.raises(DvfsError, match="two measured clocks"):
+        calibrate_policy(policy, board_of(SimDevice(builtin_profile("sim-orin-nano-8gb"))), one_clock)

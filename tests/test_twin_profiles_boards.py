@@ -1,0 +1,98 @@
+"""The twin's profiles for the Orin modules people own: each is its board (family, table, cores, bandwidth), runs the
+study's workloads, and a params file keeps its base's family."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.board import board_family, board_of, legacy_board
+from dvfs_mlops.hw.jetson import ORIN_MODULE_PROFILES, SUPER_SUFFIX
+from dvfs_mlops.hw.sim import SimDevice
+from dvfs_mlops.hw.twin.profiles import _MODULES, BUILTIN_PROFILES, builtin_profile, load_twin_params, twin_digest
+
+MODULES = sorted(_MODULES)
+
+
+def test_every_agx_orin_64gb_profile_keeps_its_family():
+    for name in ("sim-orin", "sim-orin-measured"):
+        assert builtin_profile(name).family == "jetson-agx-orin-64gb" == board_family(name)
+        assert board_of(SimDevice(builtin_profile(name))).family == "jetson-agx-orin-64gb"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_profile_is_the_board_it_names(name):
+    p, m = builtin_profile(name), _MODULES[name]
+    # the family a real module of that kind gets from its P-number (hw/jetson.py), -super on a Super device tree
+    assert p.family.removesuffix(SUPER_SUFFIX) in set(ORIN_MODULE_PROFILES.values())
+    assert p.max_mhz == m.gpu_max_mhz and p.cuda_cores == 128 * m.sms and p.dram_bw_bytes_s == m.dram_bw_gb_s * 1e9
+    agx = set(BUILTIN_PROFILES["sim-orin"].frequencies_mhz)
+    assert set(p.frequencies_mhz) - agx <= {m.gpu_max_mhz} and list(p.frequencies_mhz) == sorted(p.frequencies_mhz)
+    # the same silicon's voltage curve, read up to this module's ceiling
+    agx_volts = BUILTIN_PROFILES["sim-orin-measured"]
+    assert [p.voltage(f) for f in p.frequencies_mhz] == pytest.approx([agx_volts.voltage(f) for f in p.frequencies_mhz])
+    board = board_of(SimDevice(p))
+    assert (board.family, board.profile, board.frequencies_mhz) == (p.family, name, tuple(p.frequencies_mhz))
+    assert board.voltage_shape_known and twin_digest(p) == ""
+    assert legacy_board(name, []).family == p.family == board_family(name)
+
+
+def test_unknown_profile_names_every_valid_one():
+    with pytest.raises(DvfsError) as e:
+        builtin_profile("sim-orin-nano")
+    message = str(e.value)
+    assert "valid twin profiles: " + ", ".join(BUILTIN_PROFILES) in message
+
+
+def test_params_file_inherits_its_base_family_unless_it_names_one(tmp_path):
+    f = tmp_path / "nano.yaml"
+    f.write_text("gpu_k: 12\n")
+    p = load_twin_params("sim-orin-nano-8gb", f)
+    assert p.profile.startswith("sim-orin-nano-8gb+") and p.family == "jetson-orin-nano-8gb"
+    assert board_of(SimDevice(p)).family == "jetson-orin-nano-8gb" == board_family(p.profile)
+    f.write_text("gpu_k: 12\nfamily: my-lab-board\n")
+    named = load_twin_params("sim-orin-nano-8gb", f)
+    assert named.family == "my-lab-board" and board_of(SimDevice(named)).family == "my-lab-board"
+    assert named.profile != p.profile  # another family is another board
+    f.write_text("family: ''\n")
+    with pytest.raises(DvfsError, match="family must be a non-empty name"):
+        load_twin_params("sim-orin", f)
+
+
+def test_a_params_file_on_the_agx_twin_keeps_its_name(tmp_path):
+    """Twins built on sim-orin before profiles named a family keep their digest (their sweeps' identity)."""
+    f = tmp_path / "b.yaml"
+    f.write_text("gpu_k: 20\n")
+    p = load_twin_params(None, f)
+    fields = dataclasses.asdict(p)
+    fields.pop("family")
+    import hashlib
+    import json
+
+    fields.pop("profile")
+    fields["frequencies_mhz"] = list(p.frequencies_mhz)
+    assert p.profile == "sim-orin+" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
+
+
+@pytest.fixture(scope="module")
+def module_reports(trace_cache_dir):
+    from dvfs_mlops.hw.twin.trace import TraceCache
+    from testkit.calibration import calibrate
+
+    cache = TraceCache(trace_cache_dir)
+    return {name: calibrate(builtin_profile(name), cache=cache) for name in ["sim-orin-measured", *MODULES]}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_study_workloads_run_on_every_module(module_reports, name):
+    """The paper preset's models on the characterisation tasks: finite curves on the module's own table, MAXN settles on
+    it, bert-large's whole-board power stays inside the module's published budget, and the smaller GPU is slower."""
+    p, report, agx = builtin_profile(name), module_reports[name], module_reports["sim-orin-measured"]
+    for pt in report.points:
+        assert set(pt.energy_by_freq_j) == set(p.frequencies_mhz) and all(e > 0 for e in pt.energy_by_freq_j.values())
+        assert pt.maxn_mhz in p.frequencies_mhz and pt.optimal_mhz in p.frequencies_mhz
+    s = report.summary()
+    assert 0 < s["bert_large_maxn_power_w"] <= _MODULES[name].max_power_w
+    assert s["bert_large_maxn_power_w"] < agx.summary()["bert_large_maxn_power_w"]
+    assert s["compute_bound_time_ratio"] > 1.0  # time still falls with the clock on the module's own table
