@@ -319,21 +319,19 @@ curve_fit_options = option_group(
 )
 
 
-def _calibration_request(no_promote: bool, source: str, **fields: Any) -> Any:
+
+def _calibration_request(no_promote: bool, **fields: Any) -> Any:
     from dvfs_mlops.mlops.calibration import CalibrationRequest
 
-    return CalibrationRequest(promote=not no_promote, source=source.strip(), **fields)
+    return CalibrationRequest(promote=not no_promote, **fields)
 
 
 calibrate_options = option_group(
     "request", _calibration_request,
-    click.option("--source", default="", metavar="VERSION",
-                 help="The governor version to calibrate from (default: the production governor of another board family trained "
-                      "on the most workloads)."),
-    click.option("--preset", default="quick", show_default=True,
-                 help="The sweep preset whose models and tasks are the candidate workloads (and whose settings measure them)."),
-    click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's; 0 on the "
-                                                                   "twin: profile only)."),
+    click.option("--source", default="", metavar="V", help="The version to calibrate from (default: another family's production "
+                                                            "governor trained on the most workloads)."),
+    click.option("--preset", default="quick", show_default=True, help="The sweep preset whose workloads are the candidates."),
+    click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default the preset's; twin: 0 profiles)."),
     BATCH_SIZE_OPTION,
     click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the calibration sweeps' runs go."),
     click.option("--no-promote", is_flag=True, help="Register the calibrated version but do not promote it."),
