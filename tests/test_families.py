@@ -12,19 +12,22 @@ NAME = "dvfs-governor"
 NVML = "nvml-a100-sxm4-80gb"
 
 
-def _register(c, profile: str | None, run_name: str) -> str:
-    """The published tree registered as a new version, tagged as an older release tagged it (no board family)."""
+def _register(c, profile: str | None, run_name: str, tags: dict | None = None, metrics: dict | None = None) -> str:
+    """The published tree registered as a new version, tagged as an older release tagged it (no board family), with
+    `tags` and its run's `metrics` besides."""
     import mlflow
 
     from dvfs_mlops.mlops.pyfunc import log_governor
     from dvfs_mlops.model.governor.policies import paper_tree
 
     with mlflow.start_run(experiment_id=c.get_experiment_by_name("Default").experiment_id, run_name=run_name):
-        info = log_governor(paper_tree().policy, registered_name=NAME)
+        info = log_governor(paper_tree().policy, registered_name=NAME, metrics=metrics)
     v = str(info.registered_model_version)
     if profile is not None:
         c.set_model_version_tag(NAME, v, "device_profile", profile)
         c.set_model_version_tag(NAME, v, "n_workloads", "12")
+    for k, value in (tags or {}).items():
+        c.set_model_version_tag(NAME, v, k, value)
     return v
 
 
@@ -122,3 +125,22 @@ def test_load_governor_resolves_the_boards_family(old_store, monkeypatch):
     allowed = governor_for_board(_board("jetson-orin-nano-8gb"), allow_other_board=True, say=said.append)
     assert allowed.other_board and allowed.tags() == {"governor.other_board": "true"}
     assert said and said[-1].startswith("warning: governor dvfs-governor v") and "(--allow-other-board)" in said[-1]
+
+
+def test_a_calibrated_version_passes_its_own_gates_but_never_replaces_a_trained_one(old_store):
+    _tmp, env, c = old_store
+    nx = {"dvfs.board_family": "jetson-orin-nx-16gb", "calibrated_from": "1", "calibration_sweep": "sweep-x"}
+    worse = _register(c, "sim-orin-nx-16gb", "worse", nx, {"calibration_regret": 0.02, "calibration_source_regret": 0.01})
+    r = run_cli("registry", "promote", worse, env=env)
+    assert r.returncode == 2 and "failed gate(s) calibrated-no-worse-than-source" in r.stderr
+    assert "regret-no-worse-than-production" not in r.stdout, "a calibrated version is not held to the trained gates"
+    good = _register(c, "sim-orin-nx-16gb", "good", nx, {"calibration_regret": 0.01, "calibration_source_regret": 0.03})
+    r = run_cli("registry", "promote", good, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "gate pass calibrated-no-worse-than-source" in r.stdout and "gate pass calibrated-regret" in r.stdout
+    assert "production-jetson-orin-nx-16gb -> v" + good in r.stdout
+    trained = _register(c, "sim-orin-nx-16gb", "trained on the NX", {"dvfs.board_family": "jetson-orin-nx-16gb"})
+    assert run_cli("registry", "promote", trained, "--force", env=env).returncode == 0
+    again = _register(c, "sim-orin-nx-16gb", "again", nx, {"calibration_regret": 0.0, "calibration_source_regret": 0.03})
+    r = run_cli("registry", "promote", again, env=env)
+    assert r.returncode == 2 and "calibrated-not-over-trained" in r.stderr and f"production v{trained} is trained" in r.stderr

@@ -200,8 +200,9 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
         elif name == "paper-mlg":
             policies[name] = paper_tree()
         elif name == "production" or name.startswith("models:/"):
-            try:
-                governor = load_governor(None if name == "production" else name)
+            try:  # "production": the production governor of the sweep's board family
+                governor = load_governor(board=dataset.board) if name == "production" and dataset.board is not None \
+                    else load_governor(None if name == "production" else name)
             except DvfsError as e:
                 if name == "production":
                     say(f"skipping 'production': {e}")
