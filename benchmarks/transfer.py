@@ -97,9 +97,10 @@ def pair(source: _Board, target: _Board) -> dict[str, Any]:
            "ffg_calibration": _mean_regret(FixedPolicy.fit(cal, parse_objective("energy")), held),
            "snapped_source": _mean_regret(TreePolicy(source.policy, "snapped"), held)}
     out["within_goal"] = out["calibrated"] <= GOAL_REGRET
-    gap, ffg_gap = abs(out["calibrated"] - out["ceiling"]), abs(out["ffg_calibration"] - out["ceiling"])
+    # closer to the ceiling: a smaller gap above it (a calibrated governor that beats the ceiling is closest of all)
+    gap, ffg_gap = out["calibrated"] - out["ceiling"], out["ffg_calibration"] - out["ceiling"]
     out["closer_than_ffg"] = gap < ffg_gap - 1e-9
-    out["tie_with_ffg"] = abs(gap - ffg_gap) <= 1e-9  # both pick what the ceiling picks (or equally far from it)
+    out["tie_with_ffg"] = abs(gap - ffg_gap) <= 1e-9  # both as far from the ceiling (on the smallest boards all pick the top)
     out["source_tree_depth"] = tree_depth(source.policy["tree"])
     return out
 
