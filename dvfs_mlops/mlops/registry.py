@@ -287,7 +287,9 @@ def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict
                 return GateResult(name, False, f"version {candidate.version} has no {gate[key]}")
             if strict:
                 return GateResult(name, value < other, f"{metric} {value:.4f} < {gate[key]} {other:.4f} (strictly)")
-            return GateResult(name, value <= other + 1e-12, f"{metric} {value:.4f} <= {gate[key]} {other:.4f}")
+            tolerance = float(gate.get("tolerance", 0.0))
+            return GateResult(name, value <= other + tolerance + 1e-12,
+                              f"{metric} {value:.4f} <= {gate[key]} {other:.4f}" + (f" (+{tolerance:g})" if tolerance else ""))
     if "at_least" in gate:
         return GateResult(name, value >= float(gate["at_least"]), f"{metric} {value:g} >= {gate['at_least']}")
     if "at_most" in gate:
