@@ -30,10 +30,10 @@ class CalibrateReport:
         resumed = f"{o.points_run} points measured" if o.points_run else "every point already measured (resumed)"
         status = (f"now production-{o.family}" if o.promoted
                   else f"not promoted (--no-promote); promote it with: dvfs-mlops registry promote {o.version}")
-        return [f"calibrated v{o.source_version} ({o.source_family}) for {o.family}{label}: {len(o.workloads)} workloads x "
-                f"{len(o.clocks_mhz)} clocks + maxn, {resumed}, sweep(s) {', '.join(o.sweep_ids)}",
-                f"calibration regret {100 * o.metrics['calibration_regret']:.2f}% on its workloads "
-                f"(the source as it is: {100 * o.metrics['calibration_source_regret']:.2f}%){label}",
+        regret, source = 100 * o.metrics["calibration_regret"], 100 * o.metrics["calibration_source_regret"]
+        return [(f"calibrated v{o.source_version} ({o.source_family}) for {o.family}{label}: {len(o.workloads)} workloads x "
+                 f"{len(o.clocks_mhz)} clocks + maxn, {resumed}, sweep(s) {', '.join(o.sweep_ids)}"),
+                f"calibration regret {regret:.2f}% on its workloads (the source as it is: {source:.2f}%){label}",
                 f"dvfs-governor v{o.version}: {status}"]
 
 

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from dvfs_mlops.app.finetune_command import FinetuneJobRequest
     from dvfs_mlops.app.simulate import SimulateRequest
     from dvfs_mlops.app.sweep_command import SweepWorker
+    from dvfs_mlops.mlops.calibration import CalibrationRequest
     from dvfs_mlops.mlops.sweep import SweepRequest
     from dvfs_mlops.mlops.train import TrainRequest
-    from dvfs_mlops.mlops.calibration import CalibrationRequest
 
 
 class DvfsGroup(click.Group):

@@ -91,8 +91,7 @@ def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
     Raises:
         DvfsError: no production governor of another family (or `version` is of this family, or does not exist).
     """
-    from dvfs_mlops.mlops.registry import CALIBRATED, ensure_families, family_productions, get_version, version_family, version_kind
-    from dvfs_mlops.mlops.registry import workloads_of
+    from dvfs_mlops.mlops.registry import ensure_families, get_version, richest_production, version_family
 
     ensure_families(c, cfg)
     if version:
@@ -100,11 +99,11 @@ def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
         if version_family(mv.tags, cfg.legacy_family) == family:
             raise DvfsError(f"{cfg.name} v{mv.version} is already a governor of {family}; calibrate from another board's")
         return mv
-    others = {f: mv for f, mv in family_productions(c, cfg).items() if f != family}
-    if not others:
+    other = richest_production(c, cfg, family)
+    if other is None:
         raise DvfsError(f"no production governor of another board family to calibrate {family} from; register and promote "
                         "one first (dvfs-mlops train on another board's sweep, or dvfs-mlops registry bootstrap)")
-    return max(others.values(), key=lambda mv: (workloads_of(mv), version_kind(mv.tags) != CALIBRATED, int(mv.version)))
+    return other[1]
 
 
 def candidates(preset: str) -> list[str]:
@@ -265,12 +264,16 @@ def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
         f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%)" + (" (SIMULATED)" if dataset.simulated else ""))
     version, run_id = register(policy, board, source, sweep_ids, metrics, dataset.simulated, say)
     gate_lines: list[str] = []
-    promoted = False
+
+    def said(line: str) -> None:
+        gate_lines.append(line)
+        say(line)
+
     if request.promote:
         try:
-            promote(version, say=lambda line: (gate_lines.append(line), say(line)))
+            promote(version, say=said)
         except DvfsError as e:
-            raise DvfsError(f"registered {cfg.name} v{version} for {board.family} but did not promote it: {e}") from None
-        promoted = True
+            raise DvfsError(f"registered {cfg.name} v{version} for {board.family} but did not promote it: {e} "
+                            f"(dvfs-mlops registry promote {version} --force)") from None
     return CalibrationOutcome(board.family, int(source.version), source_family, plan.workloads, plan.clocks_mhz, tuple(sweep_ids),
-                              ran, version, run_id, metrics, promoted, tuple(gate_lines))
+                              ran, version, run_id, metrics, request.promote, tuple(gate_lines))

@@ -384,7 +384,7 @@ def _for_board(board: Board, uri: str | None, allow_other_board: bool, direct: b
 def _after_migration(cfg: Any, board: Board, target: str, allow_other_board: bool, direct: bool) -> Governor:
     """The family's production after `registry.ensure_families` (a store from before families has only `production`);
     else, where allowed, another family's; else `NoGovernorForBoard`."""
-    from dvfs_mlops.mlops.registry import ensure_families, family_productions, workloads_of
+    from dvfs_mlops.mlops.registry import ensure_families, family_productions, richest_production
 
     c = tracking.check_reachable()
     if ensure_families(c, cfg):
@@ -397,9 +397,9 @@ def _after_migration(cfg: Any, board: Board, target: str, allow_other_board: boo
         versions = c.search_model_versions(f"name='{cfg.name}'") if _model_exists(c, cfg.name) else []
         if not versions:  # nothing registered at all: the store is not set up (the message says how)
             _load(cfg.production_uri(None), direct)
-    if allow_other_board and productions:
-        family, mv = max(productions.items(), key=lambda kv: (workloads_of(kv[1]), int(kv[1].version)))
-        return _load(cfg.production_uri(family), direct)
+    other = richest_production(c, cfg, board.family) if allow_other_board else None
+    if other is not None:
+        return _load(cfg.production_uri(other[0]), direct)
     raise NoGovernorForBoard(board.family, _registered(productions))
 
 

@@ -214,6 +214,16 @@ def workloads_of(mv: Any) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def richest_production(c: Any, cfg: RegistryConfig, besides: str) -> tuple[str, Any] | None:
+    """(family, version): the production governor of a family other than `besides` trained on the most workloads (a
+    trained version before a calibrated one at the same count, then the newest); None where there is none. What
+    `calibrate` moves to a board by default, and what --allow-other-board lets decide."""
+    others = [(f, mv) for f, mv in family_productions(c, cfg).items() if f != besides]
+    if not others:
+        return None
+    return max(others, key=lambda fm: (workloads_of(fm[1]), version_kind(fm[1].tags) != CALIBRATED, int(fm[1].version)))
+
+
 def list_versions(config: RegistryConfig | None = None, family: str = "") -> list[dict[str, Any]]:
     """Every version (or those of one board family), with its aliases, family, tags and held-out figures."""
     cfg = config or load_config()
