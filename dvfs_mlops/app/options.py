@@ -314,3 +314,18 @@ curve_fit_options = option_group(
     click.option("--voltage-shape", default=None, type=click.FloatRange(min=0),
                  help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the sweep's board's; for a CSV, the Orin's, 0.43)."),
 )
+
+
+def _clockd_options(socket: str, group: str, unit_dir: str) -> Any:
+    from pathlib import Path
+
+    from dvfs_mlops.app.clockd_command import UNIT_DIR, ClockdOptions
+
+    return ClockdOptions(Path(socket) if socket else None, group, Path(unit_dir) if unit_dir else UNIT_DIR)
+
+
+clockd_options = option_group(
+    "options", _clockd_options,
+    click.option("--socket", default="", help="The service's socket (default $DVFS_CLOCKD_SOCKET, else /run/dvfs-mlops/clockd.sock)."),
+    click.option("--group", default="dvfs", show_default=True, help="The group whose members may pin clocks through it."),
+    click.option("--unit-dir", default="", help="Where install writes the systemd unit (default /etc/systemd/system)."))
