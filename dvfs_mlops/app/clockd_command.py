@@ -58,8 +58,8 @@ def render_unit(options: ClockdOptions) -> str:
     """
     path = options.socket_path
     runtime = f"RuntimeDirectory={path.parent.name}\nRuntimeDirectoryMode=0755\n" if path.parent.parent == Path("/run") else ""
-    env = "".join(f"Environment={name}={value}\n" for name, value in (("DVFS_SYSFS_ROOT", os.environ.get("DVFS_SYSFS_ROOT")),)
-                  if value)
+    root = settings.sysfs_root()
+    env = f"Environment=DVFS_SYSFS_ROOT={root}\n" if root != Path("/") else ""  # a chroot's or test tree's, as installed
     command = " ".join([*_dvfs_command(), "clockd", "serve", "--socket", str(path), "--group", options.group])
     return ("[Unit]\n"
             f"Description=dvfs-mlops clock service: members of group {options.group} pin GPU clocks without root\n"

@@ -74,13 +74,17 @@ class ClockdClient:
         Raises:
             DvfsError: the connection broke (the service stopped).
         """
+        broken: OSError | None = None
         try:
             self._sock.sendall(req.encode())
-            line = self._reader.readline(MAX_LINE * 64)
         except OSError as e:
-            raise DvfsError(f"the clock service at {self.path} went away ({e.strerror or e})") from None
+            broken = e  # a service that refused this user answered and closed before reading: its line is still there
+        line = b""
+        with contextlib.suppress(OSError):
+            line = self._reader.readline(MAX_LINE * 64)
         if not line:
-            raise DvfsError(f"the clock service at {self.path} closed the connection")
+            why = f" ({broken.strerror or broken})" if broken is not None else ""
+            raise DvfsError(f"the clock service at {self.path} closed the connection{why}")
         return Reply.decode(line)
 
     def close(self) -> None:
