@@ -19,6 +19,8 @@ SUITES = {
                "benchmarks.distributed_optuna"),
     "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
     "prior": ("The board power prior on synthetic boards whose workloads differ (SIMULATED)", "benchmarks.prior_robustness"),
+    "clockd": ("Clock service: restore after SIGKILL, pin and restore overhead (fake Jetson sysfs, as root)",
+               "benchmarks.clockd_latency"),
 }
 
 
