@@ -275,3 +275,14 @@ def test_the_service_answers_only_its_operations(rig):
         rig.ask(Request("pin", "jetson", freq="613"))
     with pytest.raises(Exception, match="names its GPU by UUID"):
         rig.ask(Request("table", "nvml", "0"))
+
+
+def test_without_a_service_a_user_allowed_to_write_the_clock_writes_it_directly(rig):
+    for name in ("min_freq", "max_freq"):  # as a udev rule granting the group write access would
+        (rig.fake.node / name).chmod(0o666)
+    own = rig.home / "state"
+    proc = rig.client(str(rig.gid), "session", "jetson", "612", "exit", DVFS_CLOCKD_SOCKET=str(rig.base / "none.sock"),
+                      DVFS_STATE_DIR=str(own))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.split() == ["PINNED", "RESTORED"], err
+    assert rig.fake.range_hz == DEFAULT and own.is_dir() and list_journals(own) == []

@@ -86,3 +86,18 @@ def test_files_made_under_sudo_go_back_to_the_user(tmp_path, monkeypatch):
         assert (home / p).stat().st_uid == 65534, p
     assert (home / "before.txt").stat().st_uid == 0  # older than the command: not its doing
     assert (elsewhere / "x").stat().st_uid == 0  # not the user's tree
+
+
+@root_only
+def test_sudo_and_sudo_e_take_one_lock_whatever_dvfs_state_dir_says(tmp_path, monkeypatch):
+    from dvfs_mlops.hw.guard import journal_dir, lock_dir
+
+    monkeypatch.setenv("DVFS_SYSTEM_STATE_PREFIX", str(tmp_path))
+    monkeypatch.setenv("DVFS_STATE_DIR", str(tmp_path / "users-own"))  # what `sudo -E` keeps and plain `sudo` drops
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert lock_dir() == journal_dir() == tmp_path / "users-own"  # root's own shell: the variable holds
+    monkeypatch.setenv("SUDO_UID", "1000")
+    monkeypatch.setenv("SUDO_GID", "1000")
+    sudo_e = (lock_dir(), journal_dir())
+    monkeypatch.delenv("DVFS_STATE_DIR")
+    assert sudo_e == (lock_dir(), journal_dir()) == (tmp_path / "run/lock/dvfs-mlops", tmp_path / "var/lib/dvfs-mlops")
