@@ -69,9 +69,9 @@ def main() -> None:
     from dvfs_mlops import settings
 
     settings.set_defaults(settings.CLI_DEFAULTS)  # no progress bars (\r redraws) in a command's output
-    from dvfs_mlops.app.ownership import after_command
+    from dvfs_mlops.app import ownership
 
-    click.get_current_context().call_on_close(after_command())  # under sudo: the user's files stay the user's
+    click.get_current_context().call_on_close(ownership.after_command())  # under sudo: the user's files stay the user's
     import logging
 
     for noisy in ("mlflow.store.db.utils", "alembic", "mlflow.tracking.fluent"):

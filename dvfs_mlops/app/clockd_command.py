@@ -39,6 +39,11 @@ class ClockdOptions:
     group: str = DEFAULT_GROUP
     unit_dir: Path = UNIT_DIR
 
+    @classmethod
+    def from_cli(cls, socket: str, group: str, unit_dir: str) -> ClockdOptions:
+        """The record from the command line's text (an empty string: the default)."""
+        return cls(Path(socket) if socket else None, group, Path(unit_dir) if unit_dir else UNIT_DIR)
+
     @property
     def socket_path(self) -> Path:
         return self.socket or settings.clockd_socket()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from dvfs_mlops.app.clockd_command import ClockdOptions
 from dvfs_mlops.app.devices import DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
@@ -316,16 +317,9 @@ curve_fit_options = option_group(
 )
 
 
-def _clockd_options(socket: str, group: str, unit_dir: str) -> Any:
-    from pathlib import Path
-
-    from dvfs_mlops.app.clockd_command import UNIT_DIR, ClockdOptions
-
-    return ClockdOptions(Path(socket) if socket else None, group, Path(unit_dir) if unit_dir else UNIT_DIR)
-
 
 clockd_options = option_group(
-    "options", _clockd_options,
+    "options", ClockdOptions.from_cli,
     click.option("--socket", default="", help="The service's socket (default $DVFS_CLOCKD_SOCKET, else /run/dvfs-mlops/clockd.sock)."),
     click.option("--group", default="dvfs", show_default=True, help="The group whose members may pin clocks through it."),
     click.option("--unit-dir", default="", help="Where install writes the systemd unit (default /etc/systemd/system)."))
