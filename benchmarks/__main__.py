@@ -21,6 +21,8 @@ SUITES = {
     "prior": ("The board power prior on synthetic boards whose workloads differ (SIMULATED)", "benchmarks.prior_robustness"),
     "transfer": ("A governor moved to another board family from a few measured points (SIMULATED pairs; REAL A100/A40 rows)",
                  "benchmarks.transfer"),
+    "clockd": ("Clock service: restore after SIGKILL, pin and restore overhead (fake Jetson sysfs, as root)",
+               "benchmarks.clockd_latency"),
 }
 
 

@@ -40,6 +40,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DVFS_SYSFS_ROOT", "/", "the root every sysfs path is read under (a fake tree, a chroot)"),
     Variable("DVFS_REGISTRY_DIR", "the installed registry data", "a folder with your own governor.yaml and baselines/"),
     Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
+    Variable("DVFS_CLOCKD_SOCKET", "/run/dvfs-mlops/clockd.sock", "the clock service's socket: non-root sessions pin "
+             "through it where it exists (`dvfs-mlops clockd`)"),
+    Variable("SUDO_UID", "unset", "set by sudo (read, never set): files a command creates in the user's tree go back to "
+             "this user, and $DVFS_STATE_DIR is ignored so `sudo` and `sudo -E` share one lock"),
+    Variable("SUDO_GID", "unset", "set by sudo (read, never set): the group those files go back to"),
+    Variable("SUDO_USER", "unset", "set by sudo (read, never set): `clockd install` adds this user to the service's group"),
     Variable("CUDA_VISIBLE_DEVICES", "unset", "CUDA's own (read, never set): the GPUs torch sees; the nvml backend finds its "
              "GPU among them by UUID and names them in its error"),
 )
@@ -101,6 +107,27 @@ def system_state_prefix() -> Path:
 def sysfs_root() -> Path:
     """The root every sysfs path is read under: $DVFS_SYSFS_ROOT, else /."""
     return Path(_get("DVFS_SYSFS_ROOT") or "/")
+
+
+CLOCKD_SOCKET_DEFAULT = _DEFAULTS["DVFS_CLOCKD_SOCKET"]
+
+
+def clockd_socket() -> Path:
+    """The clock service's socket: $DVFS_CLOCKD_SOCKET, else /run/dvfs-mlops/clockd.sock."""
+    return Path(_get("DVFS_CLOCKD_SOCKET") or CLOCKD_SOCKET_DEFAULT)
+
+
+def sudo_ids() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran sudo ($SUDO_UID, $SUDO_GID), None when not under sudo (or not numbers)."""
+    uid, gid = _get("SUDO_UID"), _get("SUDO_GID")
+    if uid is None or gid is None or not (uid.isdigit() and gid.isdigit()):
+        return None
+    return int(uid), int(gid)
+
+
+def sudo_user() -> str | None:
+    """The name of the user who ran sudo ($SUDO_USER), None when not under sudo."""
+    return _get("SUDO_USER")
 
 
 def torch_device_override() -> str | None:

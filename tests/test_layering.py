@@ -147,7 +147,8 @@ def test_every_module_has_a_layer():
 
 PURE = ["dvfs_mlops.hw", "dvfs_mlops.hw.device", "dvfs_mlops.hw.guard", "dvfs_mlops.hw.placement",
         "dvfs_mlops.hw.jetson", "dvfs_mlops.hw.ina3221", "dvfs_mlops.hw.sysfs", "dvfs_mlops.hw.nvml",
-        "dvfs_mlops.hw.sim", "dvfs_mlops.model.governor.policies", "dvfs_mlops.model.governor.objectives",
+        "dvfs_mlops.hw.sim", "dvfs_mlops.hw.clockd.protocol", "dvfs_mlops.hw.clockd.client", "dvfs_mlops.hw.clockd.server",
+        "dvfs_mlops.model.governor.policies", "dvfs_mlops.model.governor.objectives",
         "dvfs_mlops.model.governor.dataset", "dvfs_mlops.model.governor.search", "dvfs_mlops.model.governor.policy_tree", "dvfs_mlops.model.curve", "dvfs_mlops.job.refine",
         "dvfs_mlops.model.governor.transfer"]
 

@@ -16,6 +16,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
+    from dvfs_mlops.app.clockd_command import ClockdOptions
     from dvfs_mlops.app.curve_fit import CurveFitRequest
     from dvfs_mlops.app.devices import DeviceChoice
     from dvfs_mlops.app.finetune import LaunchOptions
@@ -69,6 +70,9 @@ def main() -> None:
     from dvfs_mlops import settings
 
     settings.set_defaults(settings.CLI_DEFAULTS)  # no progress bars (\r redraws) in a command's output
+    from dvfs_mlops.app import ownership
+
+    click.get_current_context().call_on_close(ownership.after_command())  # under sudo: the user's files stay the user's
     import logging
 
     for noisy in ("mlflow.store.db.utils", "alembic", "mlflow.tracking.fluent"):
@@ -294,6 +298,16 @@ def restore() -> None:
     from dvfs_mlops.hw import restore_journals
 
     restore_journals(announce=click.echo)
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["serve", "install", "uninstall", "status"]))
+@opts.clockd_options
+def clockd(action: str, options: ClockdOptions) -> None:
+    """The clock service, so members of a group pin clocks without root: serve (as root), install/uninstall (systemd), status."""
+    from dvfs_mlops.app.clockd_command import clockd_command
+
+    _echo_lines(clockd_command(action, options, say=_echo_err))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from dvfs_mlops.app.clockd_command import ClockdOptions
 from dvfs_mlops.app.devices import DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
@@ -336,3 +337,10 @@ calibrate_options = option_group(
     click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the calibration sweeps' runs go."),
     click.option("--no-promote", is_flag=True, help="Register the calibrated version but do not promote it."),
 )
+
+
+clockd_options = option_group(
+    "options", ClockdOptions.from_cli,
+    click.option("--socket", default="", help="The service's socket (default $DVFS_CLOCKD_SOCKET, else /run/dvfs-mlops/clockd.sock)."),
+    click.option("--group", default="dvfs", show_default=True, help="The group whose members may pin clocks through it."),
+    click.option("--unit-dir", default="", help="Where install writes the systemd unit (default /etc/systemd/system)."))

@@ -100,7 +100,8 @@ def restore_journals(announce: Callable[[str], None] = log.info, directory: Any 
     """Put back the clocks of every journal a dead process left (`dvfs-mlops restore`).
 
     A journal whose owner still runs is skipped (announced), and so is one of an unknown backend. A
-    journal whose restore fails is kept and the others are still tried.
+    journal whose restore fails is kept and the others are still tried. A user other than root, where the clock
+    service runs, asks the service, which keeps the journals (`clockd`).
 
     Args:
         announce: called with one line per journal restored or skipped, or "nothing to restore".
@@ -117,6 +118,12 @@ def restore_journals(announce: Callable[[str], None] = log.info, directory: Any 
 
     from dvfs_mlops.hw.guard import ClockOwnership, list_journals
 
+    if directory is None:
+        from dvfs_mlops.hw.clockd.client import restore_through_service, use_service
+
+        service = use_service()
+        if service is not None:
+            return restore_through_service(service, announce)
     restored = 0
     failed: list[str] = []
     for _path, journal in list_journals(Path(directory) if directory else None):

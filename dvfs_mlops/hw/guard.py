@@ -3,7 +3,7 @@
 - Where: as root (needed to pin clocks) locks live in /run/lock/dvfs-mlops and journals in
   /var/lib/dvfs-mlops whatever HOME says, so `sudo`, `sudo -E` and a root shell agree on one
   owner per GPU; other users keep both in ~/.cache/dvfs-mlops. $DVFS_STATE_DIR puts both in one
-  folder. ($DVFS_SYSTEM_STATE_PREFIX prefixes the two system paths: for tests and chroots.)
+  folder, except under sudo (SUDO_UID set), where `sudo -E` would keep it and plain `sudo` drop it. ($DVFS_SYSTEM_STATE_PREFIX prefixes the two system paths: for tests and chroots.)
 - Lock: `lock-<device>.pid` under the lock dir, held with `flock`, so the kernel drops it when
   the owner dies (even by SIGKILL): a stale lock is taken over without guessing. The file holds
   the owner's PID for the "busy" message.
@@ -67,16 +67,23 @@ def _user_dir() -> Path:
     return settings.state_dir_override() or Path.home() / ".cache" / "dvfs-mlops"
 
 
+def _override_applies() -> bool:
+    """$DVFS_STATE_DIR counts, except for root under sudo: `sudo -E` keeps the variable and plain `sudo` drops it, so
+    both take the system folders, and one lock per GPU holds whichever the user typed."""
+    return settings.state_dir_override() is not None and not (os.geteuid() == 0 and settings.sudo_ids() is not None)
+
+
 def journal_dir() -> Path:
-    """Where restore journals live: $DVFS_STATE_DIR, else /var/lib/dvfs-mlops as root, else ~/.cache/dvfs-mlops."""
-    if settings.state_dir_override():
+    """Where restore journals live: $DVFS_STATE_DIR (not under sudo), else /var/lib/dvfs-mlops as root, else
+    ~/.cache/dvfs-mlops."""
+    if _override_applies():
         return _user_dir()
     return _system_dir(SYSTEM_JOURNAL_DIR) or _user_dir()
 
 
 def lock_dir() -> Path:
-    """Where locks live: $DVFS_STATE_DIR, else /run/lock/dvfs-mlops as root, else ~/.cache/dvfs-mlops."""
-    if settings.state_dir_override():
+    """Where locks live: $DVFS_STATE_DIR (not under sudo), else /run/lock/dvfs-mlops as root, else ~/.cache/dvfs-mlops."""
+    if _override_applies():
         return _user_dir()
     return _system_dir(SYSTEM_LOCK_DIR) or _user_dir()
 
@@ -108,6 +115,7 @@ class Journal:
     settings: dict[str, Any]
     requested: str  # the frequency the session pinned, for the message
     boot_id: str | None = None  # the boot it was written in (None: unknown, as in journals written before it was kept)
+    uid: int | None = None  # the user whose run pinned it (the clock service's client; None: the writing process's own)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -310,9 +318,17 @@ class ClockOwnership:
                 )
             clear_journal(self.device_key, self._dir)
 
-    def record(self, settings: dict[str, Any], requested: str) -> None:
-        write_journal(Journal(self.backend, self.device_key, os.getpid(), now(), settings, requested, current_boot_id()),
-                      self._dir)
+    def record(self, settings: dict[str, Any], requested: str, pid: int | None = None, uid: int | None = None) -> None:
+        """Write the journal before the first clock write.
+
+        Args:
+            settings: what to put back.
+            requested: the clock pinned, for messages.
+            pid: the run the pin is for (None: this process; the clock service names its client).
+            uid: that run's user (None: this process's).
+        """
+        write_journal(Journal(self.backend, self.device_key, pid or os.getpid(), now(), settings, requested, current_boot_id(),
+                              os.geteuid() if uid is None else uid), self._dir)
 
     def release(self) -> None:
         """The restore succeeded: remove the journal, then unlock."""

@@ -296,12 +296,16 @@ class JetsonDevice:
         try:
             self._writer(path, value)
         except PermissionError:
-            raise DevicePermissionError(f"no permission to write {path}; run as root (sudo -E dvfs-mlops ...) to change the GPU clock, "
-                                        "or meter without changing it (--observe)") from None
+            raise DevicePermissionError(f"no permission to write {path}; install the clock service once (sudo dvfs-mlops clockd "
+                                        "install) or run as root to change the GPU clock, or meter only (--observe)") from None
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise DevicePermissionError(f"no permission to write {path}; run as root, or use --observe") from None
             raise DvfsError(f"the kernel refused {value} for {path}: {e.strerror or e}") from None
+
+    def clock_writable(self) -> bool:
+        """Whether this process may write the node's clock range itself (root, or a udev rule granting write)."""
+        return all(os.access(self._file(n), os.W_OK) for n in ("min_freq", "max_freq"))
 
     def write_range(self, min_hz: int, max_hz: int) -> None:
         """Set [min, max]; the write order keeps min <= max at every moment (kernel rule)."""
@@ -444,51 +448,70 @@ def _board_serial(root: Path) -> str | None:
     return serial or None
 
 
-class JetsonSession(FreqSession):
-    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the range found.
+class JetsonPin:
+    """This process's own pin of the devfreq range: lock, journal, write; restore what it found.
 
-    "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
-    full table would override a lower power mode's cap.
+    The one place the Jetson pin is spelt out: a session running as root uses it, and so does the clock service
+    (`clockd.server`) for its clients, journalling the client's PID and uid.
+
+    Args:
+        device: the Jetson whose devfreq node is pinned.
+        owner_pid: the PID the journal names (None: this process).
+        owner_uid: the uid the journal names (None: this process's).
     """
 
-    device: JetsonDevice
-
-    def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    def __init__(self, device: JetsonDevice, owner_pid: int | None = None, owner_uid: int | None = None):
+        self.device = device
         self._ownership = ClockOwnership("jetson", device.device_key, device.restore_settings)
+        self._owner = (owner_pid, owner_uid)
         self._original: dict[str, Any] | None = None
-        self._sampler: PowerSampler | None = None
-        self._rails: list[Rail] = []
-        self._fds: list[int] = []
-        self._oc_read: Callable[[], int | None] | None = None
-        self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
 
-    def _apply(self) -> None:
+    @property
+    def held(self) -> bool:
+        return self._ownership.lock.held
+
+    def pin(self, freq: FreqRequest) -> dict[str, Any]:
+        """Claim the GPU, journal the range found, pin `freq` ("maxn": write nothing).
+
+        Returns:
+            What the session logs besides energy: {"above_mode_cap": True} where `freq` is above nvpmodel's cap.
+
+        Raises:
+            DeviceBusyError: another process holds the GPU. DevicePermissionError, DvfsError: the write failed.
+        """
         dev = self.device
         self._ownership.claim()
         self._original = dev.settings()
-        self._ownership.record(self._original, freq_label(self.freq))  # before any write
-        if self.freq == MAXN:
-            return  # the board's default: leave the range nvpmodel (or its administrator) set
-        table_hz = [int(x) for x in dev.read("available_frequencies").split()]
-        hz = min(table_hz, key=lambda h: abs(h / 1e6 - float(self.freq)))
+        self._ownership.record(self._original, freq_label(freq), *self._owner)  # before any write
+        if freq == MAXN:
+            return {}  # the board's default: leave the range nvpmodel (or its administrator) set
+        hz = self._table_hz(float(freq))
+        context: dict[str, Any] = {}
         mode = dev.power_mode()
         if mode is not None and mode.gpu_max_mhz is not None and hz / 1e6 > mode.gpu_max_mhz + 0.5:
-            self.context["above_mode_cap"] = True
+            context["above_mode_cap"] = True
             log.warning("pinning %g MHz above the %g MHz GPU cap of nvpmodel mode %s: the board may not hold it",
                         hz / 1e6, mode.gpu_max_mhz, mode.name)
         if (hz, hz) != dev.current_range_hz():
             dev.write_range(hz, hz)
+        return context
 
-    def _repin(self, mhz: float) -> None:
-        """Another clock of the table; the journal still holds the range found before the session."""
-        dev = self.device
-        table_hz = [int(x) for x in dev.read("available_frequencies").split()]
-        hz = min(table_hz, key=lambda h: abs(h / 1e6 - mhz))
-        if (hz, hz) != dev.current_range_hz():
-            dev.write_range(hz, hz)
+    def _table_hz(self, mhz: float) -> int:
+        table_hz = [int(x) for x in self.device.read("available_frequencies").split()]
+        return min(table_hz, key=lambda h: abs(h / 1e6 - mhz))
 
-    def _restore(self) -> None:
+    def repin(self, mhz: float) -> None:
+        """Another clock of the table; the journal still holds the range found before the first pin."""
+        hz = self._table_hz(mhz)
+        if (hz, hz) != self.device.current_range_hz():
+            self.device.write_range(hz, hz)
+
+    def restore(self) -> None:
+        """Put back the range found, remove the journal, unlock (a no-op when nothing is held).
+
+        Raises:
+            RestoreFailedError: the write failed; the journal is kept and the lock released.
+        """
         if not self._ownership.lock.held:
             return
         original, self._original = self._original, None
@@ -499,6 +522,40 @@ class JetsonSession(FreqSession):
             self._ownership.abandon()  # the journal stays: `dvfs-mlops restore` can finish the job
             raise restore_failed(self.device.device_key, e, self._ownership.journal_path) from None
         self._ownership.release()
+
+
+class JetsonSession(FreqSession):
+    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the range found.
+
+    "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
+    full table would override a lower power mode's cap. Who writes: this process as root (`JetsonPin`), else the
+    clock service where one runs (`clockd.client.route_pin`); metering stays in this process either way.
+    """
+
+    device: JetsonDevice
+
+    def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False):
+        super().__init__(device, freq, observe=observe)
+        self._pin: Any = None
+        self._sampler: PowerSampler | None = None
+        self._rails: list[Rail] = []
+        self._fds: list[int] = []
+        self._oc_read: Callable[[], int | None] | None = None
+        self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
+
+    def _apply(self) -> None:
+        from dvfs_mlops.hw.clockd.client import route_pin
+
+        self._pin = route_pin("jetson", lambda: JetsonPin(self.device), writable=self.device.clock_writable)
+        self.context.update(self._pin.pin(self.freq))
+
+    def _repin(self, mhz: float) -> None:
+        """Another clock of the table; the journal still holds the range found before the session."""
+        self._pin.repin(mhz)
+
+    def _restore(self) -> None:
+        if self._pin is not None:
+            self._pin.restore()
 
     def _start_meter(self) -> None:
         dev = self.device

@@ -240,8 +240,8 @@ class NvmlDevice:
         except self.nvml.NVMLError as e:
             if _is_permission(self.nvml, e):
                 raise DevicePermissionError(
-                    f"NVML refused to {what} on GPU {self.index} (no permission); run as root or enable it with "
-                    "'sudo nvidia-smi -acp UNRESTRICTED' where the driver allows, or meter only with --observe"
+                    f"NVML refused to {what} on GPU {self.index} (no permission); install the clock service once (sudo "
+                    "dvfs-mlops clockd install) or run as root, or meter only with --observe"
                 ) from None
             raise DvfsError(f"NVML could not {what} on GPU {self.index}: {e}") from None
 
@@ -394,47 +394,78 @@ class NvmlDevice:
         return DeviceInfo("nvml", self.profile, self.frequencies_mhz, self.current_mhz(), "default (nvml)", ["gpu"], False, detail)
 
 
-class NvmlSession(FreqSession):
-    device: NvmlDevice
+class NvmlPin:
+    """This process's own lock of the GPU's graphics clock: claim, check, journal, lock; reset on restore.
 
-    def __init__(self, device: NvmlDevice, freq: FreqRequest, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    The one place the NVML pin is spelt out: a session running as root uses it, and so does the clock service
+    (`clockd.server`) for its clients, journalling the client's PID and uid.
+
+    Args:
+        device: the GPU.
+        owner_pid: the PID the journal names (None: this process).
+        owner_uid: the uid the journal names (None: this process's).
+    """
+
+    def __init__(self, device: NvmlDevice, owner_pid: int | None = None, owner_uid: int | None = None):
+        self.device = device
         self._ownership = ClockOwnership("nvml", device.device_key, device.restore_settings)
+        self._owner = (owner_pid, owner_uid)
         self._locked = False
-        self._sampler: PowerSampler | None = None
-        self._marks: list[tuple[int, int | None]] = []
 
-    def _apply(self) -> None:
+    @property
+    def held(self) -> bool:
+        return self._ownership.lock.held
+
+    def _record(self, requested: str) -> None:
+        dev = self.device
+        self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, requested, *self._owner)
+
+    def pin(self, freq: FreqRequest) -> dict[str, Any]:
+        """Claim the GPU; for a clock of the table, check it can be restored exactly, journal, lock ("maxn": nothing).
+
+        Returns:
+            Nothing the session logs besides energy ({}).
+
+        Raises:
+            DeviceBusyError: another process holds the GPU. DvfsError: MIG, application clocks, no assume_unlocked, or
+                the lock call failed (DevicePermissionError without root).
+        """
         dev = self.device
         self._ownership.claim()
-        if self.freq == MAXN:
-            return  # the board's default as found: an administrator's lock stays as it is
+        if freq == MAXN:
+            return {}  # the board's default as found: an administrator's lock stays as it is
         try:
             dev.check_can_pin()
         except DvfsError:
             self._ownership.release()
             raise
-        self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, freq_label(self.freq))
+        self._record(freq_label(freq))
         try:
-            dev.lock_clocks(float(self.freq))
+            dev.lock_clocks(float(freq))
         except DevicePermissionError:
-            raise  # nothing was locked; __enter__ releases the claim
+            raise  # nothing was locked; the restore releases the claim
         except BaseException:
             with contextlib.suppress(Exception):  # a lock call that failed half-way: undo whatever it did
                 dev.reset_clocks()
             raise
         self._locked = True
+        return {}
 
-    def _repin(self, mhz: float) -> None:
-        """Lock another clock; a session entered at maxn checks and journals first, as `_apply` does."""
+    def repin(self, mhz: float) -> None:
+        """Lock another clock; a pin taken at maxn checks and journals first, as `pin` does."""
         dev = self.device
         if not self._locked:
             dev.check_can_pin("move the clock (refine; --refine 0 leaves it)")
-            self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, freq_label(mhz))
-            self._locked = True  # from here on the exit resets, whether or not the lock call below completes
+            self._record(freq_label(mhz))
+            self._locked = True  # from here on the restore resets, whether or not the lock call below completes
         dev.lock_clocks(mhz)
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
+        """Reset the lock this pin set, remove the journal, unlock (a no-op when nothing is held).
+
+        Raises:
+            RestoreFailedError: the reset failed; the journal is kept and the lock released.
+        """
         if not self._ownership.lock.held:
             return
         if self._locked:
@@ -446,6 +477,34 @@ class NvmlSession(FreqSession):
                 raise restore_failed(self.device.device_key, e, self._ownership.journal_path) from None
             self._locked = False
         self._ownership.release()
+
+
+class NvmlSession(FreqSession):
+    """Lock the graphics clock; meter power, utilisation and the clock through NVML; reset the lock on exit. Who
+    locks: this process as root (`NvmlPin`), else the clock service where one runs (`clockd.client.route_pin`)."""
+
+    device: NvmlDevice
+
+    def __init__(self, device: NvmlDevice, freq: FreqRequest, observe: bool = False):
+        super().__init__(device, freq, observe=observe)
+        self._pin: Any = None
+        self._sampler: PowerSampler | None = None
+        self._marks: list[tuple[int, int | None]] = []
+
+    def _apply(self) -> None:
+        from dvfs_mlops.hw.clockd.client import route_pin
+
+        dev = self.device
+        self._pin = route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id, assume_unlocked=dev.assume_unlocked)
+        self.context.update(self._pin.pin(self.freq))
+
+    def _repin(self, mhz: float) -> None:
+        """Lock another clock; a session entered at maxn checks and journals first, as `_apply` does."""
+        self._pin.repin(mhz)
+
+    def _restore(self) -> None:
+        if self._pin is not None:
+            self._pin.restore()
 
     def _start_meter(self) -> None:
         dev = self.device
