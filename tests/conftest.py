@@ -51,6 +51,8 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     """Every test gets its own journal/lock dir and never sees the real sysfs."""
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("DVFS_STATE_DIR", str(state))
+    for name in ("SUDO_UID", "SUDO_GID", "SUDO_USER"):  # under sudo the state dir is the invoking user's, not this one
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(tmp_path_factory.mktemp("empty-sysfs")))
     # The fake boards have no GPU: train on the CPU (the documented --torch-device override).
     # Tests of the CUDA check unset it.

@@ -87,7 +87,7 @@ def describe_device(dev: Any, requested: str = "") -> str:
     elif dev.name == "nvml":
         what = f"nvml ({dev.gpu_name}, GPU {dev.index})"
     else:
-        what = f"sim ({dev.profile}: simulated Jetson AGX Orin 64 GB twin, measurements are SIMULATED)"
+        what = f"sim ({dev.profile}: a simulated {dev.params.family} twin, measurements are SIMULATED)"
     return f"device: {what}" + (" [auto]" if requested == "auto" else "")
 
 

@@ -1,4 +1,4 @@
-"""The `sim` backend: a digital twin of the Jetson AGX Orin 64 GB (see twin/).
+"""The `sim` backend: a digital twin of a Jetson Orin module (the AGX Orin 64 GB by default; see twin/profiles.py).
 
 Fine-tuning runs for real on the CPU; every training step is charged the time and energy the
 Orin would spend on it at the session's clock (`step(trace)`). Nothing on the host is changed, so
@@ -69,7 +69,7 @@ class SimDevice:
     def info(self) -> DeviceInfo:
         return DeviceInfo(
             "sim", self.profile, self.frequencies_mhz, None, "nvhost_podgov (simulated maxn)", list(RAILS), True,
-            {"note": "simulated Jetson AGX Orin 64 GB twin; no hardware is touched"},
+            {"note": f"simulated {self.params.family} twin; no hardware is touched"},
         )
 
 
