@@ -116,14 +116,17 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
-    """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
+    """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code.
+
+    On nvml every GPU COMMAND can see is pinned and metered (CUDA_VISIBLE_DEVICES, else all; --gpu-index: that one)."""
     from dvfs_mlops.app.run import run_command
 
-    outcome = run_command(freq, observe, device, command, say=_echo_err)
+    chosen = click.get_current_context().get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT
+    outcome = run_command(freq, observe, device, command, say=_echo_err, all_gpus=not chosen)
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2))
     else:
-        _echo_err(outcome.line())
+        _echo_lines(outcome.lines(), err=True)
     sys.exit(outcome.returncode)
 
 

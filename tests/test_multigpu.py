@@ -1,0 +1,114 @@
+"""Several GPUs of one job: `dvfs-mlops run` pins, meters and restores every GPU the command can see, and DvfsCallback
+under `torchrun` runs every rank at one clock on its own GPU and logs one MLflow run (tests on a fake 2-GPU NVML shared
+by the processes through a state file: testkit/fakes/fake_pynvml.py, `shared_module`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testkit.fakes.fake_pynvml import FakeGPU, read_shared_state, shared_module, write_shared_state
+from tests.conftest import REPO, run_cli
+
+FREQ = 900
+
+
+@pytest.fixture
+def two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, object]:
+    """A fake 2-GPU NVML (100 W and 200 W) every process of the test shares; this process imports it as `pynvml`."""
+    path = str(tmp_path / "nvml.json")
+    write_shared_state(path, [FakeGPU(power_mw=100_000), FakeGPU(power_mw=200_000)])
+    module = shared_module(path)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return path, module
+
+
+def _run(state: str, tmp_path: Path, *options: str, env: dict | None = None):
+    """`dvfs-mlops run --device nvml --freq 900 --assume-unlocked OPTIONS -- python (copy the fake's state now)`: the
+    CLI's result and the state file as the command saw it while it ran."""
+    seen = tmp_path / "seen.json"
+    child = [sys.executable, "-c", "import shutil, sys, time; time.sleep(0.3); shutil.copy(sys.argv[1], sys.argv[2])", state, str(seen)]
+    r = run_cli("run", "--device", "nvml", "--freq", str(FREQ), "--assume-unlocked", "--sample-hz", "20", *options, "--", *child,
+                env=env)
+    return r, (json.loads(seen.read_text()) if seen.exists() else None)
+
+
+def _uuids(module) -> list[str]:
+    return [g.uuid for g in module._gpus]
+
+
+def test_run_pins_meters_and_restores_every_gpu_without_cuda_visible_devices(two_gpus, tmp_path):
+    state, module = two_gpus
+    r, seen = _run(state, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]  # both pinned while the command ran
+    after = read_shared_state(state)
+    assert [g["locked"] for g in after["gpus"]] == [None, None]  # both restored
+    assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(0, "lock"), (1, "lock"), (1, "reset"), (0, "reset")]
+    lines = r.stderr.strip().splitlines()
+    uuids = _uuids(module)
+    assert lines[-3].startswith(f"GPU 0 ({uuids[0]}): ") and lines[-2].startswith(f"GPU 1 ({uuids[1]}): ")
+    assert lines[-1].startswith("sum of 2 GPUs: energy: ") and lines[-1].endswith("exit code 0")
+    per_gpu = [float(line.split(": ", 1)[1].split(" J")[0]) for line in lines[-3:-1]]
+    total = float(lines[-1].split("energy: ")[1].split(" J")[0])
+    watts = [float(line.split("avg ")[1].split(" W")[0]) for line in lines[-3:-1]]
+    assert total == pytest.approx(sum(per_gpu), abs=0.02) and watts == pytest.approx([100, 200], rel=0.05)  # each GPU's own draw
+
+
+def test_run_json_holds_each_gpu_and_the_sum(two_gpus, tmp_path):
+    state, module = two_gpus
+    r, _ = _run(state, tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["gpu_count"] == 2 and [g["index"] for g in out["gpus"]] == [0, 1] and [g["uuid"] for g in out["gpus"]] == _uuids(module)
+    assert out["energy_j"] == pytest.approx(sum(g["energy_j"] for g in out["gpus"]))
+    assert out["energy_total_j"] == pytest.approx(sum(g["energy_total_j"] for g in out["gpus"]))
+    assert out["duration_s"] == pytest.approx(max(g["duration_s"] for g in out["gpus"]))
+    assert all(g["energy_j"] > 0 and g["clock_held"] is True for g in out["gpus"]) and out["clock_held"] is True
+
+
+def test_run_pins_only_the_gpu_cuda_visible_devices_names_by_uuid(two_gpus, tmp_path):
+    state, module = two_gpus
+    second = _uuids(module)[1]
+    r, seen = _run(state, tmp_path, "--json", env={"CUDA_VISIBLE_DEVICES": second[:12]})  # a prefix naming one GPU alone
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [None, [FREQ, FREQ]]
+    out = json.loads(r.stdout)
+    assert out["device_id"] == second and "gpus" not in out and out["energy_j"] > 0  # one GPU: the single-GPU output
+    after = read_shared_state(state)
+    assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(1, "lock"), (1, "reset")]
+    assert [g["locked"] for g in after["gpus"]] == [None, None]
+
+
+def test_run_with_every_gpu_by_index_pins_both_and_a_subset_by_index_is_refused(two_gpus, tmp_path):
+    state, module = two_gpus
+    r, seen = _run(state, tmp_path, env={"CUDA_VISIBLE_DEVICES": "1,0"})
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]
+    calls = len(read_shared_state(state)["calls"])
+    refused, seen = _run(state, tmp_path, env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert refused.returncode == 2 and "name them by UUID" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(read_shared_state(state)["calls"]) == calls  # nothing touched
+
+
+def test_run_gpu_index_pins_that_gpu_alone(two_gpus, tmp_path):
+    state, module = two_gpus
+    r, seen = _run(state, tmp_path, "--gpu-index", "1")
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [None, [FREQ, FREQ]]
+    assert r.stderr.strip().splitlines()[-1].startswith("energy: ")
+
+
+def test_a_refused_pin_on_the_second_gpu_restores_the_first(two_gpus, tmp_path):
+    state, module = two_gpus
+    module._gpus[1].permission = False  # NVML refuses this process the second GPU's lock
+    r, seen = _run(state, tmp_path)
+    assert r.returncode == 2 and "no permission" in r.stderr and seen is None  # the command never ran
+    after = read_shared_state(state)
+    assert [g["locked"] for g in after["gpus"]] == [None, None]
+    assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(0, "lock"), (1, "lock"), (0, "reset")]
