@@ -4,6 +4,7 @@ The PostgreSQL tests skip, saying why, where Debian's `postgresql` package or ps
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dvfs_mlops.mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
+from dvfs_mlops.mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, TrackingClaims, claim_scope, open_claims
 from tests.conftest import REPO, run_cli
 
 
@@ -111,12 +112,15 @@ def test_a_file_claim_whose_process_is_gone_is_taken_over_at_once(tmp_path):
     assert store.claim("s1", "p-live", "b", 300) is Claim.TAKEN
 
 
-def test_claims_follow_the_tracking_store(tmp_path, monkeypatch):
+def test_claims_follow_the_tracking_store(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("DVFS_CLAIMS_URI", raising=False)
     store = open_claims(None, f"sqlite:///{tmp_path}/mlflow.db")
     assert isinstance(store, FileClaims) and store.path == tmp_path / "mlflow.db.claims.json"
-    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), NoClaims)  # today's behaviour, said in the log
-    assert isinstance(open_claims("none", f"sqlite:///{tmp_path}/mlflow.db"), NoClaims)
+    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), TrackingClaims)  # boards that reach only the server
+    assert isinstance(open_claims("tracking", f"sqlite:///{tmp_path}/mlflow.db"), TrackingClaims)
+    with caplog.at_level(logging.WARNING, logger="dvfs_mlops.mlops.claims"):
+        assert isinstance(open_claims("none", f"sqlite:///{tmp_path}/mlflow.db"), NoClaims)
+    assert [r.levelname for r in caplog.records if "will run the same points" in r.message] == ["WARNING"]
     monkeypatch.setenv("DVFS_CLAIMS_URI", f"file://{tmp_path}/c.json")
     assert isinstance(open_claims(None, "http://127.0.0.1:5000"), FileClaims)
 

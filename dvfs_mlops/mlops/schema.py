@@ -29,6 +29,10 @@ TAG_STRATEGY = "dvfs.strategy"  # adaptive: the point was chosen by the curve mo
 TAG_PREDICTIONS = "dvfs.predictions"  # an adaptive sweep's parent: predicted.csv is the curve model's, not measurements
 TAG_POWER_PRIOR = "dvfs.power_prior"  # an adaptive sweep's parent: the board priors its predictions leaned on
 TAG_CLAIM_LOST = "dvfs.claim_lost"  # "true": a point's run whose claim another worker took over (claims.py)
+# A point's run that is its claim (claims.TrackingClaims: workers that share only the tracking server).
+TAG_CLAIM_WORKER = "dvfs.claim_worker"  # who claimed the point (claims.default_worker)
+TAG_CLAIM_TTL = "dvfs.claim_ttl_s"  # the claim's lease: stale once its beat is seen unchanged this long
+TAG_CLAIM_BEAT = "dvfs.claim_beat"  # a counter the holder bumps every third of the lease
 
 # What a metered session saw (every run that metered one).
 TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin
