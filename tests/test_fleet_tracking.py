@@ -1,0 +1,123 @@
+"""Workers that share only an MLflow tracking server (http, no --claims) split one sweep: the claim is the point's run.
+
+A real `mlflow server` on a SQLite store (its own port and folder), workers as separate `dvfs-mlops sweep` processes
+on the twin (profile-only points: fast). claims.TrackingClaims is what they use, with no setting.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from testkit.fakes.pgserver import MlflowServer
+from tests.conftest import REPO
+
+MODELS, TASKS, FREQS = ("bert-tiny", "pythia-14m"), ("sst2", "mrpc"), ("510", "816", "1300.5")
+EXPECTED = sorted(f"{m}/{t}@{f}#0" for m in MODELS for t in TASKS for f in ("maxn", *FREQS))
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory, store_template):
+    """`mlflow server` over http on a SQLite store (a copy of the migrated template: no migrations at start)."""
+    root = tmp_path_factory.mktemp("tracking-claims-server")
+    shutil.copy2(store_template, root / "server.db")
+    server = MlflowServer(root, f"sqlite:///{root}/server.db", start_timeout=120)
+    yield server
+    server.stop()
+
+
+def _sweep(exp: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", ",".join(MODELS), "--tasks", ",".join(TASKS),
+            "--freqs", ",".join(FREQS), "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exp, *extra]
+
+
+def _env(uri: str) -> dict[str, str]:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("DVFS_CLAIMS_URI", None)  # no claims setting: the tracking server alone
+    return env
+
+
+def _runs(uri: str, exp: str, deleted: bool = False) -> list:
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    e = c.get_experiment_by_name(exp)
+    view = ViewType.ALL if deleted else ViewType.ACTIVE_ONLY
+    return c.search_runs([e.experiment_id], filter_string="tags.`dvfs.point` != ''", run_view_type=view, max_results=5000)
+
+
+def _finished_once(runs: list) -> Counter:
+    finished = Counter(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED")
+    assert sorted(finished) == EXPECTED and set(finished.values()) == {1}, finished  # every point, each exactly once
+    return Counter(r.data.tags["dvfs.claim_worker"] for r in runs if r.info.status == "FINISHED")
+
+
+@pytest.mark.slow
+def test_three_workers_split_a_sweep_through_the_tracking_server_alone(http_server):
+    exp = f"split-{uuid.uuid4().hex[:6]}"
+    procs = [subprocess.Popen(_sweep(exp), cwd=REPO, env=_env(http_server.uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "points claimed in tracking" in err and "claims through the tracking server:" in err
+        assert "WARNING" not in err
+    runs = _runs(http_server.uri, exp)
+    by_worker = _finished_once(runs)
+    assert len(by_worker) >= 2, by_worker  # the work was split
+    assert len(runs) == len(EXPECTED)  # a claim backed off from is deleted: no live run besides the points'
+    ran = sum(int(out.split("ran ")[1].split(" points")[0]) for out, _err in outs)
+    assert ran == len(EXPECTED)  # what the workers say they ran adds up to the sweep
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_point_loses_it_to_another(http_server):
+    """Three workers, a 3 s lease; one is killed (SIGKILL) while its point is RUNNING: another worker sees the claim's
+    heartbeat stand still for a lease, marks that run FAILED (lease expired) and measures the point itself."""
+    from mlflow.tracking import MlflowClient
+
+    exp = f"killed-{uuid.uuid4().hex[:6]}"
+    procs = [subprocess.Popen(_sweep(exp, "--claim-ttl-s", "3"), cwd=REPO, env=_env(http_server.uri), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    victim = procs[0]
+    c = MlflowClient(tracking_uri=http_server.uri)
+    killed = None
+    try:
+        deadline = time.monotonic() + 240
+        while killed is None and victim.poll() is None and time.monotonic() < deadline:
+            e = c.get_experiment_by_name(exp)
+            runs = c.search_runs([e.experiment_id], "attributes.status = 'RUNNING'", max_results=100) if e is not None else []
+            mine = [r for r in runs if r.data.tags.get("dvfs.claim_worker", "").endswith(f":{victim.pid}")]
+            if mine:
+                victim.send_signal(signal.SIGSTOP)  # frozen where it is; killed if its point is still RUNNING
+                if c.get_run(mine[0].info.run_id).info.status == "RUNNING":
+                    victim.kill()
+                    killed = mine[0]
+                else:
+                    victim.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
+        outs = [p.communicate(timeout=300) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        victim.communicate()
+    assert killed is not None, "the victim finished before it was seen holding a point"
+    for p, (_out, err) in zip(procs[1:], outs):
+        assert p.returncode == 0, err[-3000:]
+    assert sum("1 stale claim(s) taken over" in err for _out, err in outs) == 1
+    runs = _runs(http_server.uri, exp)
+    _finished_once(runs)
+    dead = c.get_run(killed.info.run_id)
+    assert dead.info.status == "FAILED" and dead.data.tags["dvfs.claim_lost"] == "lease expired"
+    point = killed.data.tags["dvfs.point"]
+    finisher = next(r for r in runs if r.data.tags["dvfs.point"] == point and r.info.status == "FINISHED")
+    assert finisher.data.tags["dvfs.claim_worker"] != killed.data.tags["dvfs.claim_worker"]  # taken over, not lost
