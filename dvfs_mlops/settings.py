@@ -42,6 +42,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
     Variable("CUDA_VISIBLE_DEVICES", "unset", "CUDA's own (read, never set): the GPUs torch sees; the nvml backend finds its "
              "GPU among them by UUID and names them in its error"),
+    Variable("LOCAL_RANK", "unset", "set by torchrun / accelerate launch (read, never set): DvfsCallback pins and meters "
+             "this process's GPU, the LOCAL_RANK-th the job sees"),
 )
 
 _DEFAULTS = {v.name: v.default for v in VARIABLES}
@@ -111,6 +113,20 @@ def torch_device_override() -> str | None:
 def cuda_visible_devices() -> str | None:
     """$CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset (every GPU visible), '' when set empty (none visible)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def local_rank() -> int | None:
+    """$LOCAL_RANK (a launcher's process number on this machine: torchrun, accelerate launch), None when unset.
+
+    Raises:
+        DvfsError: set but not a whole number.
+    """
+    value = _get("LOCAL_RANK")
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise DvfsError(f"LOCAL_RANK={value!r} is not a process number; it is set by torchrun/accelerate launch, leave it to them")
+    return int(value)
 
 
 def registry_dir() -> Path:

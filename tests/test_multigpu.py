@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dvfs_mlops.hw.guard import list_journals
 from testkit.fakes.fake_pynvml import FakeGPU, read_shared_state, shared_module, write_shared_state
 from tests.conftest import REPO, run_cli
 
@@ -86,7 +87,7 @@ def test_run_pins_only_the_gpu_cuda_visible_devices_names_by_uuid(two_gpus, tmp_
 
 
 def test_run_with_every_gpu_by_index_pins_both_and_a_subset_by_index_is_refused(two_gpus, tmp_path):
-    state, module = two_gpus
+    state, _module = two_gpus
     r, seen = _run(state, tmp_path, env={"CUDA_VISIBLE_DEVICES": "1,0"})
     assert r.returncode == 0, r.stderr
     assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]
@@ -97,7 +98,7 @@ def test_run_with_every_gpu_by_index_pins_both_and_a_subset_by_index_is_refused(
 
 
 def test_run_gpu_index_pins_that_gpu_alone(two_gpus, tmp_path):
-    state, module = two_gpus
+    state, _module = two_gpus
     r, seen = _run(state, tmp_path, "--gpu-index", "1")
     assert r.returncode == 0, r.stderr
     assert [g["locked"] for g in seen["gpus"]] == [None, [FREQ, FREQ]]
@@ -112,3 +113,42 @@ def test_a_refused_pin_on_the_second_gpu_restores_the_first(two_gpus, tmp_path):
     after = read_shared_state(state)
     assert [g["locked"] for g in after["gpus"]] == [None, None]
     assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(0, "lock"), (1, "lock"), (0, "reset")]
+
+
+def test_dvfs_callback_under_torchrun_runs_every_rank_at_rank_0s_clock_and_logs_one_run(tmp_path, empty_store, state_dir):
+    """`torchrun --nproc-per-node 2` of a user's Trainer script (testkit/torchrun_trainer.py) on the CPU (gloo), each
+    rank's NVML the shared fake 2-GPU one: rank 0 asks for 900 MHz and rank 1 for 600; both GPUs run at 900, both are
+    restored, and one MLflow run holds both GPUs' energy and their sum."""
+    import mlflow
+
+    state = str(tmp_path / "nvml.json")
+    write_shared_state(state, [FakeGPU(power_mw=100_000), FakeGPU(power_mw=200_000)])
+    uuids = [g["uuid"] for g in read_shared_state(state)["gpus"]]
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update({"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "testkit", "fakes", "nvml_shim"), str(REPO)]),
+                "DVFS_FAKE_NVML_STATE": state, "MLFLOW_TRACKING_URI": empty_store, "DVFS_TORCH_DEVICE": "cpu"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(REPO / "testkit" / "torchrun_trainer.py"), str(tmp_path), str(FREQ), "600"]
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["index"] for r in ranks] == [0, 1]  # each rank on its own GPU (LOCAL_RANK-th visible)
+    assert [r["freq"] for r in ranks] == [FREQ, FREQ]  # rank 0's decision, broadcast
+    for r in ranks:  # at every step of either rank, both GPUs locked at that clock
+        assert len(r["seen"]) == 3 and all(step == [[FREQ, FREQ], [FREQ, FREQ]] for step in r["seen"])
+    after = read_shared_state(state)
+    assert [g["locked"] for g in after["gpus"]] == [None, None]  # both restored
+    for i in (0, 1):
+        assert [c["call"] for c in after["calls"] if c["gpu"] == i] == [["lock", FREQ, FREQ], ["reset"]]
+    assert list_journals(state_dir) == []  # no journal left behind
+    client = mlflow.MlflowClient(tracking_uri=empty_store)
+    runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
+    assert len(runs) == 1  # rank 0's run; rank 1 logged nothing
+    metrics, tags = runs[0].data.metrics, runs[0].data.tags
+    per_gpu = [metrics["dvfs_energy_j_gpu0"], metrics["dvfs_energy_j_gpu1"]]
+    assert per_gpu == pytest.approx([r["energy_j"] for r in ranks])
+    assert metrics["dvfs_energy_j"] == pytest.approx(sum(per_gpu)) == pytest.approx(ranks[0]["job_energy_j"])
+    assert [metrics["dvfs_avg_power_w_gpu0"], metrics["dvfs_avg_power_w_gpu1"]] == pytest.approx([100, 200], rel=0.05)
+    assert [tags["dvfs.gpu0.uuid"], tags["dvfs.gpu1.uuid"]] == uuids and tags["dvfs.gpu_count"] == "2"
+    assert [tags["dvfs.gpu0.rank"], tags["dvfs.gpu1.rank"]] == ["0", "1"] and tags["dvfs.freq_mhz"] == str(FREQ)
+    assert tags["dvfs.clock_held"] == "true"

@@ -64,3 +64,9 @@ TAG_OPTUNA_TRIAL = "optuna.trial"
 TAG_VERSION_POWER_PRIOR = "power_prior"  # the training sweep's board prior (JSON), for refine at launch
 TAG_BASELINE = "dvfs.baseline"  # "true": the published tree (registry bootstrap); metric gates do not apply
 TAG_SOURCE = "source"
+
+# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and which GPU each per-GPU metric
+# (`records.gpu_metrics`: <metric>_gpu<NVML index>) is.
+TAG_GPU_COUNT = "dvfs.gpu_count"
+TAG_GPU_UUID = "dvfs.gpu{index}.uuid"  # .format(index=NVML index): the GPU's UUID
+TAG_GPU_RANK = "dvfs.gpu{index}.rank"  # .format(index=NVML index): the launcher's rank that trained on it
