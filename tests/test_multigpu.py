@@ -152,3 +152,107 @@ def test_dvfs_callback_under_torchrun_runs_every_rank_at_rank_0s_clock_and_logs_
     assert [tags["dvfs.gpu0.uuid"], tags["dvfs.gpu1.uuid"]] == uuids and tags["dvfs.gpu_count"] == "2"
     assert [tags["dvfs.gpu0.rank"], tags["dvfs.gpu1.rank"]] == ["0", "1"] and tags["dvfs.freq_mhz"] == str(FREQ)
     assert tags["dvfs.clock_held"] == "true"
+
+
+# ---- which GPUs a job sees, and which one a rank trains on -------------------------------------------------------------
+
+def _units(m) -> list[set[str]]:
+    from dvfs_mlops.hw.nvml import NvmlDevice
+
+    return [NvmlDevice(index=i, nvml=m).cuda_uuids for i in range(len(m._gpus))]
+
+
+@pytest.mark.parametrize(("visible", "expected"), [
+    (None, [0, 1, 2]),  # unset: every GPU
+    ("", []),  # empty: none
+    ("2,0,1", [0, 1, 2]),  # every index: every GPU, whatever CUDA's order
+    ("GPU-cccc,GPU-aaaa", [2, 0]),  # UUIDs (prefixes), in the order given
+    ("GPU-cccc,GPU-zzzz,GPU-aaaa", [2]),  # an entry naming no GPU ends the list
+    ("GPU-cccc,bogus,GPU-aaaa", [2]),  # as does one that is neither an index nor a UUID
+], ids=["unset", "empty", "all-indices", "uuids", "unknown-uuid", "invalid-entry"])
+def test_the_gpus_a_job_sees_without_torch(visible, expected):
+    from dvfs_mlops.hw.placement import visible_gpus
+    from testkit.fakes.fake_pynvml import make_module
+
+    m = make_module([FakeGPU(uuid=f"GPU-{c * 4}1111-8a1d-4c3b-9f6e-2d7a5b4c3e10") for c in "abc"])
+    assert visible_gpus(_units(m), visible) == expected
+
+
+def test_a_subset_by_index_is_refused_without_torch_and_told_by_torch_with_it(monkeypatch):
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.hw.placement import cuda_uuids, visible_gpus
+    from testkit.fakes.fake_pynvml import FakeCuda, make_module
+
+    m = make_module([FakeGPU(), FakeGPU(), FakeGPU()])
+    with pytest.raises(DvfsError, match="name them by UUID"):
+        visible_gpus(_units(m), "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    FakeCuda(m, fastest_first=[2, 0, 1]).install(monkeypatch)  # CUDA's physical 1 and 0 are NVML GPUs 0 and 2
+    assert visible_gpus(_units(m), "1,0", cuda_uuids()) == [0, 2]
+
+
+def test_a_mig_device_in_cuda_visible_devices_is_its_gpu(monkeypatch):
+    from dvfs_mlops.hw.placement import visible_gpus
+    from testkit.fakes.fake_pynvml import make_module
+
+    m = make_module([FakeGPU(), FakeGPU()])
+    mig = m._gpus[1].enable_mig(2)[0]
+    assert visible_gpus(_units(m), mig.uuid) == [1]
+
+
+class _ModelOn:
+    """A Trainer's model as the callback sees it: parameters on `where`."""
+
+    def __init__(self, where: str):
+        import torch
+
+        self.where = torch.device(where)
+
+    def parameters(self):
+        import types
+
+        return iter([types.SimpleNamespace(device=self.where)])
+
+
+def test_a_rank_opens_the_local_rank_th_visible_gpu_like_the_device_given(monkeypatch):
+    from dvfs_mlops.hw import open_device
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from testkit.fakes.fake_pynvml import make_module
+
+    m = make_module([FakeGPU(), FakeGPU(), FakeGPU()])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{m._gpus[2].uuid},{m._gpus[1].uuid}")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    given = open_device("nvml", nvml_module=m, assume_unlocked=True, sample_hz=7)
+    dev = DvfsCallback(device=given, announce=None, torch_device="cpu")._open_device(_ModelOn("cpu"))
+    assert (dev.index, dev.assume_unlocked, dev.sample_hz) == (1, True, 7)  # visible are GPUs 2, 1: rank 1's is GPU 1
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(Exception, match="LOCAL_RANK 2 has no GPU of its own: the job sees 2"):
+        DvfsCallback(device=given, announce=None, torch_device="cpu")._open_device(_ModelOn("cpu"))
+    assert all(g.calls == [] for g in m._gpus)
+
+
+def test_a_rank_whose_model_is_on_cuda_opens_the_gpu_with_that_uuid(monkeypatch):
+    from dvfs_mlops.hw import open_device
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from testkit.fakes.fake_pynvml import FakeCuda, make_module
+
+    m = make_module([FakeGPU(), FakeGPU()])
+    monkeypatch.delenv("DVFS_TORCH_DEVICE", raising=False)
+    FakeCuda(m, fastest_first=[1, 0]).install(monkeypatch)  # cuda:0 is NVML GPU 1
+    monkeypatch.setenv("LOCAL_RANK", "1")  # the LOCAL_RANK-th would be cuda:1 = GPU 0, but the model says otherwise
+    dev = DvfsCallback(device=open_device("nvml", nvml_module=m), announce=None)._open_device(_ModelOn("cuda:0"))
+    assert dev.index == 1 and dev.torch_device == "cuda:0"
+
+
+def test_combined_reports_add_energy_and_hold_only_if_every_gpu_held():
+    from dvfs_mlops.hw.meter import EnergyReport
+    from dvfs_mlops.hw.multi import combine
+
+    def report(joules: float, seconds: float, held: bool, clock: float) -> EnergyReport:
+        return EnergyReport(seconds, joules, joules, {"gpu": joules}, joules / seconds, joules / seconds + 5, 80.0, 10, False,
+                            clock_mhz_measured=clock, clock_held=held)
+
+    both = combine([report(100.0, 2.0, True, 900.0), report(300.0, 2.5, False, 880.0)])
+    assert (both.energy_j, both.energy_total_j, both.energy_by_rail_j, both.duration_s) == (400.0, 400.0, {"gpu": 400.0}, 2.5)
+    assert both.avg_power_w == pytest.approx(160.0) and both.peak_power_w == pytest.approx(50 + 5 + 120 + 5)
+    assert both.clock_held is False and both.clock_mhz_measured == pytest.approx(890.0) and both.samples == 20
