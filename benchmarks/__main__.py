@@ -19,6 +19,7 @@ SUITES = {
                "benchmarks.distributed_optuna"),
     "measure_less": ("Measuring less: curve model, refine, adaptive sweep (SIMULATED)", "benchmarks.measure_less"),
     "prior": ("The board power prior on synthetic boards whose workloads differ (SIMULATED)", "benchmarks.prior_robustness"),
+    "fleet": ("Workers sharing only a tracking server split one sweep: duplicated work (SIMULATED)", "benchmarks.fleet_split"),
 }
 
 
