@@ -32,7 +32,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "seconds per tracking request (set if unset)"),
     Variable("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false", "MLflow's upload bars, off in the CLI (set if unset)"),
     Variable("HF_HUB_DISABLE_PROGRESS_BARS", "1", "transformers' progress bars, off in the CLI (set if unset)"),
-    Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., none)"),
+    Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., tracking, none)"),
     Variable("DVFS_CACHE_DIR", "~/.cache/dvfs-mlops", "caches: step traces (its root) and workload facts (workloads/)"),
     Variable("DVFS_STATE_DIR", "unset", "locks and restore journals (root: /run/lock/dvfs-mlops, /var/lib/dvfs-mlops; "
              "others: ~/.cache/dvfs-mlops)"),
