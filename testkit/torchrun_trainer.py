@@ -5,7 +5,8 @@ synthetic SST-2 examples, on the CPU (gloo), each rank on the fake NVML GPU the 
 
 Rank r asks DvfsCallback for clock FREQ<r> (rank 0's decision is the one every rank must run at); at each step the
 rank records every fake GPU's lock as the shared state holds it; rank 0 alone starts an MLflow run. Each rank writes
-OUT/rank<r>.json: what it saw, its decision, its report and (after training) every rank's GPU.
+OUT/rank<r>.json: what it saw, its decision, its report and (after training) every rank's GPU; then every rank asks
+for a decision rank 0 cannot make, and writes the error it got.
 """
 from __future__ import annotations
 
@@ -56,7 +57,15 @@ def main() -> None:
                            announce=print, torch_device="cpu", warmup_steps=0) as dvfs:
         Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=TrainSplit(), data_collator=collate,
                 callbacks=[dvfs, Probe()]).train()
-    (out / f"rank{rank}.json").write_text(json.dumps({
+    # A decision rank 0 cannot make (no such governor): every rank fails with it, none waits for a broadcast forever.
+    failing = DvfsCallback(governor="models:/no-such-governor@production", announce=None)
+    failing._group = torch.distributed
+    try:
+        failing._decide_once(None, 4, dvfs.features)
+        decide_error = None
+    except Exception as e:  # noqa: BLE001 - reported to the test as it is
+        decide_error = f"{type(e).__name__}: {e}"
+    (out / f"rank{rank}.json").write_text(json.dumps({"decide_error": decide_error,
         "rank": rank, "seen": seen, "freq": dvfs.decision["freq"], "index": dvfs.device.index, "energy_j": dvfs.report.energy_j,
         "gpus": [g.to_dict() for g in dvfs.gpus], "job_energy_j": dvfs.job_report.energy_j}))
 

@@ -152,6 +152,8 @@ def test_dvfs_callback_under_torchrun_runs_every_rank_at_rank_0s_clock_and_logs_
     assert [tags["dvfs.gpu0.uuid"], tags["dvfs.gpu1.uuid"]] == uuids and tags["dvfs.gpu_count"] == "2"
     assert [tags["dvfs.gpu0.rank"], tags["dvfs.gpu1.rank"]] == ["0", "1"] and tags["dvfs.freq_mhz"] == str(FREQ)
     assert tags["dvfs.clock_held"] == "true"
+    assert "no-such-governor" in ranks[0]["decide_error"]  # rank 0's own error ...
+    assert ranks[1]["decide_error"].startswith("DvfsError: rank 0 could not decide the clock (")  # ... told to rank 1
 
 
 # ---- which GPUs a job sees, and which one a rank trains on -------------------------------------------------------------
