@@ -24,8 +24,10 @@ does the least it can and says so. The sources:
 
 Several processes (each rank of a `torchrun` job, `dvfs-mlops run` and its child) see one set of fake GPUs through a
 state file (`write_shared_state`, `shared_module`, and the `nvml_shim/pynvml.py` a child imports as `pynvml`): a clock
-lock and every lock/reset call are the GPU's, not the process's ([NVML] nvmlDeviceSetGpuLockedClocks sets the GPU's
-clocks "until a reset or a reboot"; NVML keeps no owner of the lock). Each process integrates its own energy counter
+lock and every lock/reset call are the GPU's, not the process's ([NVML] nvmlDeviceSetGpuLockedClocks "Sets the clocks
+that the device will be running at" and "After system reboot or driver reload GPU clocks go back to their default
+value": the lock outlives the process that set it; [CUPTI] "Clock locking is device-global — affects all contexts on
+the GPU"). Each process integrates its own energy counter
 from the GPU's power level (a counter's differences are what a meter reads).
 
 Real behaviour mimicked: `NVMLError(value)` instantiates the subclass registered for that value
