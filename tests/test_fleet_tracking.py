@@ -121,3 +121,36 @@ def test_a_worker_killed_mid_point_loses_it_to_another(http_server):
     point = killed.data.tags["dvfs.point"]
     finisher = next(r for r in runs if r.data.tags["dvfs.point"] == point and r.info.status == "FINISHED")
     assert finisher.data.tags["dvfs.claim_worker"] != killed.data.tags["dvfs.claim_worker"]  # taken over, not lost
+
+
+@pytest.mark.slow
+def test_one_worker_per_gpu_splits_a_sweep_on_a_two_gpu_server(http_server, tmp_path):
+    """A multi-GPU server runs one worker per GPU (`--gpu-index N` each, the same sweep): each point is run on one GPU
+    (its run's dvfs.device_id is that GPU's UUID), the points split between the GPUs, both GPUs restored. The GPUs are
+    a fake 2-GPU NVML shared by the processes through a state file (testkit/fakes/fake_pynvml.py); training on the CPU."""
+    from dvfs_mlops.hw.guard import list_journals
+    from testkit.fakes.fake_pynvml import SHARED_STATE_ENV, SHIM_DIR, FakeGPU, read_shared_state, write_shared_state
+
+    state = str(tmp_path / "nvml.json")
+    write_shared_state(state, [FakeGPU(power_mw=100_000), FakeGPU(power_mw=200_000)])
+    exp = f"gpus-{uuid.uuid4().hex[:6]}"
+    cmd = [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
+           "--freqs", "900,1200", "--steps", "1", "--train-size", "16", "--dev-size", "16", "--device", "nvml", "--assume-unlocked",
+           "--experiment", exp]
+    env = {**_env(http_server.uri), SHARED_STATE_ENV: state, "PYTHONPATH": os.pathsep.join([SHIM_DIR, str(REPO)])}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    procs = [subprocess.Popen([*cmd, "--gpu-index", str(i)], cwd=REPO, env={**env, "DVFS_STATE_DIR": str(tmp_path / f"state{i}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    after = read_shared_state(state)
+    uuids = [g["uuid"] for g in after["gpus"]]
+    assert [g["locked"] for g in after["gpus"]] == [None, None]  # both GPUs restored
+    assert all(list_journals(tmp_path / f"state{i}") == [] for i in range(2))
+    runs = _runs(http_server.uri, exp)
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    keys = sorted(r.data.tags["dvfs.point"] for r in finished)
+    assert keys == sorted(f"{m}/sst2@{f}#0" for m in ("bert-tiny", "pythia-14m") for f in ("maxn", "900", "1200"))  # each once
+    on = Counter(r.data.tags["dvfs.device_id"] for r in finished)
+    assert set(on) == set(uuids), (on, uuids)  # every point on one GPU, and both GPUs did some
