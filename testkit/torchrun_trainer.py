@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -46,9 +47,13 @@ def main() -> None:
 
     seen: list[list] = []
 
+    die_at = int(os.environ.get("TEST_RANK1_DIES_AT_STEP", "0"))  # the test's own switch: rank 1 SIGKILLs itself
+
     class Probe(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             seen.append([g.locked and list(g.locked) for g in pynvml._gpus])
+            if rank == 1 and state.global_step == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     args = TrainingArguments(output_dir=str(out / f"rank{rank}"), max_steps=3, per_device_train_batch_size=4, report_to=[],
                              use_cpu=True, ddp_backend="gloo", save_strategy="no", logging_strategy="no", disable_tqdm=True)

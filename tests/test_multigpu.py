@@ -115,22 +115,28 @@ def test_a_refused_pin_on_the_second_gpu_restores_the_first(two_gpus, tmp_path):
     assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(0, "lock"), (1, "lock"), (0, "reset")]
 
 
+def _torchrun(tmp_path: Path, store: str, **env_extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`torchrun --standalone --nproc-per-node 2 testkit/torchrun_trainer.py` on the CPU, each rank's `pynvml` the shared
+    fake 2-GPU NVML (100 W, 200 W); rank 0 asks DvfsCallback for 900 MHz and rank 1 for 600. The run and the state file."""
+    state = str(tmp_path / "nvml.json")
+    write_shared_state(state, [FakeGPU(power_mw=100_000), FakeGPU(power_mw=200_000)])
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update({"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "testkit", "fakes", "nvml_shim"), str(REPO)]),
+                "DVFS_FAKE_NVML_STATE": state, "MLFLOW_TRACKING_URI": store, "DVFS_TORCH_DEVICE": "cpu", **env_extra})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(REPO / "testkit" / "torchrun_trainer.py"), str(tmp_path), str(FREQ), "600"]
+    return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240), state
+
+
 def test_dvfs_callback_under_torchrun_runs_every_rank_at_rank_0s_clock_and_logs_one_run(tmp_path, empty_store, state_dir):
     """`torchrun --nproc-per-node 2` of a user's Trainer script (testkit/torchrun_trainer.py) on the CPU (gloo), each
     rank's NVML the shared fake 2-GPU one: rank 0 asks for 900 MHz and rank 1 for 600; both GPUs run at 900, both are
     restored, and one MLflow run holds both GPUs' energy and their sum."""
     import mlflow
 
-    state = str(tmp_path / "nvml.json")
-    write_shared_state(state, [FakeGPU(power_mw=100_000), FakeGPU(power_mw=200_000)])
-    uuids = [g["uuid"] for g in read_shared_state(state)["gpus"]]
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.update({"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "testkit", "fakes", "nvml_shim"), str(REPO)]),
-                "DVFS_FAKE_NVML_STATE": state, "MLFLOW_TRACKING_URI": empty_store, "DVFS_TORCH_DEVICE": "cpu"})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "testkit" / "torchrun_trainer.py"), str(tmp_path), str(FREQ), "600"]
-    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done, state = _torchrun(tmp_path, empty_store)
     assert done.returncode == 0, done.stderr[-3000:]
+    uuids = [g["uuid"] for g in read_shared_state(state)["gpus"]]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["index"] for r in ranks] == [0, 1]  # each rank on its own GPU (LOCAL_RANK-th visible)
     assert [r["freq"] for r in ranks] == [FREQ, FREQ]  # rank 0's decision, broadcast
@@ -258,3 +264,18 @@ def test_combined_reports_add_energy_and_hold_only_if_every_gpu_held():
     assert (both.energy_j, both.energy_total_j, both.energy_by_rail_j, both.duration_s) == (400.0, 400.0, {"gpu": 400.0}, 2.5)
     assert both.avg_power_w == pytest.approx(160.0) and both.peak_power_w == pytest.approx(50 + 5 + 120 + 5)
     assert both.clock_held is False and both.clock_mhz_measured == pytest.approx(890.0) and both.samples == 20
+
+
+def test_a_rank_killed_under_torchrun_leaves_a_journal_that_restore_puts_back(tmp_path, empty_store, state_dir, monkeypatch):
+    """Rank 1 SIGKILLs itself at step 2: torchrun stops rank 0 (SIGTERM), whose session restores GPU 0; GPU 1 stays
+    locked with its journal, and `dvfs-mlops restore` resets it."""
+    done, state = _torchrun(tmp_path, empty_store, TEST_RANK1_DIES_AT_STEP="2")
+    assert done.returncode != 0 and "SIGKILL" in done.stderr
+    killed = read_shared_state(state)
+    assert [g["locked"] for g in killed["gpus"]] == [None, [FREQ, FREQ]]
+    assert [c["call"] for c in killed["calls"] if c["gpu"] == 0] == [["lock", FREQ, FREQ], ["reset"]]
+    assert [j.device_key for _p, j in list_journals(state_dir)] == ["nvml-1"]
+    monkeypatch.setitem(sys.modules, "pynvml", shared_module(state))
+    r = run_cli("restore")
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in read_shared_state(state)["gpus"]] == [None, None] and list_journals(state_dir) == []
