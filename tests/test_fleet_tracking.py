@@ -60,6 +60,82 @@ def _finished_once(runs: list) -> Counter:
     return Counter(r.data.tags["dvfs.claim_worker"] for r in runs if r.info.status == "FINISHED")
 
 
+def _claims(uri: str, exp: str, sweep: str):
+    """A TrackingClaims of its own (its own client, as another worker has), bound to `sweep` in `exp`."""
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.mlops.claims import ClaimTarget, TrackingClaims
+
+    c = MlflowClient(tracking_uri=uri)
+    exp_id = (e.experiment_id if (e := c.get_experiment_by_name(exp)) else c.create_experiment(exp))
+    store = TrackingClaims()
+    store.bind(ClaimTarget(c, exp_id, sweep, parent_id=""))
+    return store, c
+
+
+def test_concurrent_claims_through_the_server_let_at_most_one_worker_in(http_server):
+    """12 workers claim one point at the same instant through the server: at most one gets it (each wrote before it
+    read); the losers' runs are deleted; asked again one after another, exactly one holds it."""
+    import threading
+
+    from dvfs_mlops.mlops.claims import Claim
+
+    exp, sweep, key = f"race-{uuid.uuid4().hex[:6]}", "s-race", "m/t@816#0"
+    stores = [_claims(http_server.uri, exp, sweep)[0] for _ in range(12)]
+    barrier = threading.Barrier(len(stores), timeout=60)
+    got: list[Claim] = [Claim.HELD] * len(stores)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        got[i] = stores[i].claim(sweep, key, f"w{i}", 30)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert Counter(got)[Claim.TAKEN] <= 1 and set(got) <= {Claim.TAKEN, Claim.HELD}, got
+    for i, store in enumerate(stores):  # in turn: the first free ask wins, every later one is held
+        if got[i] is not Claim.TAKEN:
+            got[i] = store.claim(sweep, key, f"w{i}", 30)
+    assert Counter(got) == {Claim.TAKEN: 1, Claim.HELD: 11}, got
+    live = [r for r in _runs(http_server.uri, exp)]
+    assert len(live) == 1 and live[0].info.status == "RUNNING" and live[0].data.tags["dvfs.claim_worker"] == f"w{got.index(Claim.TAKEN)}"
+    assert sum(s.stats.backoffs for s in stores) == len(_runs(http_server.uri, exp, deleted=True)) - 1
+
+
+def test_a_claim_whose_heartbeat_stands_still_is_taken_over(http_server):
+    """The holder beats (renew) and is held; once its beat stands still for its lease, as another worker sees it by
+    its own clock, the point is taken over: the old run FAILED (lease expired), the old holder's renew says lost; a
+    FINISHED point answers DONE; a claim that never ran its point is deleted on release."""
+    from dvfs_mlops.mlops.claims import Claim
+
+    exp, sweep, key = f"lease-{uuid.uuid4().hex[:6]}", "s-lease", "m/t@510#0"
+    (a, client), (b, _c) = _claims(http_server.uri, exp, sweep), _claims(http_server.uri, exp, sweep)
+    assert a.claim(sweep, key, "a", 1.0) is Claim.TAKEN
+    assert a.claim(sweep, key, "a", 1.0) is Claim.TAKEN  # its own claim again
+    assert b.claim(sweep, key, "b", 30) is Claim.HELD
+    for _ in range(4):  # a beats every 0.4 s: b keeps seeing a new beat, a 1 s lease never runs out
+        time.sleep(0.4)
+        assert a.renew(sweep, key, "a", 1.0) is True
+        assert b.claim(sweep, key, "b", 30) is Claim.HELD
+    time.sleep(1.2)  # a stopped beating (b saw its last beat at most 0.4 s after a made it)
+    assert b.claim(sweep, key, "b", 30) is Claim.TAKEN
+    old = a.run_of(sweep, key)
+    assert client.get_run(old).info.status == "FAILED" and client.get_run(old).data.tags["dvfs.claim_lost"] == "lease expired"
+    assert a.renew(sweep, key, "a", 1.0) is False
+    assert b.stats.takeovers == 1
+    client.set_terminated(b.run_of(sweep, key), "FINISHED")
+    c, _ = _claims(http_server.uri, exp, sweep)
+    assert c.claim(sweep, key, "c", 30) is Claim.DONE
+    other = "m/t@816#0"
+    assert c.claim(sweep, other, "c", 30) is Claim.TAKEN
+    mine = c.run_of(sweep, other)
+    c.release(sweep, other, "c", done=False)  # its workload failed to load: free at once
+    assert client.get_run(mine).info.lifecycle_stage == "deleted"
+    assert b.claim(sweep, other, "b", 30) is Claim.TAKEN
+
+
 @pytest.mark.slow
 def test_three_workers_split_a_sweep_through_the_tracking_server_alone(http_server):
     exp = f"split-{uuid.uuid4().hex[:6]}"
