@@ -281,8 +281,10 @@ class TrackingClaims:
 
     A lease is judged without trusting another board's clock: the holder bumps its run's `dvfs.claim_beat` every
     third of its TTL; a RUNNING run whose beat this worker has seen unchanged for the run's own TTL (`dvfs.claim_ttl_s`,
-    by this worker's monotonic clock) is stale: the taker claims the point anew and, once it won, marks the stale run
-    FAILED (tag `dvfs.claim_lost` = lease expired). A RUNNING point run with no claim tags (a worker without claims, a
+    by this worker's monotonic clock) is stale, and so is one whose claiming process ran on this machine and is gone
+    (`dvfs.claim_process`, judged as `FileClaims` judges its rows: a worker restarted after `kill -9` need not wait
+    out its own old lease): the taker claims the point anew and, once it won, marks the stale run
+    FAILED (tag `dvfs.claim_lost` = `lease expired` or `claimant gone`). A RUNNING point run with no claim tags (a worker without claims, a
     crash) is judged the same way. The holder's heartbeat finds its run no longer RUNNING, or the point FINISHED by
     another, and gives the point up (`Lease.lost`; `still_mine` before FINISHED)."""
 
@@ -323,30 +325,35 @@ class TrackingClaims:
         filt = f"tags.`{schema.TAG_SWEEP}` = '{t.sweep_id}' and tags.`{schema.TAG_POINT}` = '{point_key}'"
         return self._call(lambda: t.client.search_runs([t.experiment_id], filter_string=filt, max_results=1000))
 
-    def _stale(self, run: Any, ttl_s: float) -> bool:
-        """A RUNNING run of another worker whose heartbeat this worker has seen unchanged for the run's own TTL."""
+    def _stale(self, run: Any, ttl_s: float) -> str | None:
+        """Why a RUNNING run of another worker is no live claim: its heartbeat this worker has seen unchanged for the
+        run's own TTL ("lease expired"), or its process ran on this machine and is gone ("claimant gone"); None: live."""
         now = time.monotonic()
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            if _holder_died_here(json.loads(run.data.tags.get(schema.TAG_CLAIM_PROCESS) or "{}")):
+                return "claimant gone"  # kill -9 on this machine: nobody will beat it again
         beat = run.data.tags.get(schema.TAG_CLAIM_BEAT)
         seen = self._seen.get(run.info.run_id)
         if seen is None or seen.beat != beat:
             self._seen[run.info.run_id] = _Sighting(beat, now)
-            return False
+            return None
         try:
             lease = float(run.data.tags.get(schema.TAG_CLAIM_TTL, ttl_s))
         except ValueError:
             lease = ttl_s
-        return now - seen.since >= lease
+        return "lease expired" if now - seen.since >= lease else None
 
-    def _others(self, point_key: str, worker: str, ttl_s: float) -> tuple[Claim | None, list[str]]:
-        """(DONE or HELD when another claim counts, else None; the stale RUNNING runs of others)."""
-        stale, held = [], False
+    def _others(self, point_key: str, worker: str, ttl_s: float) -> tuple[Claim | None, dict[str, str]]:
+        """(DONE or HELD when another claim counts, else None; the stale RUNNING runs of others, and why)."""
+        stale: dict[str, str] = {}
+        held = False
         for r in self._runs(point_key):
             if r.info.status == "FINISHED":
-                return Claim.DONE, []
+                return Claim.DONE, {}
             if r.info.status not in ("RUNNING", "SCHEDULED") or r.data.tags.get(schema.TAG_CLAIM_WORKER) == worker:
                 continue
-            if self._stale(r, ttl_s):
-                stale.append(r.info.run_id)
+            if why := self._stale(r, ttl_s):
+                stale[r.info.run_id] = why
             else:
                 held = True
         return (Claim.HELD if held else None), stale
@@ -360,7 +367,8 @@ class TrackingClaims:
             return seen
         started = time.monotonic()
         tags = {schema.TAG_SWEEP: t.sweep_id, schema.TAG_POINT: point_key, schema.TAG_PARENT: t.parent_id,
-                schema.TAG_CLAIM_WORKER: worker, schema.TAG_CLAIM_TTL: f"{ttl_s:g}", schema.TAG_CLAIM_BEAT: "0"}
+                schema.TAG_CLAIM_WORKER: worker, schema.TAG_CLAIM_TTL: f"{ttl_s:g}", schema.TAG_CLAIM_BEAT: "0",
+                schema.TAG_CLAIM_PROCESS: json.dumps(_claimant())}
         run_id = self._call(lambda: t.client.create_run(t.experiment_id, run_name=point_key, tags=tags)).info.run_id
         try:
             seen, stale = self._others(point_key, worker, ttl_s)  # written, now read: who else claims it
@@ -374,9 +382,9 @@ class TrackingClaims:
             self.stats.backoff_s += time.monotonic() - started
             log.debug("point %s: another worker's claim counts (%s); backed off", point_key, seen.value)
             return seen
-        for old in stale:
-            log.info("point %s: claim run %s has not beaten for its lease; taking the point over", point_key, old)
-            self._call(lambda old=old: t.client.set_tag(old, schema.TAG_CLAIM_LOST, "lease expired"))
+        for old, why in stale.items():
+            log.info("point %s: claim run %s is stale (%s); taking the point over", point_key, old, why)
+            self._call(lambda old=old, why=why: t.client.set_tag(old, schema.TAG_CLAIM_LOST, why))
             self._call(lambda old=old: t.client.set_terminated(old, "FAILED"))
             self.stats.takeovers += 1
         with self._lock:

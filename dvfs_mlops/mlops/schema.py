@@ -33,6 +33,7 @@ TAG_CLAIM_LOST = "dvfs.claim_lost"  # "true": a point's run whose claim another 
 TAG_CLAIM_WORKER = "dvfs.claim_worker"  # who claimed the point (claims.default_worker)
 TAG_CLAIM_TTL = "dvfs.claim_ttl_s"  # the claim's lease: stale once its beat is seen unchanged this long
 TAG_CLAIM_BEAT = "dvfs.claim_beat"  # a counter the holder bumps every third of the lease
+TAG_CLAIM_PROCESS = "dvfs.claim_process"  # JSON: the claiming process (machine, pid, its start), judged on that machine
 
 # What a metered session saw (every run that metered one).
 TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin

@@ -135,6 +135,7 @@ class SweepRunner:
         self._store_failures: dict[str, int] = {}
         self._failures_in_a_row = 0
         self.progress: Progress | None = None
+        self._rng = random.Random()  # its own, from the OS: a job that seeds `random` would give every worker one order
 
     # the parent run ---------------------------------------------------------------------------------
     def log_parent(self) -> None:
@@ -183,7 +184,7 @@ class SweepRunner:
         if self.claims.kind == "tracking" and todo:
             # workers that start together would all claim the same first point, find each other and back off, point after
             # point: each starts at its own place in the round (kept in order, so a workload's points stay together)
-            at = random.randrange(len(todo))
+            at = self._rng.randrange(len(todo))
             todo = todo[at:] + todo[:at]
         held = [p for p in todo if not self._attempt(p)]
         if held:
