@@ -277,7 +277,8 @@ class TrackingClaims:
     one of another worker that is not stale) makes it back off: its own run is deleted, the point answered HELD (or
     DONE). Of two workers claiming at once, the one whose search ran second sees the first one's run, so at most one
     proceeds (both may back off: the point is asked again later). A store that reads its own writes is needed (MLflow's
-    SQL stores, behind one server or many: a run is committed before the request returns).
+    SQL stores, behind one server or many: a run and its tags are one transaction, committed before the request
+    returns: `SqlAlchemyStore.create_run`).
 
     A lease is judged without trusting another board's clock: the holder bumps its run's `dvfs.claim_beat` every
     third of its TTL; a RUNNING run whose beat this worker has seen unchanged for the run's own TTL (`dvfs.claim_ttl_s`,
