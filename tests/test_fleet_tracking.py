@@ -155,10 +155,14 @@ def test_three_workers_split_a_sweep_through_the_tracking_server_alone(http_serv
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_point_loses_it_to_another(http_server):
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_a_worker_killed_mid_point_loses_it_to_another(http_server, where):
     """Three workers, a 3 s lease; one is killed (SIGKILL) while its point is RUNNING: another worker finds the claim's
-    process gone from this machine (a board elsewhere: its heartbeat standing still for the lease, the next test),
-    marks that run FAILED (claimant gone) and measures the point itself."""
+    process gone from this machine (here), or, where the claim says it ran on another board (elsewhere: its process
+    record rewritten before the kill), sees its heartbeat stand still for the lease; it marks that run FAILED (claimant
+    gone, lease expired) and measures the point itself."""
+    import json
+
     from mlflow.tracking import MlflowClient
 
     exp = f"killed-{uuid.uuid4().hex[:6]}"
@@ -176,6 +180,9 @@ def test_a_worker_killed_mid_point_loses_it_to_another(http_server):
             if mine:
                 victim.send_signal(signal.SIGSTOP)  # frozen where it is; killed if its point is still RUNNING
                 if c.get_run(mine[0].info.run_id).info.status == "RUNNING":
+                    if where == "elsewhere":  # as a board on another machine would have written it
+                        c.set_tag(mine[0].info.run_id, "dvfs.claim_process",
+                                  json.dumps({"machine": "another-boot|pid:[4026531836]", "pid": 1, "pid_start": "1"}))
                     victim.kill()
                     killed = mine[0]
                 else:
@@ -194,7 +201,8 @@ def test_a_worker_killed_mid_point_loses_it_to_another(http_server):
     runs = _runs(http_server.uri, exp)
     _finished_once(runs)
     dead = c.get_run(killed.info.run_id)
-    assert dead.info.status == "FAILED" and dead.data.tags["dvfs.claim_lost"] == "claimant gone"
+    assert dead.info.status == "FAILED"
+    assert dead.data.tags["dvfs.claim_lost"] == {"here": "claimant gone", "elsewhere": "lease expired"}[where]
     point = killed.data.tags["dvfs.point"]
     finisher = next(r for r in runs if r.data.tags["dvfs.point"] == point and r.info.status == "FINISHED")
     assert finisher.data.tags["dvfs.claim_worker"] != killed.data.tags["dvfs.claim_worker"]  # taken over, not lost
