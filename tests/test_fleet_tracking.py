@@ -122,8 +122,9 @@ def test_a_claim_whose_heartbeat_stands_still_is_taken_over(http_server):
     time.sleep(1.2)  # a stopped beating (b saw its last beat at most 0.4 s after a made it)
     assert b.claim(sweep, key, "b", 30) is Claim.TAKEN
     old = a.run_of(sweep, key)
-    assert client.get_run(old).info.status == "FAILED" and client.get_run(old).data.tags["dvfs.claim_lost"] == "lease expired"
+    assert old is not None and client.get_run(old).info.status == "FAILED" and client.get_run(old).data.tags["dvfs.claim_lost"] == "lease expired"
     assert a.renew(sweep, key, "a", 1.0) is False
+    assert a.run_of(sweep, key) is None and a.claim(sweep, key, "a", 1.0) is Claim.HELD  # lost: b's claim holds it now
     assert b.stats.takeovers == 1
     client.set_terminated(b.run_of(sweep, key), "FINISHED")
     c, _ = _claims(http_server.uri, exp, sweep)

@@ -401,9 +401,12 @@ class TrackingClaims:
         if run_id is None:
             return False
         run = self._call(lambda: t.client.get_run(run_id))
-        if run.info.status != "RUNNING" or run.data.tags.get(schema.TAG_CLAIM_LOST):
-            return False
-        if any(r.info.status == "FINISHED" for r in self._runs(point_key)):
+        if run.info.status != "RUNNING" or run.data.tags.get(schema.TAG_CLAIM_LOST) \
+                or any(r.info.status == "FINISHED" for r in self._runs(point_key)):
+            with self._lock:  # lost for good: a later claim of the point is a new run, not this one
+                if self._mine.get(point_key) == run_id:
+                    del self._mine[point_key]
+                    self._beats.pop(point_key, None)
             return False
         with self._lock:
             self._beats[point_key] = beat = self._beats.get(point_key, 0) + 1
