@@ -23,6 +23,7 @@ SUITES = {
                  "benchmarks.transfer"),
     "clockd": ("Clock service: restore after SIGKILL, pin and restore overhead (fake Jetson sysfs, as root)",
                "benchmarks.clockd_latency"),
+    "fleet": ("Workers sharing only a tracking server split one sweep: duplicated work (SIMULATED)", "benchmarks.fleet_split"),
 }
 
 

@@ -32,7 +32,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "seconds per tracking request (set if unset)"),
     Variable("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false", "MLflow's upload bars, off in the CLI (set if unset)"),
     Variable("HF_HUB_DISABLE_PROGRESS_BARS", "1", "transformers' progress bars, off in the CLI (set if unset)"),
-    Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., none)"),
+    Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., tracking, none)"),
     Variable("DVFS_CACHE_DIR", "~/.cache/dvfs-mlops", "caches: step traces (its root) and workload facts (workloads/)"),
     Variable("DVFS_STATE_DIR", "unset", "locks and restore journals (root: /run/lock/dvfs-mlops, /var/lib/dvfs-mlops; "
              "others: ~/.cache/dvfs-mlops)"),
@@ -48,6 +48,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("SUDO_USER", "unset", "set by sudo (read, never set): `clockd install` adds this user to the service's group"),
     Variable("CUDA_VISIBLE_DEVICES", "unset", "CUDA's own (read, never set): the GPUs torch sees; the nvml backend finds its "
              "GPU among them by UUID and names them in its error"),
+    Variable("LOCAL_RANK", "unset", "set by torchrun / accelerate launch (read, never set): DvfsCallback pins and meters "
+             "this process's GPU, the LOCAL_RANK-th the job sees"),
 )
 
 _DEFAULTS = {v.name: v.default for v in VARIABLES}
@@ -138,6 +140,20 @@ def torch_device_override() -> str | None:
 def cuda_visible_devices() -> str | None:
     """$CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset (every GPU visible), '' when set empty (none visible)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def local_rank() -> int | None:
+    """$LOCAL_RANK (a launcher's process number on this machine: torchrun, accelerate launch), None when unset.
+
+    Raises:
+        DvfsError: set but not a whole number.
+    """
+    value = _get("LOCAL_RANK")
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise DvfsError(f"LOCAL_RANK={value!r} is not a process number; it is set by torchrun/accelerate launch, leave it to them")
+    return int(value)
 
 
 def registry_dir() -> Path:

@@ -4,6 +4,7 @@ The PostgreSQL tests skip, saying why, where Debian's `postgresql` package or ps
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dvfs_mlops.mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, claim_scope, open_claims
+from dvfs_mlops.mlops.claims import Claim, FileClaims, NoClaims, PostgresClaims, TrackingClaims, claim_scope, open_claims
 from tests.conftest import REPO, run_cli
 
 
@@ -111,12 +112,15 @@ def test_a_file_claim_whose_process_is_gone_is_taken_over_at_once(tmp_path):
     assert store.claim("s1", "p-live", "b", 300) is Claim.TAKEN
 
 
-def test_claims_follow_the_tracking_store(tmp_path, monkeypatch):
+def test_claims_follow_the_tracking_store(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("DVFS_CLAIMS_URI", raising=False)
     store = open_claims(None, f"sqlite:///{tmp_path}/mlflow.db")
     assert isinstance(store, FileClaims) and store.path == tmp_path / "mlflow.db.claims.json"
-    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), NoClaims)  # today's behaviour, said in the log
-    assert isinstance(open_claims("none", f"sqlite:///{tmp_path}/mlflow.db"), NoClaims)
+    assert isinstance(open_claims(None, "http://127.0.0.1:5000"), TrackingClaims)  # boards that reach only the server
+    assert isinstance(open_claims("tracking", f"sqlite:///{tmp_path}/mlflow.db"), TrackingClaims)
+    with caplog.at_level(logging.WARNING, logger="dvfs_mlops.mlops.claims"):
+        assert isinstance(open_claims("none", f"sqlite:///{tmp_path}/mlflow.db"), NoClaims)
+    assert [r.levelname for r in caplog.records if "will run the same points" in r.message] == ["WARNING"]
     monkeypatch.setenv("DVFS_CLAIMS_URI", f"file://{tmp_path}/c.json")
     assert isinstance(open_claims(None, "http://127.0.0.1:5000"), FileClaims)
 
@@ -261,6 +265,44 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     trials = optuna.load_study(study_name=study, storage=storage_url(storage)).trials
     assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert len({tuple(sorted(t.params.items())) for t in trials}) >= 5  # each process samples its own trials
+
+    # one database for the fleet: the study in the MLflow server's own PostgreSQL database (its schema `optuna`)
+    beside = run_cli(*args[:args.index("--storage")], "--trials", "2", "--outer-trials", "2", "--storage", fleet_pg.dsn("mlflow"),
+                     "--study-name", study, env=env)
+    assert beside.returncode == 0 and "Traceback" not in beside.stderr, beside.stderr[-3000:]
+    assert len(optuna.load_study(study_name=study, storage=storage_url(fleet_pg.dsn("mlflow"))).trials) == 2
+    assert len(_point_runs(fleet_server.uri, exp)) == len(runs)  # the server still reads its own tables
+
+
+def test_optuna_storage_on_the_mlflow_database_gets_its_own_schema(fleet_server, fleet_pg):
+    """MLflow's and Optuna's tables both include `alembic_version`: a study in the MLflow server's database goes in the
+    schema `optuna` (Optuna's own error otherwise: "... no longer compatible with the table schema"); a database that
+    holds a study in `public` already keeps it there; a URL with its own `options` is left alone."""
+    import optuna
+    import psycopg
+
+    from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.model.governor.search import storage_url
+    from testkit.fakes.pgserver import free_port
+
+    url = storage_url(fleet_pg.dsn("mlflow"))  # migrated by the server: MLflow's alembic_version in public
+    assert url.endswith("?options=-csearch_path%3Doptuna")
+    name = f"beside-mlflow-{uuid.uuid4().hex[:6]}"
+    optuna.create_study(storage=url, study_name=name).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert len(optuna.load_study(study_name=name, storage=storage_url(fleet_pg.dsn("mlflow"))).trials) == 2
+    with psycopg.connect(fleet_pg.dsn("mlflow")) as conn:
+        assert conn.execute("SELECT to_regclass('optuna.studies') IS NOT NULL, to_regclass('public.studies') IS NULL").fetchone() == (True, True)
+    with psycopg.connect(fleet_pg.dsn("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE old_study")
+    old = fleet_pg.dsn("old_study")
+    optuna.create_study(storage=old.replace("postgresql://", "postgresql+psycopg://"), study_name="made-before")  # in public
+    assert "options=" not in storage_url(old)
+    assert optuna.load_study(study_name="made-before", storage=storage_url(old)).study_name == "made-before"
+    assert storage_url(old + "?options=-csearch_path%3Dmine").endswith("?options=-csearch_path%3Dmine")
+    with pytest.raises(DvfsError, match="unreachable") as e:
+        storage_url(f"postgresql://dvfs:secret@127.0.0.1:{free_port()}/x")
+    assert "secret" not in str(e.value) and "\n" not in str(e.value)
+    assert storage_url("sqlite:///optuna.db") == "sqlite:///optuna.db"
 
 
 def _readme_fleet_recipe() -> list[str]:

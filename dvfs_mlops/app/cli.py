@@ -121,14 +121,12 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
-    """Pin the clock, run COMMAND (no shell), meter its energy, restore; exit with its code."""
+    """Pin the clock (nvml: of every GPU COMMAND sees, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
     from dvfs_mlops.app.run import run_command
 
-    outcome = run_command(freq, observe, device, command, say=_echo_err)
-    if as_json:
-        click.echo(json.dumps(outcome.to_json(), indent=2))
-    else:
-        _echo_err(outcome.line())
+    outcome = run_command(freq, observe, device, command, say=_echo_err,
+                          all_gpus=click.get_current_context().get_parameter_source("gpu_index") is click.core.ParameterSource.DEFAULT)
+    _echo_lines([json.dumps(outcome.to_json(), indent=2)] if as_json else outcome.lines(), err=not as_json)
     sys.exit(outcome.returncode)
 
 

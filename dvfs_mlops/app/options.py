@@ -223,7 +223,8 @@ sweep_worker_options = option_group(
     click.option("--claims", "claims_uri", default="", metavar="URI",
                  help="Where workers given the same sweep claim its points, so each point runs once: postgresql://... (a fleet; "
                       "default $DVFS_CLAIMS_URI, else the tracking store's database when it is PostgreSQL), file:///PATH, or none. "
-                      "A SQLite or file store claims in a locked file beside it; an http(s) server without this claims nothing."),
+                      "A SQLite or file store claims in a locked file beside it; an http(s) server without this claims through the "
+                      "tracking API (each point's run is its claim; also --claims tracking); 'none' claims nothing."),
     click.option("--claim-ttl-s", default=120.0, show_default=True, type=click.FloatRange(min=1),
                  help="A claim lasts this long after its last heartbeat (every third of it): a dead worker's points are taken over after it."),
 )

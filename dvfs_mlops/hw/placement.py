@@ -15,7 +15,7 @@ GPU-/MIG- prefix: torch/csrc/cuda/Module.cpp, `_CUuuid.__str__`), the MIG UUID f
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dvfs_mlops import settings
@@ -193,3 +193,65 @@ def _not_visible(gpu: str, seen: list[str | None], nvml_names: Mapping[str, str]
                  "CUDA_DEVICE_ORDER=PCI_BUS_ID, so name the GPU by UUID there;" if None in seen else "")
     return (f"{gpu} is not a CUDA device torch can see ({env}; {devices}), so its clock would be pinned and metered while "
             f"another GPU trains;{unmatched} {pick}make it visible (its UUID in CUDA_VISIBLE_DEVICES)")
+
+
+def visible_gpus(units: Sequence[Collection[str]], value: str | None, torch_uuids: Sequence[str | None] | None = None) -> list[int]:
+    """The NVML indices of the GPUs a job can see, in CUDA's order where that is known.
+
+    CUDA Programming Guide, "CUDA Environment Variables": CUDA_VISIBLE_DEVICES unset makes every GPU visible; its
+    entries are indices or GPU-/MIG- UUIDs (or a prefix naming one device alone), enumerated "in the order of the
+    sequence", and the list ends at the first entry that names none (`visible_devices`). Where torch has CUDA it has
+    read the variable already, and its UUIDs (`cuda_uuids`, entry k is cuda:k) say which GPUs, in CUDA's order. Else a
+    UUID entry names its GPU; an index entry does not, since CUDA numbers GPUs fastest-first unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, and NVML's index "may not correlate with other APIs, such as the CUDA device index"
+    (NVML API reference, nvmlDeviceGetIndex): index entries are taken only where they name every GPU (the set is then
+    known, whatever the order).
+
+    Args:
+        units: for each NVML index, the bare UUIDs CUDA may report for that GPU (its own and its MIG devices').
+        value: $CUDA_VISIBLE_DEVICES (None: unset).
+        torch_uuids: torch's UUID per visible CUDA device (None: torch has no CUDA).
+
+    Returns:
+        NVML indices: CUDA's order (torch's, or the UUID entries'), else NVML's (every GPU visible).
+
+    Raises:
+        DvfsError: a device torch sees that no NVML GPU is, or index entries naming some GPUs but not all, with torch
+            unable to tell which; one line saying to name the GPUs by UUID.
+    """
+    owner = {u: i for i, uuids in enumerate(units) for u in uuids}
+    if torch_uuids is not None and all(u is not None for u in torch_uuids):
+        unknown = [u for u in torch_uuids if u not in owner]
+        if unknown:
+            raise DvfsError(f"torch sees a CUDA device NVML does not ({unknown[0]}); check that torch and NVML see the same driver")
+        return list(dict.fromkeys(owner[u] for u in torch_uuids if u is not None))
+    entries = visible_devices(value)
+    if entries is None:
+        return list(range(len(units)))
+    found: list[int] = []
+    for entry in entries:
+        if entry.isdigit():
+            indices = {int(e) for e in entries if e.isdigit()}
+            if len(entries) == len(units) and indices == set(range(len(units))):
+                return list(range(len(units)))  # every GPU, in an order only CUDA knows
+            raise DvfsError(f"CUDA_VISIBLE_DEVICES={value!r} names GPUs by CUDA index, and CUDA numbers them fastest-first "
+                            "(unless CUDA_DEVICE_ORDER=PCI_BUS_ID), not as NVML does; name them by UUID (nvidia-smi -L) "
+                            "so the GPUs the job sees are the ones pinned")
+        matches = {owner[u] for u in owner if u.startswith(bare_uuid(entry))}
+        if len(matches) != 1:
+            break  # an entry naming no device, or several, ends CUDA's list there
+        found.append(matches.pop())
+    return list(dict.fromkeys(found))
+
+
+def local_gpu(visible: Sequence[int], local_rank: int) -> int:
+    """The NVML index of the GPU a launcher's process `local_rank` trains on: the LOCAL_RANK-th visible GPU, as
+    `torch.cuda.set_device(local_rank)` (what Trainer and accelerate do under torchrun) makes it.
+
+    Raises:
+        DvfsError: fewer visible GPUs than local ranks.
+    """
+    if not 0 <= local_rank < len(visible):
+        raise DvfsError(f"LOCAL_RANK {local_rank} has no GPU of its own: the job sees {len(visible)} GPU(s) "
+                        "(CUDA_VISIBLE_DEVICES); start at most that many processes per node")
+    return visible[local_rank]

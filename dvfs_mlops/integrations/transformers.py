@@ -18,6 +18,15 @@ on `args.device`): a jetson/nvml clock pinned while the model trains on the CPU 
 `refine=N` spends N steps probing clocks around the governor's and runs the rest at the curve model's
 optimum (`dvfs_mlops/job/refine.py`); `dvfs.refined` holds the probes and the choice.
 
+Under a launcher (`torchrun`, `accelerate launch`: LOCAL_RANK is set) every process is one rank of the job. Each
+rank pins and meters its own GPU: the one whose UUID torch reports for the model's CUDA device, else (the model on the
+CPU, `--torch-device cpu`) the LOCAL_RANK-th GPU the job sees (`hw/multi.rank_gpu_index`). Where a process group is
+initialised at train begin (Trainer does it under torchrun), rank 0 alone decides (governor, features) and broadcasts
+the clock, so every rank runs at one clock; at train end the ranks gather their reports and rank 0 logs one MLflow run:
+`dvfs_energy_j` is the sum of the GPUs' and each GPU's is `dvfs_energy_j_gpu<NVML index>` (with its UUID as a tag);
+the other ranks log nothing. Refine is off there (each rank would settle on its own clock). A rank that dies leaves its
+GPU's journal, which `dvfs-mlops restore` (or the next session on that GPU) puts back.
+
 LoRA and mixed precision are read from what the Trainer runs: a model wrapped with peft's
 `get_peft_model` (LoRA) is seen as such (`trainable_params`, and the twin traces the LoRA step), and
 `TrainingArguments(bf16=True)` / `fp16=True` is the workload's `precision`.
@@ -85,7 +94,11 @@ class DvfsCallback(TrainerCallback):
             twin; at most a quarter of `max_steps`): `report` is the steps after them.
 
     Attributes:
-        report: the `EnergyReport` of the training window (the steps after warm-up), after training (None before).
+        report: the `EnergyReport` of the training window (the steps after warm-up), after training (None before); this
+            process's GPU's under a launcher.
+        gpus: under a launcher with a process group, every rank's `hw.multi.GpuEnergy` (NVML index, UUID, rank,
+            report), after training; () otherwise.
+        job_report: (property) the whole job's report: the sum over `gpus` (`hw.multi.combine`), else `report`.
         decision: `freq`, `path` (the decision path) and `governor` (name, version, alias, uri).
         features: the `WorkloadFeatures` the governor decided on.
         precision: fp32, bf16 or fp16, from the Trainer's arguments.
@@ -128,6 +141,8 @@ class DvfsCallback(TrainerCallback):
         self._atexit_registered = False
         self._closed_session: Any = None
         self.precision = "fp32"  # from the Trainer's arguments (bf16=True / fp16=True) on train begin
+        self.gpus: tuple[Any, ...] = ()
+        self._group: Any = None  # torch.distributed where a process group of several ranks runs at train begin
 
     # context manager: restore even when trainer.train() raises ---------------------------------
     def __enter__(self) -> DvfsCallback:
@@ -146,12 +161,40 @@ class DvfsCallback(TrainerCallback):
             self._closed_session = session
 
     # Trainer hooks ---------------------------------------------------------------------------------
-    def _open_device(self) -> Any:
-        if not isinstance(self._device_arg, str):
-            return self._device_arg
-        from dvfs_mlops.hw import open_device
+    def _open_device(self, model: Any = None) -> Any:
+        from dvfs_mlops import settings
+        from dvfs_mlops.hw import describe_device, open_device
 
-        return open_device(self._device_arg, sample_hz=self.sample_hz, announce=self.announce)
+        given = not isinstance(self._device_arg, str)
+        local = settings.local_rank()
+        if local is None:
+            return self._device_arg if given else open_device(self._device_arg, sample_hz=self.sample_hz, announce=self.announce)
+        dev = self._device_arg if given else open_device(self._device_arg, sample_hz=self.sample_hz)
+        if dev.name == "nvml":  # under a launcher: this rank's own GPU, opened like the one given
+            from dvfs_mlops.hw.multi import rank_gpu_index
+
+            index = rank_gpu_index(dev, local, self._model_uuid(model))
+            if index != dev.index:
+                other = open_device("nvml", nvml_module=dev.nvml, gpu_index=index, sample_hz=dev.sample_hz,
+                                    assume_unlocked=dev.assume_unlocked)
+                if not given:
+                    dev.close()
+                dev = other
+        self.announce(describe_device(dev, "" if given else self._device_arg) + f" (LOCAL_RANK {local})")
+        return dev
+
+    def _model_uuid(self, model: Any) -> str | None:
+        """The UUID torch reports for the CUDA device the model is on; None off CUDA or where a torch device was named."""
+        from dvfs_mlops import settings
+        from dvfs_mlops.hw.placement import cuda_uuid
+
+        try:
+            actual = str(next(model.parameters()).device)
+        except (StopIteration, AttributeError, TypeError):
+            return None
+        if not actual.startswith("cuda") or self.torch_device or settings.torch_device_override():
+            return None
+        return cuda_uuid(actual)
 
     def _features(self, model: Any, train_dataloader: Any, batch_size: int) -> WorkloadFeatures:
         cfg = model.config
@@ -208,6 +251,37 @@ class DvfsCallback(TrainerCallback):
                                    f"let Trainer put the model on {wanted} (CUDA_VISIBLE_DEVICES, LOCAL_RANK), open the GPU it "
                                    f"trains on (--gpu-index), or pass DvfsCallback(torch_device={actual!r}) on purpose")
 
+    def _decide_once(self, model: Any, batch: int, feats: WorkloadFeatures) -> tuple[WorkloadFeatures, FreqRequest, str, GovernorRef]:
+        """The features (the twin's gpu_util estimate filled in) and the decision (`_decide`), made by this process, or
+        under a process group by rank 0 alone and broadcast, so every rank runs at one clock.
+
+        Raises:
+            DvfsError: the decision failed (on rank 0: its own error; elsewhere one line with rank 0's).
+        """
+        group = self._group
+        if group is None or group.get_rank() == 0:
+            try:
+                if feats.gpu_util_pct is None:  # the twin's estimate at maxn
+                    from dvfs_mlops.hw.sim import SimDevice
+
+                    self._trace = self._trace or self._twin_trace(model, batch, feats.avg_seq_len)
+                    feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
+                freq, path, ref = self._decide(feats)
+            except Exception as e:
+                if group is not None:
+                    group.broadcast_object_list([{"error": f"{type(e).__name__}: {e}"}], src=0)
+                raise
+            if group is None:
+                return feats, freq, path, ref
+            shared = [{"features": feats, "freq": freq, "path": path, "governor": ref.to_cache()}]
+        else:
+            shared = [None]
+        group.broadcast_object_list(shared, src=0)
+        got = shared[0]
+        if "error" in got:
+            raise DvfsError(f"rank 0 could not decide the clock ({' '.join(got['error'].split())[:300]}); see its output")
+        return got["features"], got["freq"], got["path"], GovernorRef.from_cache(got["governor"])
+
     def _decide(self, feats: WorkloadFeatures) -> tuple[FreqRequest, str, GovernorRef]:
         """The clock (the caller's, else the governor's for these features), the decision path, and which governor."""
         if self.freq_override is not None:
@@ -224,21 +298,19 @@ class DvfsCallback(TrainerCallback):
 
         from dvfs_mlops.hw.board import board_of
 
-        self.device = self._open_device()
+        self._group = _process_group()
+        self.device = self._open_device(model)
         self.board = board_of(self.device, self.torch_device)  # CUDA missing: one clear error, before any clock
         if model is not None:
             self._check_placement(model)
         batch = int(getattr(args, "per_device_train_batch_size", 8))
         self.precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
         feats = self._features(model, train_dataloader, batch)
-        if self.device.simulated or feats.gpu_util_pct is None:
+        self._trace = None
+        if self.device.simulated:
             self._trace = self._twin_trace(model, batch, feats.avg_seq_len)
-        if feats.gpu_util_pct is None:  # the twin's estimate at maxn
-            from dvfs_mlops.hw.sim import SimDevice
-
-            feats = feats.with_gpu_util(100.0 * SimDevice().curve(self._trace)[1].gpu_util)
+        feats, freq, path, ref = self._decide_once(model, batch, feats)
         self.features = feats
-        freq, path, ref = self._decide(feats)
         self.decision = {"freq": freq, "path": path, "governor": ref.to_dict() if ref.uri else {"uri": None}}
         self.announce(f"dvfs: {path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         active = mlflow.active_run()
@@ -254,7 +326,9 @@ class DvfsCallback(TrainerCallback):
         max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
         cold = warmup_for(self.warmup_steps, self.board.simulated, max_steps)
         self._windows = StepWindows(session, self.board.torch_device, cold).__enter__()  # "warmup", then "train"
-        if self.refine and session.pinned_mhz is None:
+        if self.refine and self._group is not None:
+            self.announce("refine: off under a launcher with several ranks, which would each settle on a clock of their own")
+        elif self.refine and session.pinned_mhz is None:
             self.announce("refine: off, nothing is pinned (maxn or observe), so there is no clock to move")
         elif self.refine:
             from dvfs_mlops.job.refine import WARMUP_STEPS, Refiner
@@ -279,14 +353,49 @@ class DvfsCallback(TrainerCallback):
         """The probes and the settled clock (`refine.RefineResult`), None without refine."""
         return self._refiner.result if self._refiner is not None else None
 
+    @property
+    def job_report(self) -> Any:
+        """The whole job's `EnergyReport`: the sum over every rank's GPU under a launcher (`hw.multi.combine`), else `report`."""
+        if len(self.gpus) > 1:
+            from dvfs_mlops.hw.multi import combine
+
+            return combine([g.report for g in self.gpus])
+        return self.report
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
+        if self._group is not None and self.report is not None:
+            self.gpus = self._gather()
+            if self._group.get_rank() != 0:
+                return  # rank 0 logs the job's one run
         if self.report is not None and self._run_id:
             self._log(self._run_id)
+
+    def _gather(self) -> tuple[Any, ...]:
+        """Every rank's `GpuEnergy` (its power series left out), in rank order; a collective every rank calls."""
+        import dataclasses
+
+        from dvfs_mlops.hw.multi import GpuEnergy
+
+        rank = self._group.get_rank()
+        mine = GpuEnergy(int(getattr(self.device, "index", 0)), str(self.board.device_id),
+                         dataclasses.replace(self.report, power_series_w=[]), rank)
+        every: list[Any] = [None] * self._group.get_world_size()
+        self._group.all_gather_object(every, mine)
+        return tuple(sorted(every, key=lambda g: g.rank))
 
     def _log(self, run_id: str) -> None:
         from dvfs_mlops.mlops import records, tracking
 
-        record = records.callback_record(self._closed_session, self.report, self.board, self.decision, self.features, self.precision,
-                                         self.refined)
+        record = records.callback_record(self._closed_session, self.job_report, self.board, self.decision, self.features,
+                                         self.precision, self.refined, self.gpus)
         record.log(tracking.client(), run_id)
+
+
+def _process_group() -> Any:
+    """`torch.distributed` where a process group of several ranks is initialised (Trainer's, under torchrun), else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist
+    return None

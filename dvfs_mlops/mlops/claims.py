@@ -1,13 +1,17 @@
 """Point claims: several workers given the same sweep split its points, each point run by one of them.
 
-MLflow's REST API has no compare-and-set, so a claim lives in what the fleet already has:
+MLflow's REST API has no compare-and-set; a claim lives in what the fleet already has:
 - `PostgresClaims` (`--claims postgresql://...`, `$DVFS_CLAIMS_URI`, or a `postgresql://` tracking store): one row per
   point in the table `dvfs_point_claims`. A claim is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, which
   PostgreSQL runs under the row's lock: of two workers only one gets the row back.
 - `FileClaims` (a `sqlite:///` or file tracking store: workers on one machine): a JSON table beside the store,
   read and written under an exclusive `flock`.
-- `NoClaims` (an http(s) tracking server and no claims URI): every claim succeeds, so nothing keeps two workers
-  off one point; safe only for workers given disjoint sweeps (logged once).
+- `TrackingClaims` (an http(s) tracking server, or any other store, and no claims URI; `--claims tracking`): the
+  claim is the point's run itself, written and then read back through the tracking API (an optimistic claim: a
+  worker that finds another live claim of the point backs off). Boards that reach only the tracking server split
+  a sweep with no settings.
+- `NoClaims` (`--claims none`): every claim succeeds, so nothing keeps two workers off one point; safe only for
+  workers given disjoint sweeps (said once, at WARNING).
 
 A claim is a lease: it expires `ttl_s` after its last renewal. The worker renews it from a heartbeat thread while
 the point runs, so only a worker that died (or lost its network for a whole TTL) loses it; another worker then
@@ -33,7 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from dvfs_mlops import settings
-from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.errors import DvfsError, TrackingStoreError
+from dvfs_mlops.mlops import schema
 from dvfs_mlops.mlops.tracking import without_password
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,15 @@ class PointClaims(Protocol):
         """Drop a point's claim whatever its state: its done mark outlived its run (a run deleted from the store)."""
         ...
 
+    def bind(self, target: ClaimTarget) -> None:
+        """The sweep this store is asked about, once its parent run exists (used by `TrackingClaims` only)."""
+        ...
+
+    def run_of(self, sweep_id: str, point_key: str) -> str | None:
+        """The MLflow run that is this worker's claim of the point (`TrackingClaims`), which the point then logs into;
+        None where a claim is no run (the point creates its own)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -100,6 +114,12 @@ class NoClaims:
 
     def forget(self, sweep_id: str, point_key: str) -> None:
         pass
+
+    def bind(self, target: ClaimTarget) -> None:
+        pass
+
+    def run_of(self, sweep_id: str, point_key: str) -> str | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -166,6 +186,12 @@ class FileClaims:
         with self._table() as t:
             t.pop(f"{sweep_id}|{point_key}", None)
 
+    def bind(self, target: ClaimTarget) -> None:
+        pass
+
+    def run_of(self, sweep_id: str, point_key: str) -> str | None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -213,6 +239,198 @@ def _holder_died_here(row: dict[str, Any]) -> bool:
         pass  # alive, another user's
     stat = _proc_stat(pid)
     return stat is not None and (stat[0] == "Z" or stat[19] != started)  # a zombie, or a pid the kernel gave another process
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimTarget:
+    """The sweep whose points a claim store is asked about, as the tracking store has it (what `TrackingClaims` writes
+    its claim runs into; the other stores need only the scope string)."""
+
+    client: Any
+    experiment_id: str
+    sweep_id: str
+    parent_id: str
+
+
+@dataclasses.dataclass
+class ClaimStats:
+    """What one worker's tracking claims cost it: claims it backed off from, the seconds those attempts took (write,
+    read back, withdraw), and stale claims it took over."""
+
+    backoffs: int = 0
+    backoff_s: float = 0.0
+    takeovers: int = 0
+
+
+@dataclasses.dataclass
+class _Sighting:
+    beat: str | None
+    since: float  # time.monotonic() when this worker first saw the run at this heartbeat
+
+
+class TrackingClaims:
+    """Claims through the MLflow tracking API alone (an http(s) server that the fleet shares, any store): the claim IS
+    the point's run.
+
+    A claim writes before it reads: the worker creates the point's run (RUNNING, tagged with the point, itself, its
+    lease and a heartbeat counter), then searches the point's runs. Another live claim (a FINISHED run, or a RUNNING
+    one of another worker that is not stale) makes it back off: its own run is deleted, the point answered HELD (or
+    DONE). Of two workers claiming at once, the one whose search ran second sees the first one's run, so at most one
+    proceeds (both may back off: the point is asked again later). A store that reads its own writes is needed (MLflow's
+    SQL stores, behind one server or many: a run and its tags are one transaction, committed before the request
+    returns: `SqlAlchemyStore.create_run`).
+
+    A lease is judged without trusting another board's clock: the holder bumps its run's `dvfs.claim_beat` every
+    third of its TTL; a RUNNING run whose beat this worker has seen unchanged for the run's own TTL (`dvfs.claim_ttl_s`,
+    by this worker's monotonic clock) is stale, and so is one whose claiming process ran on this machine and is gone
+    (`dvfs.claim_process`, judged as `FileClaims` judges its rows: a worker restarted after `kill -9` need not wait
+    out its own old lease): the taker claims the point anew and, once it won, marks the stale run
+    FAILED (tag `dvfs.claim_lost` = `lease expired` or `claimant gone`). A RUNNING point run with no claim tags (a worker without claims, a
+    crash) is judged the same way. The holder's heartbeat finds its run no longer RUNNING, or the point FINISHED by
+    another, and gives the point up (`Lease.lost`; `still_mine` before FINISHED)."""
+
+    kind = "tracking"
+
+    def __init__(self) -> None:
+        self.target: ClaimTarget | None = None
+        self.stats = ClaimStats()
+        self._mine: dict[str, str] = {}  # point key -> this worker's claim run
+        self._beats: dict[str, int] = {}
+        self._seen: dict[str, _Sighting] = {}  # another worker's RUNNING claim run -> its heartbeat as last seen
+        self._lock = threading.Lock()
+
+    def bind(self, target: ClaimTarget) -> None:
+        self.target = target
+
+    def _t(self) -> ClaimTarget:
+        if self.target is None:
+            raise RuntimeError("TrackingClaims used before bind(ClaimTarget)")
+        return self.target
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """An MLflow call; a store that fails is a TrackingStoreError (the runner rides out a transient one)."""
+        from mlflow.exceptions import MlflowException
+
+        from dvfs_mlops.mlops import tracking
+
+        try:
+            return fn()
+        except (MlflowException, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise TrackingStoreError(f"the tracking store {without_password(tracking.tracking_uri())} failed while claiming a point "
+                                     f"({first}); no clock was left changed; re-run the same sweep to resume",
+                                     cause=first, transient=tracking.is_store_outage(e)) from None
+
+    def _runs(self, point_key: str) -> list[Any]:
+        t = self._t()
+        filt = f"tags.`{schema.TAG_SWEEP}` = '{t.sweep_id}' and tags.`{schema.TAG_POINT}` = '{point_key}'"
+        return self._call(lambda: t.client.search_runs([t.experiment_id], filter_string=filt, max_results=1000))
+
+    def _stale(self, run: Any, ttl_s: float) -> str | None:
+        """Why a RUNNING run of another worker is no live claim: its heartbeat this worker has seen unchanged for the
+        run's own TTL ("lease expired"), or its process ran on this machine and is gone ("claimant gone"); None: live."""
+        now = time.monotonic()
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            if _holder_died_here(json.loads(run.data.tags.get(schema.TAG_CLAIM_PROCESS) or "{}")):
+                return "claimant gone"  # kill -9 on this machine: nobody will beat it again
+        beat = run.data.tags.get(schema.TAG_CLAIM_BEAT)
+        seen = self._seen.get(run.info.run_id)
+        if seen is None or seen.beat != beat:
+            self._seen[run.info.run_id] = _Sighting(beat, now)
+            return None
+        try:
+            lease = float(run.data.tags.get(schema.TAG_CLAIM_TTL, ttl_s))
+        except ValueError:
+            lease = ttl_s
+        return "lease expired" if now - seen.since >= lease else None
+
+    def _others(self, point_key: str, worker: str, ttl_s: float) -> tuple[Claim | None, dict[str, str]]:
+        """(DONE or HELD when another claim counts, else None; the stale RUNNING runs of others, and why)."""
+        stale: dict[str, str] = {}
+        held = False
+        for r in self._runs(point_key):
+            if r.info.status == "FINISHED":
+                return Claim.DONE, {}
+            if r.info.status not in ("RUNNING", "SCHEDULED") or r.data.tags.get(schema.TAG_CLAIM_WORKER) == worker:
+                continue
+            if why := self._stale(r, ttl_s):
+                stale[r.info.run_id] = why
+            else:
+                held = True
+        return (Claim.HELD if held else None), stale
+
+    def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
+        t = self._t()
+        if point_key in self._mine:  # its own claim again
+            return Claim.TAKEN
+        seen, _ = self._others(point_key, worker, ttl_s)  # cheap: no run written for a point that is done or held
+        if seen is not None:
+            return seen
+        started = time.monotonic()
+        tags = {schema.TAG_SWEEP: t.sweep_id, schema.TAG_POINT: point_key, schema.TAG_PARENT: t.parent_id,
+                schema.TAG_CLAIM_WORKER: worker, schema.TAG_CLAIM_TTL: f"{ttl_s:g}", schema.TAG_CLAIM_BEAT: "0",
+                schema.TAG_CLAIM_PROCESS: json.dumps(_claimant())}
+        run_id = self._call(lambda: t.client.create_run(t.experiment_id, run_name=point_key, tags=tags)).info.run_id
+        try:
+            seen, stale = self._others(point_key, worker, ttl_s)  # written, now read: who else claims it
+        except BaseException:
+            with contextlib.suppress(Exception):
+                t.client.delete_run(run_id)
+            raise
+        if seen is not None:
+            self._call(lambda: t.client.delete_run(run_id))  # backed off: not a live claim any more
+            self.stats.backoffs += 1
+            self.stats.backoff_s += time.monotonic() - started
+            log.debug("point %s: another worker's claim counts (%s); backed off", point_key, seen.value)
+            return seen
+        for old, why in stale.items():
+            log.info("point %s: claim run %s is stale (%s); taking the point over", point_key, old, why)
+            self._call(lambda old=old, why=why: t.client.set_tag(old, schema.TAG_CLAIM_LOST, why))
+            self._call(lambda old=old: t.client.set_terminated(old, "FAILED"))
+            self.stats.takeovers += 1
+        with self._lock:
+            self._mine[point_key], self._beats[point_key] = run_id, 0
+        return Claim.TAKEN
+
+    def run_of(self, sweep_id: str, point_key: str) -> str | None:
+        return self._mine.get(point_key)
+
+    def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
+        t = self._t()
+        run_id = self._mine.get(point_key)
+        if run_id is None:
+            return False
+        run = self._call(lambda: t.client.get_run(run_id))
+        if run.info.status != "RUNNING" or run.data.tags.get(schema.TAG_CLAIM_LOST) \
+                or any(r.info.status == "FINISHED" for r in self._runs(point_key)):
+            with self._lock:  # lost for good: a later claim of the point is a new run, not this one
+                if self._mine.get(point_key) == run_id:
+                    del self._mine[point_key]
+                    self._beats.pop(point_key, None)
+            return False
+        with self._lock:
+            self._beats[point_key] = beat = self._beats.get(point_key, 0) + 1
+        self._call(lambda: t.client.set_tag(run_id, schema.TAG_CLAIM_BEAT, str(beat)))
+        return True
+
+    def release(self, sweep_id: str, point_key: str, worker: str, done: bool) -> None:
+        """done: the run FINISHED is the mark; else a claim run that never started its point is deleted (a run the
+        point left FAILED or KILLED stays, as the record of what happened)."""
+        with self._lock:
+            run_id = self._mine.pop(point_key, None)
+            self._beats.pop(point_key, None)
+        if done or run_id is None:
+            return
+        t = self._t()
+        run = self._call(lambda: t.client.get_run(run_id))
+        if run.info.status in ("RUNNING", "SCHEDULED"):
+            self._call(lambda: t.client.delete_run(run_id))
+
+    def forget(self, sweep_id: str, point_key: str) -> None:
+        pass  # a point is done only while its FINISHED run exists
+
+    def close(self) -> None:
+        pass
 
 
 _PG_SCHEMA = """CREATE TABLE IF NOT EXISTS dvfs_point_claims (
@@ -313,6 +531,12 @@ class PostgresClaims:
     def forget(self, sweep_id: str, point_key: str) -> None:
         self._run(lambda cur: cur.execute("DELETE FROM dvfs_point_claims WHERE sweep_id = %s AND point_key = %s", (sweep_id, point_key)))
 
+    def bind(self, target: ClaimTarget) -> None:
+        pass
+
+    def run_of(self, sweep_id: str, point_key: str) -> str | None:
+        return None
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -322,17 +546,26 @@ class PostgresClaims:
 
 
 def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
-    """The claim store for a sweep: `claims_uri` (else $DVFS_CLAIMS_URI), else one beside the tracking store."""
+    """The claim store for a sweep: `claims_uri` (else $DVFS_CLAIMS_URI), else one beside the tracking store.
+
+    `postgresql://...` and `file://...` name a store; `tracking` claims through the tracking API; `none` claims
+    nothing (said once, at WARNING: workers given the same sweep then run the same points). Unset: the tracking
+    store's PostgreSQL database, a file beside a SQLite or file store, else (an http(s) server, any other store) the
+    tracking API itself (`TrackingClaims`)."""
     uri = claims_uri or settings.claims_uri()
     if uri.lower() == "none":
+        log.warning("point claims off (--claims none / %s=none): workers given the same sweep will run the same points; "
+                    "give each worker its own workloads, or drop the setting to split the sweep", settings.CLAIMS_ENV)
         return NoClaims()
+    if uri.lower() == "tracking":
+        return TrackingClaims()
     if uri:
         scheme = urllib.parse.urlsplit(uri).scheme.split("+", 1)[0]
         if scheme in ("postgresql", "postgres"):
             return PostgresClaims(uri)
         if scheme == "file":
             return FileClaims(Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path)))
-        raise DvfsError(f"--claims {without_password(uri)}: give a postgresql:// URL, a file:// path, or 'none'")
+        raise DvfsError(f"--claims {without_password(uri)}: give a postgresql:// URL, a file:// path, 'tracking' or 'none'")
     scheme = urllib.parse.urlsplit(tracking_uri).scheme.split("+", 1)[0]
     if scheme in ("postgresql", "postgres"):
         return PostgresClaims(tracking_uri)
@@ -342,9 +575,7 @@ def open_claims(claims_uri: str | None, tracking_uri: str) -> PointClaims:
     if scheme == "file" or not scheme or len(scheme) == 1:
         path = Path(urllib.parse.unquote(urllib.parse.urlsplit(tracking_uri).path)) if scheme == "file" else Path(tracking_uri)
         return FileClaims(path / "dvfs-claims.json")
-    log.info("no point claims for %s (set --claims postgresql://... or %s): workers given the same sweep may run the same "
-             "points; give each worker its own workloads", without_password(tracking_uri), settings.CLAIMS_ENV)
-    return NoClaims()
+    return TrackingClaims()
 
 
 @dataclasses.dataclass

@@ -185,9 +185,36 @@ def refine_tags(refined: Any) -> dict[str, str]:
             f"{p}power_prior": refined.prior.to_json() if refined.prior is not None else "none"}
 
 
+# Each GPU's own figures beside a several-GPU job's sums: <metric>_gpu<NVML index> (`gpu_metrics`).
+_GPU_METRICS = ("energy_j", "energy_total_j", "avg_power_w", "clock_mhz_measured", "clock_held", "time_s")
+
+
+def gpu_metrics(gpus: Sequence[Any], prefix: str = "") -> dict[str, float | None]:
+    """Each GPU's energy, power, time and clock as `<prefix><metric>_gpu<NVML index>` (`hw.multi.GpuEnergy` items)."""
+    out: dict[str, float | None] = {}
+    for gpu in gpus:
+        reported = report_metrics(gpu.report)
+        out.update({f"{prefix}{key}_gpu{gpu.index}": reported[key] for key in _GPU_METRICS})
+    return out
+
+
+def gpu_tags(gpus: Sequence[Any]) -> dict[str, str]:
+    """How many GPUs, each one's UUID and (under a launcher) the rank that trained on it."""
+    tags = {schema.TAG_GPU_COUNT: str(len(gpus))}
+    for gpu in gpus:
+        tags[schema.TAG_GPU_UUID.format(index=gpu.index)] = gpu.uuid
+        if gpu.rank is not None:
+            tags[schema.TAG_GPU_RANK.format(index=gpu.index)] = str(gpu.rank)
+    return tags
+
+
 def callback_record(session: Any, report: EnergyReport, board: Board, decision: Mapping[str, Any], features: Any,
-                    precision: str, refined: Any = None) -> RunRecord:
-    """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board."""
+                    precision: str, refined: Any = None, gpus: Sequence[Any] = ()) -> RunRecord:
+    """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board.
+
+    With several GPUs (`gpus`: every rank's `hw.multi.GpuEnergy`, `report` their sum, `hw.multi.combine`) it adds each
+    GPU's metrics (`dvfs_energy_j_gpu<i>`, ...) and tags (how many, each one's UUID and rank); the warm-up is this
+    process's GPU's."""
     reported = report_metrics(report)
     metrics: dict[str, float | None] = {name: reported[key] for key, name in _CALLBACK_METRICS.items()}
     warmup = session.windows.get("warmup")
@@ -202,4 +229,7 @@ def callback_record(session: Any, report: EnergyReport, board: Board, decision: 
     tags.update(session_tags(session, report, board))
     if refined is not None:
         tags.update({**refine_tags(refined), schema.TAG_CALLBACK_FREQ: f"{refined.chosen_mhz:g}"})
+    if len(gpus) > 1:
+        metrics.update(gpu_metrics(gpus, "dvfs_"))
+        tags.update(gpu_tags(gpus))
     return RunRecord(metrics=metrics, tags=tags)

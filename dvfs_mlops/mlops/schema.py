@@ -30,6 +30,11 @@ TAG_STRATEGY = "dvfs.strategy"  # adaptive: the point was chosen by the curve mo
 TAG_PREDICTIONS = "dvfs.predictions"  # an adaptive sweep's parent: predicted.csv is the curve model's, not measurements
 TAG_POWER_PRIOR = "dvfs.power_prior"  # an adaptive sweep's parent: the board priors its predictions leaned on
 TAG_CLAIM_LOST = "dvfs.claim_lost"  # "true": a point's run whose claim another worker took over (claims.py)
+# A point's run that is its claim (claims.TrackingClaims: workers that share only the tracking server).
+TAG_CLAIM_WORKER = "dvfs.claim_worker"  # who claimed the point (claims.default_worker)
+TAG_CLAIM_TTL = "dvfs.claim_ttl_s"  # the claim's lease: stale once its beat is seen unchanged this long
+TAG_CLAIM_BEAT = "dvfs.claim_beat"  # a counter the holder bumps every third of the lease
+TAG_CLAIM_PROCESS = "dvfs.claim_process"  # JSON: the claiming process (machine, pid, its start), judged on that machine
 
 # What a metered session saw (every run that metered one).
 TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clock strayed from the pin
@@ -65,3 +70,9 @@ TAG_BASELINE = "dvfs.baseline"  # "true": the published tree (registry bootstrap
 TAG_SOURCE = "source"
 TAG_CALIBRATED_FROM = "calibrated_from"  # a calibrated version (`dvfs-mlops calibrate`): its source version's number
 TAG_CALIBRATION_SWEEP = "calibration_sweep"  # ... and the sweep(s) that measured this board for it
+
+# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and which GPU each per-GPU metric
+# (`records.gpu_metrics`: <metric>_gpu<NVML index>) is.
+TAG_GPU_COUNT = "dvfs.gpu_count"
+TAG_GPU_UUID = "dvfs.gpu{index}.uuid"  # .format(index=NVML index): the GPU's UUID
+TAG_GPU_RANK = "dvfs.gpu{index}.rank"  # .format(index=NVML index): the launcher's rank that trained on it

@@ -22,6 +22,14 @@ does the least it can and says so. The sources:
 - [CUPTI] CUPTI Clock Control API, https://docs.nvidia.com/cupti/api/group__CUPTI__CLOCK__CONTROL__API.html: clock
   locking is device-global and "not supported ... such as MIG-partitioned devices".
 
+Several processes (each rank of a `torchrun` job, `dvfs-mlops run` and its child) see one set of fake GPUs through a
+state file (`write_shared_state`, `shared_module`, and the `nvml_shim/pynvml.py` a child imports as `pynvml`): a clock
+lock and every lock/reset call are the GPU's, not the process's ([NVML] nvmlDeviceSetGpuLockedClocks "Sets the clocks
+that the device will be running at" and "After system reboot or driver reload GPU clocks go back to their default
+value": the lock outlives the process that set it; [CUPTI] "Clock locking is device-global — affects all contexts on
+the GPU"). Each process integrates its own energy counter
+from the GPU's power level (a counter's differences are what a meter reads).
+
 Real behaviour mimicked: `NVMLError(value)` instantiates the subclass registered for that value
 (`NVMLError_NoPermission`, `NVMLError_NotSupported`, ...); calls before `nvmlInit` raise
 NVML_ERROR_UNINITIALIZED; clocks are ints in MHz; energy is a monotonically increasing mJ counter;
@@ -29,7 +37,10 @@ power is in mW; utilisation is a struct with `.gpu` and `.memory`.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
+import json
 import os
 import time
 import types
@@ -500,3 +511,99 @@ class FakeCuda:
         for name in ("is_available", "device_count", "current_device", "get_device_properties"):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
         return self
+
+
+# ---- one set of fake GPUs shared by several processes (module doc) ------------------------------------------------
+
+SHARED_STATE_ENV = "DVFS_FAKE_NVML_STATE"  # the state file the shim's `pynvml` loads (testkit/fakes/nvml_shim)
+SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_shim")  # put first on a child's PYTHONPATH
+
+
+@contextlib.contextmanager
+def _locked_state(path: str, write: bool = False) -> Any:
+    """The state file's JSON under an exclusive lock (a sidecar .lock file); with `write`, saved back after the block."""
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(path) as f:
+            state = json.load(f)
+        yield state
+        if write:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, path)
+
+
+def write_shared_state(path: str, gpus: list[FakeGPU]) -> None:
+    """Start a state file for `gpus` (their names, UUIDs and power levels; unlocked, no calls)."""
+    state = {"gpus": [{"name": g.name, "uuid": g.uuid, "power_mw": g.power_mw, "locked": None} for g in gpus], "calls": []}
+    with open(path, "w") as f:
+        json.dump(state, f)
+
+
+def read_shared_state(path: str) -> dict[str, Any]:
+    """The state file now: `gpus` (each with `locked`: [lo, hi] or None) and `calls` (every lock/reset in the order
+    the processes made them: gpu index, call, arguments, pid, time)."""
+    with _locked_state(path) as state:
+        return state
+
+
+class _SharedCalls:
+    """A GPU's `calls` list whose `append` lands in the state file (with the calling process and time)."""
+
+    def __init__(self, gpu: SharedGPU):
+        self.gpu = gpu
+
+    def append(self, call: tuple) -> None:
+        with _locked_state(self.gpu.state_path, write=True) as state:
+            state["calls"].append({"gpu": self.gpu.shared_index, "call": list(call), "pid": os.getpid(), "t": time.time()})
+
+    def _mine(self) -> list[tuple]:
+        calls = read_shared_state(self.gpu.state_path)["calls"]
+        return [tuple(c["call"]) for c in calls if c["gpu"] == self.gpu.shared_index]
+
+    def __iter__(self) -> Any:
+        return iter(self._mine())
+
+    def __eq__(self, other: object) -> bool:
+        return self._mine() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SharedGPU(FakeGPU):
+    """A `FakeGPU` whose clock lock and calls live in a state file every process shares (module doc)."""
+
+    def __init__(self, state_path: str, index: int, **kw: Any):
+        self.state_path, self.shared_index = state_path, None  # None while FakeGPU.__init__ sets its local defaults
+        super().__init__(**kw)
+        self.shared_index = index
+
+    @property  # type: ignore[override]
+    def locked(self) -> tuple[int, int] | None:
+        if self.shared_index is None:
+            return None
+        value = read_shared_state(self.state_path)["gpus"][self.shared_index]["locked"]
+        return tuple(value) if value else None
+
+    @locked.setter
+    def locked(self, value: tuple[int, int] | None) -> None:
+        if self.shared_index is None:
+            return
+        with _locked_state(self.state_path, write=True) as state:
+            state["gpus"][self.shared_index]["locked"] = list(value) if value else None
+
+    @property  # type: ignore[override]
+    def calls(self) -> _SharedCalls:
+        return _SharedCalls(self)
+
+    @calls.setter
+    def calls(self, _value: list) -> None:
+        pass  # FakeGPU.__init__'s empty list: the shared list is the state file's
+
+
+def shared_module(path: str) -> types.ModuleType:
+    """A fake `pynvml` whose GPUs are the state file's (`write_shared_state`), shared with every process that loads it."""
+    gpus = [SharedGPU(path, i, name=g["name"], uuid=g["uuid"], power_mw=g["power_mw"])
+            for i, g in enumerate(read_shared_state(path)["gpus"])]
+    return make_module(list(gpus))

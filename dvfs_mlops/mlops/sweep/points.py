@@ -36,8 +36,12 @@ class PointContext:
         return Job(workload, cfg, self.board.torch_device)
 
 
-def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callable[[], bool] | None = None) -> str | None:
+def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callable[[], bool] | None = None,
+              run_id: str | None = None) -> str | None:
     """Run and log one point; returns its one-line summary.
+
+    `run_id`: the point's run made already (a claim through the tracking server is the point's run); else one is
+    created here.
 
     `still_mine` (a claimed point) is asked right before the run is marked FINISHED: when another worker took the point
     over meanwhile, this run ends KILLED (tag dvfs.claim_lost) and None is returned.
@@ -52,7 +56,10 @@ def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callab
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
             schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
             **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
-    run_id = tracked(lambda: c.create_run(ctx.experiment_id, run_name=point.key, tags=tags), point).info.run_id
+    if run_id is None:
+        run_id = tracked(lambda: c.create_run(ctx.experiment_id, run_name=point.key, tags=tags), point).info.run_id
+    else:
+        tracked(lambda: tracking.log_run_batch(c, run_id, tags=tags), point)
     job = ctx.job(workload)
     try:
         session = ctx.device.session(point.freq, label=f"{point.workload}#{point.repeat}")

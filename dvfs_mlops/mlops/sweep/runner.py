@@ -6,7 +6,8 @@ it asks for the next. The runner owns everything else, the same for both:
 - the parent run (named `sweep <id>` however it was started; under `mlflow run` it is MLflow's run), tagged with
   the sweep, the board (`board.json`) and the definition (`sweep_definition`);
 - resume: FINISHED points are not run again, RUNNING ones a dead worker left are closed as KILLED and redone;
-- claims: workers given the same sweep claim each point before running it (claims.py), a point another live
+- claims: workers given the same sweep claim each point before running it (claims.py; through the tracking server
+  itself, the claim is the point's run, and each worker starts at its own place in a round), a point another live
   worker holds is waited for (and taken over once its lease expires), a point found FINISHED is never run twice;
 - a tracking store that fails under a claimed point (a server restarting): the clocks are restored, the point is
   released and tried again after 5, 10, 15 s; a fourth failure in a row, a refused request, or any failure without
@@ -20,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -28,7 +30,17 @@ from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.hw.board import ARTIFACT as BOARD_ARTIFACT
 from dvfs_mlops.hw.board import Board, board_of
 from dvfs_mlops.mlops import schema, tracking
-from dvfs_mlops.mlops.claims import DEFAULT_TTL_S, Claim, Lease, PointClaims, claim_scope, default_worker, open_claims
+from dvfs_mlops.mlops.claims import (
+    DEFAULT_TTL_S,
+    Claim,
+    ClaimTarget,
+    Lease,
+    PointClaims,
+    TrackingClaims,
+    claim_scope,
+    default_worker,
+    open_claims,
+)
 from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.mlops.sweep.points import PointContext, run_point, tracked
 from dvfs_mlops.mlops.sweep.progress import Progress
@@ -112,6 +124,7 @@ class SweepRunner:
         self.claims = options.claims if options.claims is not None else open_claims(None, tracking.tracking_uri())
         self.worker = options.worker or default_worker(board.device_id)
         self.experiment_id, self.parent_id, self.created = resolve_parent(c, spec)
+        self.claims.bind(ClaimTarget(c, self.experiment_id, spec.sweep_id, self.parent_id))
         self.done, self.stale = finished_points(c, [self.experiment_id], spec.sweep_id)
         self.scope = claim_scope(spec.sweep_id, self.experiment_id, tracking.tracking_uri())
         self.points = PointContext(c, self.experiment_id, self.parent_id, spec, device, board)
@@ -122,6 +135,7 @@ class SweepRunner:
         self._store_failures: dict[str, int] = {}
         self._failures_in_a_row = 0
         self.progress: Progress | None = None
+        self._rng = random.Random()  # its own, from the OS: a job that seeds `random` would give every worker one order
 
     # the parent run ---------------------------------------------------------------------------------
     def log_parent(self) -> None:
@@ -167,6 +181,11 @@ class SweepRunner:
                     self.found.append(p.key)
             else:
                 todo.append(p)
+        if self.claims.kind == "tracking" and todo:
+            # workers that start together would all claim the same first point, find each other and back off, point after
+            # point: each starts at its own place in the round (kept in order, so a workload's points stay together)
+            at = self._rng.randrange(len(todo))
+            todo = todo[at:] + todo[:at]
         held = [p for p in todo if not self._attempt(p)]
         if held:
             self.say(f"sweep {self.spec.sweep_id}: waiting for {len(held)} point(s) other workers hold (taken over if a claim expires)")
@@ -217,11 +236,13 @@ class SweepRunner:
         """Run a point this worker claimed; False when another worker took it over meanwhile (it is waited for, as a
         held point, until that worker's run is FINISHED)."""
         c, spec = self.client, self.spec
-        workload = self.workload(point)
-        lease = Lease(self.claims, self.scope, point.key, self.worker, self.options.claim_ttl_s)
+        lease = Lease(self.claims, self.scope, point.key, self.worker, self.options.claim_ttl_s)  # beats while the workload loads
         try:
+            workload = self.workload(point)
             if self.claims.kind == "none":
                 old_runs = self.stale.pop(point.key, [])
+            elif self.claims.kind == "tracking":  # the claim read the point's runs: none FINISHED, stale ones closed
+                old_runs = []
             else:  # what the store has now: the point may have been finished, or left RUNNING by a worker that died
                 finished, old_runs = tracked(lambda: point_runs(c, self.experiment_id, spec.sweep_id, point.key), point)
                 if finished:
@@ -235,7 +256,8 @@ class SweepRunner:
                 tracked(lambda run_id=run_id: c.set_terminated(run_id, "KILLED"), point)
             if self.ran and self.options.settle_s > 0 and not self.board.simulated:
                 time.sleep(self.options.settle_s)
-            summary = run_point(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None)
+            summary = run_point(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
+                                run_id=self.claims.run_of(self.scope, point.key))
         except BaseException:
             lease.stop()
             with contextlib.suppress(Exception):  # free it at once for another worker (else it frees when it expires)
@@ -265,6 +287,10 @@ class SweepRunner:
         finally:
             self.progress.close()
             self.claims.close()
+            if isinstance(self.claims, TrackingClaims):
+                stats = self.claims.stats
+                self.say(f"sweep {self.spec.sweep_id}: claims through the tracking server: {stats.backoffs} back-off(s) "
+                         f"({stats.backoff_s:.2f} s), {stats.takeovers} stale claim(s) taken over")
             if completed:  # an interrupted sweep gets its artifacts on resume
                 strategy.finish(self)
                 log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, self.spec.sweep_id, self.board.simulated)

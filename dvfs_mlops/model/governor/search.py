@@ -412,16 +412,60 @@ def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
     return True
 
 
+OPTUNA_SCHEMA = "optuna"  # where a study's tables go in a PostgreSQL database (beside MLflow's, which has its own alembic_version)
+
+
 def storage_url(storage: str) -> str:
     """An Optuna (SQLAlchemy) URL. A bare `postgresql://` means psycopg2 to SQLAlchemy; MLflow reads it as psycopg 3,
-    which the `fleet` extra installs: without psycopg2, the same URL goes to psycopg 3 here too."""
+    which the `fleet` extra installs: without psycopg2, the same URL goes to psycopg 3 here too.
+
+    PostgreSQL: the study's tables live in the schema `optuna` of that database (made if missing, and named in the
+    connection's search_path), so one database can hold MLflow's tables and Optuna's: both keep an `alembic_version`
+    table, and Optuna reading MLflow's fails. A database whose `public` schema holds Optuna's tables already (a
+    study database made before) is used as it is, and so is a URL that sets its own `options`.
+
+    Raises:
+        DvfsError: a PostgreSQL storage that cannot be reached or written (one line saying which, and what to do).
+    """
     import importlib.util
 
     scheme, sep, rest = storage.partition("://")
-    if sep and scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None \
+    base = scheme.split("+", 1)[0]
+    if not sep or base not in ("postgresql", "postgres"):
+        return storage
+    if scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None \
             and importlib.util.find_spec("psycopg") is not None:
-        return f"postgresql+psycopg://{rest}"
-    return storage
+        storage = f"postgresql+psycopg://{rest}"
+    if "options=" in rest or importlib.util.find_spec("psycopg") is None:
+        return storage  # its own search_path, or no psycopg 3 here to look with (Optuna says what it finds)
+    if _study_schema(f"postgresql://{rest}") is None:
+        return storage
+    return storage + ("&" if "?" in rest else "?") + f"options=-csearch_path%3D{OPTUNA_SCHEMA}"
+
+
+def _study_schema(dsn: str) -> str | None:
+    """The schema a PostgreSQL study goes in: None (`public`) where Optuna's tables are there already, else `optuna`
+    (created here, so that Optuna's first connection finds it)."""
+    import contextlib
+    import urllib.parse
+
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT to_regclass('public.studies') IS NOT NULL AND to_regclass('public.alembic_version') IS NOT NULL "
+                               "AND to_regclass('public.experiments') IS NULL").fetchone()
+            if row and row[0]:
+                return None
+            with contextlib.suppress(psycopg.errors.UniqueViolation):  # two trainers made it at once: the other's is there
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}")
+    except psycopg.Error as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        where = urllib.parse.urlsplit(dsn)
+        raise DvfsError(f"--storage postgresql://{where.hostname}:{where.port or 5432}{where.path}: the Optuna study's PostgreSQL database is unreachable or refused "
+                        f"the schema {OPTUNA_SCHEMA!r} ({first}); check the URL, or grant CREATE on the database "
+                        f"(or make the schema: CREATE SCHEMA {OPTUNA_SCHEMA})") from None
+    return OPTUNA_SCHEMA
 
 
 def joined_sampler(seed: int, worker: int | None = None) -> Any:
