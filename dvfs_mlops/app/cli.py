@@ -4,6 +4,7 @@ Errors a user can cause are `DvfsError`s: printed as one line on stderr, exit co
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Iterable
@@ -16,7 +17,6 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
-    from dvfs_mlops.app.clockd_command import ClockdOptions
     from dvfs_mlops.app.curve_fit import CurveFitRequest
     from dvfs_mlops.app.devices import DeviceChoice
     from dvfs_mlops.app.finetune import LaunchOptions
@@ -48,13 +48,12 @@ class DvfsGroup(click.Group):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except Exception as e:
-            from dvfs_mlops.mlops import tracking
+            from dvfs_mlops.mlops.tracking import outage_line
 
-            if not tracking.is_connection_failure(e):
+            line = outage_line(e)
+            if line is None:
                 raise
-            _one_line_error(f"the MLflow tracking store {tracking.tracking_uri()} stopped answering "
-                            f"({str(e).strip().splitlines()[0][:200]}); start it again, then re-run the same command "
-                            "(a sweep resumes; the clocks were restored)")
+            _one_line_error(line)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -67,20 +66,12 @@ def _one_line_error(message: str) -> None:
 @click.version_option(package_name="dvfs-mlops")
 def main() -> None:
     """Energy-optimal GPU clocks for on-device fine-tuning, as an MLOps pipeline."""
-    from dvfs_mlops import settings
+    from dvfs_mlops.app.startup import begin_command
 
-    settings.set_defaults(settings.CLI_DEFAULTS)  # no progress bars (\r redraws) in a command's output
-    from dvfs_mlops.app import ownership
-
-    click.get_current_context().call_on_close(ownership.after_command())  # under sudo: the user's files stay the user's
-    import logging
-
-    for noisy in ("mlflow.store.db.utils", "alembic", "mlflow.tracking.fluent"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    click.get_current_context().call_on_close(begin_command())
 
 
-def _echo_err(msg: str) -> None:
-    click.echo(msg, err=True)
+_echo_err = functools.partial(click.echo, err=True)
 
 
 def _echo_lines(lines: Iterable[str], err: bool = False) -> None:
@@ -171,8 +162,7 @@ def finetune_cmd(job: FinetuneJobRequest, options: LaunchOptions, device: Device
 @opts.calibrate_options
 @opts.device_options()
 def calibrate(request: CalibrationRequest, device: DeviceChoice) -> None:
-    """Move another board's governor to this board from a few measured points (at most 3 workloads x 4 clocks): a new
-    version of this board's family, promoted to production-<family> if it passes the gates."""
+    """Move another board's governor to this board from at most 3 workloads x 4 clocks; promote it if it passes the gates."""
     from dvfs_mlops.app.calibrate import calibrate as calibrate_board
 
     report = calibrate_board(request, device, say=_echo_err)
@@ -198,10 +188,8 @@ def curve_fit(request: CurveFitRequest, as_json: bool) -> None:
 @main.command("evaluate")
 @click.option("--sweep-id", default="", help="The sweep whose measured points are compared (default: the latest in --experiment).")
 @click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
-@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]),
-              help="Which of the sweep's workloads: the held-out ones (eval), the training ones, or all.")
-@click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True,
-              help="Comma-separated: production, ffg, paper-mlg, maxn, oracle, or models:/ URIs.")
+@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]), help="Held-out (eval) workloads, or not.")
+@click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True, help="Comma-separated; also models:/ URIs.")
 @click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (as for train).")
 @opts.JSON_OPTION
 def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
@@ -276,8 +264,7 @@ def twin() -> None:
 @click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
 @click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
 @click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
-              help="Or fit to a CSV: workload (MODEL/TASK), freq_mhz, time_s and energy_j or power_w (CPU + GPU); optional steps "
-                   "(default 1), batch_size (16), seq_len (the task's mean length), dtype.")
+              help="Or a CSV: workload, freq_mhz, time_s, energy_j or power_w; optional steps, batch_size, seq_len, dtype (README).")
 @opts.device_options("twin_profile", "twin_params")
 @click.option("--name", default="", help="The fitted profile's name (default fit-<sweep id or CSV name>).")
 @click.option("--out", default="", metavar="FILE.yaml", help="Where to write the profile (default <name>.yaml here).")
@@ -301,7 +288,7 @@ def restore() -> None:
 @main.command()
 @click.argument("action", type=click.Choice(["serve", "install", "uninstall", "status"]))
 @opts.clockd_options
-def clockd(action: str, options: ClockdOptions) -> None:
+def clockd(action: str, options: opts.ClockdOptions) -> None:
     """The clock service, so members of a group pin clocks without root: serve (as root), install/uninstall (systemd), status."""
     from dvfs_mlops.app.clockd_command import clockd_command
 

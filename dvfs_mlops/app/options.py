@@ -1,16 +1,14 @@
 """The command line's option groups: related click options that reach a command as ONE typed record.
 
-`OptionGroup` is the one helper: as a decorator it adds its options to a command and wraps the command so that
-their values, popped from what click passes, are built into a record (`DeviceChoice`, `PeftSpec`, `SweepRequest`,
-`TrainRequest`, `LaunchOptions`, ...) handed over as one keyword argument. A group may hold another group: the
-inner record is built first and given to the outer builder (a sweep's `PeftSpec` inside its `SweepRequest`).
-
-Builders only translate the command line (an empty string is an unset option, as the MLproject passes them);
-defaults and checks live in the records and the app layer. Nothing heavy is imported until a command runs.
+`OptionGroup` adds its options to a command and hands it their values built into one record (`DeviceChoice`, `PeftSpec`,
+`SweepRequest`, ...); a group may hold another group, whose record is built first. Builders only translate the command
+line (an empty string is an unset option, as the MLproject passes them); defaults and checks live in the records and the
+app layer. Nothing heavy is imported until a command runs.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -20,6 +18,7 @@ from dvfs_mlops.app.clockd_command import ClockdOptions
 from dvfs_mlops.app.devices import DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
+from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
@@ -73,6 +72,11 @@ def option_group(dest: str, build: Callable[..., Any], *options: Any) -> OptionG
     return OptionGroup(dest, build, options)
 
 
+def lazy(module: str, name: str) -> Callable[..., Any]:
+    """A builder of the record `module.name` that imports its module only when a command runs (--help stays light)."""
+    return lambda **fields: getattr(importlib.import_module(module), name)(**fields)
+
+
 def _param_name(decorator: Callable[[Any], Any]) -> str:
     """The parameter name a click.option/click.argument decorator gives its value (applied to a throwaway function)."""
     probe = decorator(lambda: None)
@@ -80,8 +84,7 @@ def _param_name(decorator: Callable[[Any], Any]) -> str:
 
 
 class Count(click.IntRange):
-    """A whole-number option (steps, trials, sizes, seeds): typed INTEGER in --help, and a bad value is one line
-    naming the option ("--steps must be a whole number, got 'x'")."""
+    """A whole-number option: INTEGER in --help; a bad value is one line naming it ("--steps must be a whole number")."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
@@ -96,34 +99,23 @@ class Count(click.IntRange):
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (messages and links go to stderr).")
 SEED_OPTION = click.option("--seed", default=0, show_default=True, type=Count(), help="Random seed (data, model init, sampling): same seed, same run.")
 PRECISION_OPTION = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]),
-                                help="Training precision: autocast to bf16 or fp16 (fp16 with a gradient scaler); the twin "
-                                     "charges tensor-core rates for 16-bit matmuls. Recorded on every run.")
+                                help="Training precision (autocast; fp16 with a gradient scaler). Recorded on every run.")
 BATCH_SIZE_OPTION = click.option("--batch-size", default=16, show_default=True, type=Count(min=1), help="Examples per training step.")
 DATA_SOURCE_OPTION = click.option("--data-source", default="synthetic", show_default=True, type=click.Choice(["synthetic", "tsv", "hub"]),
-                                  help="Where task data comes from: built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), "
-                                       "or the hub (online).")
-OBSERVE_OPTION = click.option("--observe", is_flag=True,
-                              help="Meter only: write no clock or setting, take no lock (no root needed); runs are tagged dvfs.observe=true.")
+                                  help="Built-in synthetic GLUE-like tasks, GLUE TSV files (--data-dir), or the hub (online).")
+OBSERVE_OPTION = click.option("--observe", is_flag=True, help="Meter only: write no clock, take no lock; runs are tagged dvfs.observe=true.")
 MODEL_CONFIG_HELP = "A transformers config.json (or folder) instead of a preset."
 WARMUP_OPTION = click.option("--warmup-steps", default=None, type=Count(min=0), help="First steps metered apart (3 on boards, 0 on the twin).")
 
 
-def _peft_spec(peft_method: str, lora_r: int | None, lora_alpha: int | None, lora_targets: str) -> Any:
-    from dvfs_mlops.job.workloads.adapters import peft_spec
-
-    return peft_spec(peft_method, lora_r, lora_alpha, lora_targets or None)
-
-
 # --peft and the LoRA options, on every command that trains (sweep, finetune): a PeftSpec.
 peft_options = option_group(
-    "peft", _peft_spec,
-    click.option("--peft", "peft_method", default="full", show_default=True, type=click.Choice(["full", "lora"]),
-                 help="full: every weight trains; lora: the base is frozen and low-rank adapters (peft) plus the task head "
-                      "train. Part of the workload's name (+lora-r8a16), so a LoRA run never resumes a full one."),
-    click.option("--lora-r", default=None, type=Count(min=1), help="LoRA rank (default 8)."),
-    click.option("--lora-alpha", default=None, type=Count(min=1), help="LoRA scale alpha (default 16)."),
-    click.option("--lora-targets", default="", help="Comma-separated module names LoRA adapts (default: peft's table for the "
-                                                    "architecture, e.g. q_proj,v_proj for Llama/Qwen, query,value for BERT)."),
+    "peft", lazy("dvfs_mlops.job.workloads.adapters", "peft_spec"),
+    click.option("--peft", "method", default="full", show_default=True, type=click.Choice(["full", "lora"]),
+                 help="full: every weight trains; lora: frozen base, adapters and the task head train (+lora-r8a16 in its name)."),
+    click.option("--lora-r", "r", default=None, type=Count(min=1), help="LoRA rank (default 8)."),
+    click.option("--lora-alpha", "alpha", default=None, type=Count(min=1), help="LoRA scale alpha (default 16)."),
+    click.option("--lora-targets", "targets", default="", help="Comma-separated modules LoRA adapts (default: peft's table, e.g. q_proj,v_proj)."),
 )
 
 _DEVICE_OPTIONS = {
@@ -134,19 +126,15 @@ _DEVICE_OPTIONS = {
     "gpu_index": click.option("--gpu-index", default=0, show_default=True, type=click.IntRange(min=0),
                               help="nvml: which GPU, by NVML index (nvidia-smi's order; the backend finds its CUDA device by UUID)."),
     "assume_unlocked": click.option("--assume-unlocked", is_flag=True, help=(
-        "nvml: pin although NVML cannot tell whether this GPU's clocks are already locked (nvidia-smi -lgc); the restore "
-        "resets locked clocks, so use it only where nobody else locks them.")),
+        "nvml: pin although NVML cannot tell whether the clocks are already locked (the restore resets locked clocks).")),
     "torch_device": click.option("--torch-device", default="", metavar="DEV",
-                                 help="Train on DEV (cpu, cuda:1 ...) instead of the backend's own GPU; for tests and "
-                                      "unusual set-ups only: a clock pinned on a GPU that does not train saves nothing."),
+                                 help="Train on DEV (cpu, cuda:1 ...), not the backend's GPU (tests: an idle pinned GPU saves nothing)."),
     "twin_profile": click.option("--twin-profile", default=None, metavar="NAME",
-                                 help="sim: the twin's board profile, sim-orin (default, shaped after the study) or "
-                                      "sim-orin-measured (GPU-rail power after public Orin measurements)."),
+                                 help=f"sim: the twin's board profile: {', '.join(BUILTIN_PROFILES)} (default {DEFAULT_PROFILE})."),
     "twin_params": click.option("--twin-params", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml",
                                 help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`)."),
     "device_id": click.option("--device-id", default="", metavar="ID", help=(
-        "Which board this is, tagged dvfs.device_id on every run (default: the Jetson's serial number, the NVML GPU's UUID, "
-        "sim@HOST on the twin). Not part of a sweep's identity: boards given the same sweep share it.")),
+        "Which board this is, tagged dvfs.device_id (default: the Jetson's serial, the GPU's UUID, sim@HOST); not in a sweep's id.")),
 }
 
 
@@ -161,19 +149,12 @@ def device_options(*names: str) -> OptionGroup:
     return option_group("device", _device_choice, *chosen)
 
 
-def _simulate_request(**fields: Any) -> Any:
-    from dvfs_mlops.app.simulate import SimulateRequest
-
-    return SimulateRequest(**fields)
-
-
 simulate_options = option_group(
-    "request", _simulate_request,
+    "request", lazy("dvfs_mlops.app.simulate", "SimulateRequest"),
     click.argument("model", required=False),
     click.option("--model-config", type=click.Path(), help=MODEL_CONFIG_HELP),
     click.option("--seq-len", type=Count(min=1), default=None, help="Padded sequence length of a batch (required unless --task)."),
-    click.option("--task", default="", help="Trace this task's head: a GLUE task's classifier, or instruct's LM head and loss "
-                                            "(a decoder only); without --seq-len, the task's mean length padded to 8."),
+    click.option("--task", default="", help="Trace this task's head (a GLUE classifier, instruct's LM head); its mean length by default."),
     BATCH_SIZE_OPTION,
     PRECISION_OPTION,
 )
@@ -188,19 +169,15 @@ def _sweep_request(data_dir: str, sweep_id: str, **fields: Any) -> Any:
 sweep_options = option_group(
     "request", _sweep_request,
     click.option("--preset", default="quick", show_default=True, help="smoke | quick | paper."),
-    click.option("--models", default="", help="Comma-separated models (default: the preset's): presets, transformers config.json "
-                                              "files or folders, hub names ORG/NAME (online, or a local folder with weights)."),
-    click.option("--tasks", default="", help="Comma-separated tasks (default: the preset's): GLUE tasks, or instruct (causal LM, "
-                                             "decoder models only)."),
+    click.option("--models", default="", help="Comma-separated models (default: the preset's): presets, config.json files, hub ORG/NAME."),
+    click.option("--tasks", default="", help="Comma-separated tasks (default: the preset's): GLUE tasks, or instruct (decoders)."),
     click.option("--freqs", default="", help="Comma-separated clocks in MHz (maxn is always added); default: the preset's or the whole table."),
     click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default: the preset's); 0 = profile only (sim)."),
     click.option("--profile-steps", default=None, type=Count(min=1), help="Steps charged per point when --steps 0 (default: the preset's)."),
     BATCH_SIZE_OPTION,
-    click.option("--repeats", default=None, type=Count(min=1),
-                 help="Repeats per point (default: the preset's, 1); on hardware each repeat visits the clocks in its own seeded random order."),
+    click.option("--repeats", default=None, type=Count(min=1), help="Repeats per point (default: the preset's); each in its own clock order."),
     DATA_SOURCE_OPTION,
-    click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it "
-                                                "(implies --data-source tsv)."),
+    click.option("--data-dir", default="", help="A GLUE TSV folder (instruct: instruct/train.jsonl, dev.jsonl); implies --data-source tsv."),
     SEED_OPTION,
     click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="MLflow experiment the sweep's runs go to."),
     click.option("--sweep-id", default="", help="Resume/extend this sweep id (default: a hash of the sweep's definition)."),
@@ -211,58 +188,43 @@ sweep_options = option_group(
     PRECISION_OPTION,
     peft_options,
     click.option("--strategy", default="grid", show_default=True, type=click.Choice(["grid", "adaptive"]),
-                 help="grid: every clock; adaptive: maxn plus at most 4 clocks per workload, chosen by the curve model starting "
-                      "from the production governor's clock (unmeasured clocks are predicted on the parent run, never logged as points)."),
+                 help="grid: every clock; adaptive: maxn and at most 4 clocks per workload chosen by the curve model (the rest predicted)."),
 )
 
 sweep_worker_options = option_group(
     "worker", SweepWorker,
-    click.option("--settle-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
-                 help="Hardware: idle this many seconds before each point after the first (cool-down, so points start alike)."),
+    click.option("--settle-s", default=0.0, show_default=True, type=click.FloatRange(min=0), help="Hardware: idle this long before each point."),
     click.option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe)."),
     click.option("--claims", "claims_uri", default="", metavar="URI",
-                 help="Where workers given the same sweep claim its points, so each point runs once: postgresql://... (a fleet; "
-                      "default $DVFS_CLAIMS_URI, else the tracking store's database when it is PostgreSQL), file:///PATH, or none. "
-                      "A SQLite or file store claims in a locked file beside it; an http(s) server without this claims through the "
-                      "tracking API (each point's run is its claim; also --claims tracking); 'none' claims nothing."),
-    click.option("--claim-ttl-s", default=120.0, show_default=True, type=click.FloatRange(min=1),
-                 help="A claim lasts this long after its last heartbeat (every third of it): a dead worker's points are taken over after it."),
+                 help="Where workers of one sweep claim its points: postgresql://..., file:///PATH, tracking (an http(s) server's "
+                      "default) or none (default $DVFS_CLAIMS_URI, else what the tracking store allows; README 'A fleet')."),
+    click.option("--claim-ttl-s", default=120.0, show_default=True, type=click.FloatRange(min=1), help="A dead worker's claim is taken after this."),
 )
 
 
-def _train_request(**fields: Any) -> Any:
-    from dvfs_mlops.mlops.train import TrainRequest
-
-    return TrainRequest(**fields)
-
-
 train_options = option_group(
-    "request", _train_request,
+    "request", lazy("dvfs_mlops.mlops.train", "TrainRequest"),
     click.option("--sweep-id", default="", help="The sweep to learn from, or several as a,b,... (one dataset; default: the latest in --experiment)."),
     click.option("--sweeps-filter", default="", metavar="FILTER",
-                 help="Learn from every sweep of --experiment with FINISHED points matching this MLflow filter, e.g. "
-                      "\"params.device_profile = 'sim-orin'\" or \"tags.`dvfs.device_id` LIKE 'orin-%'\"."),
+                 help="Learn from every sweep whose FINISHED points match this MLflow filter, e.g. \"params.device_profile = 'sim-orin'\"."),
     click.option("--mix-profiles", is_flag=True, help="Allow sweeps of different device profiles in one governor (refused by default)."),
     click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are."),
-    click.option("--objective", default="energy", show_default=True,
-                 help="What the best clock minimises: energy | edp (energy x delay) | max-slowdown:X (least energy within X times the fastest time)."),
+    click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (least energy within X x the fastest)."),
     click.option("--trials", default=60, show_default=True, type=Count(min=1), help="Optuna trials of the selection study (each one a full inner CV)."),
     SEED_OPTION,
     click.option("--register/--no-register", default=True, show_default=True, help="Register the model as a new version."),
     click.option("--storage", default="", help="Optuna storage URL (default: optuna.db beside a SQLite tracking DB)."),
     click.option("--study-name", default="", help="Join this Optuna study (several processes may share one); default: a fresh study per run."),
     click.option("--cv-split", default="auto", show_default=True, type=click.Choice(["auto", "workload", "task", "model"]),
-                 help="Groups held out for selection and the reported score (auto: task with 3+ tasks, else workload)."),
+                 help="Groups held out (auto: task with 3+ tasks, else workload)."),
     click.option("--outer-trials", default=None, type=Count(min=1), help="Trials of each outer fold's study in nested CV (default: --trials)."),
 )
 
 finetune_job_options = option_group(
     "job", FinetuneJobRequest,
-    click.option("--model", default="", help=f"A model preset ({', '.join(MODEL_PRESETS)}), a transformers config.json or folder, "
-                                            "or a hub name ORG/NAME (as sweep --models takes them)."),
+    click.option("--model", default="", help=f"A model preset ({', '.join(MODEL_PRESETS)}), a config.json or folder, or a hub ORG/NAME."),
     click.option("--model-config", default="", help=MODEL_CONFIG_HELP),
-    click.option("--task", required=True, help="A GLUE task (sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli) or instruct "
-                                                "(causal LM on prompt/response pairs; a decoder model)."),
+    click.option("--task", required=True, help="A GLUE task (sst2, qnli, mrpc, qqp, rte, cola, stsb, mnli, wnli) or instruct (decoders)."),
     click.option("--pretrained", default="", help="Real weights and tokenizer: a hub name (online) or a local folder."),
     click.option("--steps", default=60, show_default=True, type=Count(min=1), help="Training steps."),
     click.option("--epochs", default=None, type=click.FloatRange(min=0, min_open=True), help="Overrides --steps."),
@@ -271,8 +233,7 @@ finetune_job_options = option_group(
     PRECISION_OPTION,
     peft_options,
     DATA_SOURCE_OPTION,
-    click.option("--data-dir", default="", help="A GLUE TSV folder; for instruct, instruct/train.jsonl and dev.jsonl in it, or "
-                                                "the folder holding them (implies --data-source tsv)."),
+    click.option("--data-dir", default="", help="A GLUE TSV folder (instruct: instruct/train.jsonl, dev.jsonl); implies --data-source tsv."),
     click.option("--train-size", default=2048, show_default=True, type=Count(min=1), help="Synthetic training examples."),
     SEED_OPTION,
     WARMUP_OPTION,
@@ -288,18 +249,14 @@ def _launch_options(governor_uri: str, no_save_model: bool, **fields: Any) -> An
 launch_options = option_group(
     "options", _launch_options,
     click.option("--governor", "governor_uri", default="", help="A models:/ URI (default models:/dvfs-governor@production)."),
-    click.option("--probe-steps", default=5, show_default=True, type=Count(min=0),
-                 help="Steps at maxn to measure GPU utilisation; 0 = the twin's estimate."),
+    click.option("--probe-steps", default=5, show_default=True, type=Count(min=0), help="Steps at maxn to measure GPU load; 0 = the twin's."),
     OBSERVE_OPTION,
     click.option("--strict", is_flag=True, help="Refuse a governor trained for another device profile."),
     click.option("--dry-run", is_flag=True, help="Stop after the decision (nothing is trained or logged)."),
     click.option("--no-save-model", is_flag=True, help="Do not log the fine-tuned model as an artifact."),
     click.option("--refine", default=None, type=Count(min=0), metavar="N",
-                 help="Probe-and-refine: N training steps spent probing clocks around the governor's, then the rest at the curve "
-                      "model's optimum (probes count in the totals); 0 = off. Default: 30 on jetson and nvml, 0 on the twin."),
-    click.option("--allow-other-board", is_flag=True,
-                 help="Let a governor of another board family decide when this board's family has none (or --governor names "
-                      "one); recorded on the run. Without it such a board refines from the curve model."),
+                 help="N steps probing clocks near the governor's, then the curve model's optimum; 0 = off (default 30; twin 0)."),
+    click.option("--allow-other-board", is_flag=True, help="Let another board family's governor decide (recorded); else such a board refines."),
 )
 
 
@@ -316,10 +273,8 @@ curve_fit_options = option_group(
     click.option("--sweep-id", default="", help="Read the points from this MLflow sweep instead of FILE."),
     click.option("--workload", default="", help="With --sweep-id: the workload, MODEL/TASK."),
     click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="With --sweep-id: where the sweep's runs are."),
-    click.option("--voltage-shape", default=None, type=click.FloatRange(min=0),
-                 help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the sweep's board's; for a CSV, the Orin's, 0.43)."),
+    click.option("--voltage-shape", default=None, type=click.FloatRange(min=0), help="r in V(f) ~ 1 + r (f/f_max)^2 (default: the board's)."),
 )
-
 
 
 def _calibration_request(no_promote: bool, **fields: Any) -> Any:
@@ -330,8 +285,7 @@ def _calibration_request(no_promote: bool, **fields: Any) -> Any:
 
 calibrate_options = option_group(
     "request", _calibration_request,
-    click.option("--source", default="", metavar="V", help="The version to calibrate from (default: another family's production "
-                                                            "governor trained on the most workloads)."),
+    click.option("--source", default="", metavar="V", help="The version to calibrate from (default: the richest other family's production)."),
     click.option("--preset", default="quick", show_default=True, help="The sweep preset whose workloads are the candidates."),
     click.option("--steps", default=None, type=Count(min=0), help="Training steps per point (default the preset's; twin: 0 profiles)."),
     BATCH_SIZE_OPTION,

@@ -94,7 +94,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:
-    """The production governor's clock for a workload's features, where an adaptive sweep starts.
+    """The production governor's clock for a workload's features (the board family's), where an adaptive sweep starts.
 
     Args:
         board: the board swept (its clock table).
@@ -106,7 +106,7 @@ def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], 
     from dvfs_mlops.mlops.governor import load_governor
 
     try:
-        governor = load_governor(None)
+        governor = load_governor(None, board=board)  # this board family's: another board's clocks would mislead
     except DvfsError as e:
         say(f"adaptive sweep: no production governor ({str(e).splitlines()[0][:120]}); each workload starts at the middle of the table")
         return None

@@ -92,6 +92,9 @@ class DvfsCallback(TrainerCallback):
             (`dvfs_mlops/job/refine.py`), the rest at the clock the curve model settles on; 0 is off.
         warmup_steps: the first training steps, metered apart as the window "warmup" (None: 3 on hardware, 0 on the
             twin; at most a quarter of `max_steps`): `report` is the steps after them.
+        allow_other_board: let a governor of another board family decide where this board's family has none (or
+            `governor` names one), recorded as `governor.other_board`; without it such a board refines from the curve
+            model (`refine` at least `mlops.governor.NO_GOVERNOR_REFINE_STEPS`), saying why.
 
     Attributes:
         report: the `EnergyReport` of the training window (the steps after warm-up), after training (None before); this
@@ -115,8 +118,10 @@ class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Any = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float = 50.0,
                  announce: Any = logger.info, observe: bool = False, torch_device: str | None = None, refine: int = 0,
-                 warmup_steps: int | None = None):
+                 warmup_steps: int | None = None, allow_other_board: bool = False):
         self.governor_uri = governor
+        self.allow_other_board = allow_other_board
+        self._decision_tags: dict[str, str] = {}  # what governor_for_board says of the decision (reason, other board)
         self.warmup_steps = warmup_steps
         self._windows: Any = None
         self._step0 = 0  # global_step when this train() began (a resumed run starts past 0)
@@ -286,12 +291,15 @@ class DvfsCallback(TrainerCallback):
         """The clock (the caller's, else the governor's for these features), the decision path, and which governor."""
         if self.freq_override is not None:
             return self.freq_override, f"fixed by the caller: {self.freq_override}", GovernorRef("")
-        from dvfs_mlops.mlops.governor import load_governor
+        from dvfs_mlops.mlops.governor import governor_for_board
 
-        governor = load_governor(self.governor_uri)
-        governor.check_board(self.board, False, self.announce)
-        freq, path = governor.decide(feats, self.board.frequencies_mhz)
-        return freq, path, governor.ref
+        chosen = governor_for_board(self.board, self.governor_uri, allow_other_board=self.allow_other_board, say=self.announce)
+        if chosen.note:  # this board's family has no governor: refine picks the clock (at least its minimum budget)
+            self.announce(chosen.note)
+        self.refine = chosen.refine_budget(self.refine or None, 0)
+        self._decision_tags = chosen.tags()
+        freq, path = chosen.decide(feats, self.board)
+        return freq, path, chosen.ref
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
         import mlflow
@@ -311,7 +319,8 @@ class DvfsCallback(TrainerCallback):
             self._trace = self._twin_trace(model, batch, feats.avg_seq_len)
         feats, freq, path, ref = self._decide_once(model, batch, feats)
         self.features = feats
-        self.decision = {"freq": freq, "path": path, "governor": ref.to_dict() if ref.uri else {"uri": None}}
+        self.decision = {"freq": freq, "path": path, "governor": ref.to_dict() if ref.uri else {"uri": None},
+                         "tags": self._decision_tags}
         self.announce(f"dvfs: {path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         active = mlflow.active_run()
         self._run_id = active.info.run_id if active else None

@@ -223,7 +223,8 @@ def callback_record(session: Any, report: EnergyReport, board: Board, decision: 
     g = decision.get("governor", {})
     tags = {schema.TAG_CALLBACK_FREQ: str(decision.get("freq")), schema.TAG_DECISION_PATH: str(decision.get("path")),
             schema.TAG_GOVERNOR_URI: str(g.get("uri")), schema.TAG_GOVERNOR_VERSION: str(g.get("version") or ""),
-            schema.TAG_SIMULATED: str(report.simulated).lower(), schema.TAG_CALLBACK_PRECISION: precision}
+            schema.TAG_SIMULATED: str(report.simulated).lower(), schema.TAG_CALLBACK_PRECISION: precision,
+            schema.TAG_BOARD_FAMILY: board.family, **decision.get("tags", {})}
     if features is not None:
         tags[schema.TAG_CALLBACK_TRAINABLE] = str(features.trainable_params)
     tags.update(session_tags(session, report, board))

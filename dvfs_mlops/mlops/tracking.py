@@ -33,6 +33,15 @@ def is_connection_failure(e: BaseException) -> bool:
     return _is_mlflow_exception(e) and text.startswith("API request to ") and " failed with exception " in text
 
 
+def outage_line(e: BaseException) -> str | None:
+    """The one line a command ends with when MLflow's client gave up on the tracking server (`is_connection_failure`);
+    None for any other exception."""
+    if not is_connection_failure(e):
+        return None
+    return (f"the MLflow tracking store {tracking_uri()} stopped answering ({str(e).strip().splitlines()[0][:200]}); "
+            "start it again, then re-run the same command (a sweep resumes; the clocks were restored)")
+
+
 def is_store_outage(e: BaseException) -> bool:
     """The tracking store did not answer (connection refused or cut, a 5xx after MLflow's retries, a database that is
     restarting or locked), as opposed to refusing the request (a bad value, a missing run): only the first is worth
