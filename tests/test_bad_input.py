@@ -34,7 +34,7 @@ CASES = [
     (["train"], "experiment 'dvfs-sweep' does not exist"),
     (["registry", "promote", "99"], "has no version"),
     (["registry", "show", "3"], "has no version 3"),
-    (["registry", "rollback"], "no 'previous' version"),
+    (["registry", "rollback"], "no 'previous-jetson-agx-orin-64gb' version to roll back to"),
     (["finetune", "--task", "sst2"], "name the model"),
     (["finetune", "--model", "bert-tiny", "--task", "squad"], "unknown task 'squad'"),
     (["finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "jetson", "--dry-run", "--train-size", "16"],

@@ -272,7 +272,8 @@ def test_installed_copy_finds_its_registry_data(installed, tmp_path):
     site = installed.resolve()
     assert Path(where["file"]).resolve().is_relative_to(site), where  # the installed copy, not the checkout
     assert Path(where["registry"]).resolve().is_relative_to(site) and where["tree"] == "paper-mlg", where
-    assert where["gates"] == ["regret-no-worse-than-production", "heldout-regret", "beats-ffg", "uses-features"], where
+    assert where["gates"] == ["regret-no-worse-than-production", "heldout-regret", "beats-ffg", "uses-features",
+                              "calibrated-no-worse-than-source", "calibrated-regret", "calibrated-not-over-trained"], where
 
 
 @pytest.mark.slow

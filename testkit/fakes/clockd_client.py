@@ -11,20 +11,28 @@ ACTION: wait (pin, print PINNED, sleep), exit (pin, print PINNED, leave the bloc
 """
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import sys
 import time
 
+import dvfs_mlops.app
 import dvfs_mlops.app.cli as cli
-import dvfs_mlops.app.devices  # noqa: F401 - loaded before the drop: the stdlib may be unreadable afterwards
-import dvfs_mlops.app.run  # noqa: F401
-import dvfs_mlops.hw.clockd.client  # noqa: F401
-import dvfs_mlops.hw.ina3221  # noqa: F401
-import dvfs_mlops.hw.meter  # noqa: F401
-import dvfs_mlops.hw.sim  # noqa: F401
+import dvfs_mlops.hw
 from dvfs_mlops.hw.jetson import JetsonDevice
 from dvfs_mlops.hw.nvml import NvmlDevice
 from testkit.fakes import fake_pynvml
+
+
+def preload() -> None:
+    """Import every module of the app and hw layers (what a command run here imports lazily) and the tracking helpers
+    the CLI's error path uses: after the drop, a checkout only root can read (a clone under /root, a 0700 temporary
+    folder) could not be read any more. Neither imports torch or mlflow."""
+    for pkg in (dvfs_mlops.app, dvfs_mlops.hw):
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            importlib.import_module(m.name)
+    importlib.import_module("dvfs_mlops.mlops.tracking")
 
 
 def drop(uid: int, gid: int, groups: list[int]) -> None:
@@ -49,6 +57,7 @@ def session(backend: str, freq: str, action: str, uuid: str = "") -> None:
 
 def main() -> None:
     uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    preload()
     drop(uid, gid, [] if groups == "-" else [int(g) for g in groups.split(",")])
     if sys.argv[4] == "session":
         session(*sys.argv[5:])
