@@ -157,3 +157,25 @@ def test_nothing_to_calibrate_from_is_one_error(boards):
                                c.maxn_energy_j, c.maxn_time_s) for c in curves[:3]]
     with pytest.raises(DvfsError, match="two measured clocks"):
         calibrate_policy(policy, board_of(SimDevice(builtin_profile("sim-orin-nano-8gb"))), one_clock)
+
+
+def test_the_published_tree_moves_to_the_nano_by_its_calibration_points(boards):
+    """The published tree (a classifier of the AGX Orin 64 GB) on the Orin Nano: its leaves move to where the calibration
+    workloads' own curve fits put the optimum, which beats the tree snapped to the Nano's table."""
+    from dvfs_mlops.model.governor.policies import paper_tree
+    from dvfs_mlops.model.governor.transfer import leaf_of
+
+    source = paper_tree().policy
+    curves, _ = boards["sim-orin-nano-8gb"]
+    plan, cal = _calibration(source, "sim-orin-nano-8gb", curves)
+    assert len(plan.workloads) == 3 and len(cal) == 3
+    moved = calibrate_policy(source, board_of(SimDevice(builtin_profile("sim-orin-nano-8gb"))), cal)
+    consts = moved["board_constants"]
+    assert consts["f_max_mhz"] == 625.0 and consts["place_shift"] > 0, "a lower ceiling puts each optimum higher in the table"
+    assert moved["calibrated_from"]["f_max_mhz"] == 1300.5, "the published tree's table is the AGX Orin 64 GB's, not its top leaf"
+    assert moved["board_family"] == "jetson-orin-nano-8gb" and "clocks_mhz" not in moved
+    table = builtin_profile("sim-orin-nano-8gb").frequencies_mhz
+    for c in cal:  # a measured leaf takes its workloads' fitted optimum on the Nano
+        path, leaf = leaf_of(moved, c.features.as_row())
+        assert path in consts["measured_leaves"] and leaf["freq_mhz"] in table
+    assert _regret(moved, curves) < _regret(source, curves)

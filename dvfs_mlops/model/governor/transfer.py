@@ -21,8 +21,17 @@ calibration measures: `plan_calibration` picks at most 3 workloads (from differe
 workload's phi and psi on the target and compares them with its source leaf's (median of the differences). MAXN is not
 needed: a leaf's time against MAXN keeps its source relation at the top clock.
 
-A classifier policy (leaves hold one clock) has no curve to re-express: its leaves keep their clock's relative place
-in the table (f / f_max), snapped to the target's table. numpy only (no MLflow, no torch).
+A classifier policy (leaves hold one clock, like the published tree) has no curve to re-express, but its leaves say
+where on the source's table each group's optimum sits (x_L = f_L / f_max). The calibration points say where it sits on
+the target: each calibration workload's own curve-model fit on the target (the shares above, on the target's voltage
+shape) has its optimum at x_c on the target's table. Every leaf moves by one board-level shift of that relative place,
+place_shift = median over the calibration workloads of (x_c - x_L(c)), L(c) the leaf the workload reaches (a smaller
+board with a lower ceiling puts the same workload's optimum higher in its table), and is snapped to the target's table
+(clipped to its ends). x_c is the fit's own optimum, which may lie above the table's top (a workload whose energy still
+falls at the top clock): taking the table's top instead would understate the move. A leaf that calibration workloads
+reach is measured on the target: it takes their fitted optimum (the median) rather than the board-level shift, which
+is for the groups nothing measured. Without a calibration workload that reaches a leaf the shift is 0 (the relative
+place kept). numpy only (no MLflow, no torch).
 """
 from __future__ import annotations
 
@@ -81,6 +90,8 @@ class BoardConstants:
         power_shift: logit(psi_target) - logit(psi_source leaf), likewise.
         workloads: the calibration workloads the shifts were fitted from.
         clocks_mhz: the target clocks they were measured at.
+        place_shift: for a classifier source, the shift of each leaf's relative clock (module doc; time_shift and
+            power_shift are 0 there); None for a curve source.
     """
 
     voltage_shape: float
@@ -90,10 +101,13 @@ class BoardConstants:
     power_shift: float
     workloads: tuple[str, ...]
     clocks_mhz: tuple[float, ...]
+    place_shift: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["workloads"], d["clocks_mhz"] = list(self.workloads), list(self.clocks_mhz)
+        if self.place_shift is None:
+            d.pop("place_shift")
         return d
 
 
@@ -227,18 +241,22 @@ def _curve(x: np.ndarray, phi: float, psi: float, shape: float) -> tuple[np.ndar
 def _source_shape(policy: Mapping[str, Any]) -> tuple[float, float]:
     """(voltage shape, table top) the source policy's leaves were measured with: its own record where it carries one
     ("board_constants" of an earlier calibration, or top-level "voltage_shape"/"f_max_mhz"), else the built-in twin
-    profile its "device_profile" names, else the AGX Orin's curve; the top of its clocks ("clocks_mhz", a search's
-    "frequencies_mhz", else its leaves' clocks)."""
+    profile its "device_profile" names (or the first of the family it names, as the published tree names the AGX Orin
+    64 GB), else the AGX Orin's curve; the top of its clocks ("clocks_mhz", a search's "frequencies_mhz", that twin's
+    table, else its leaves' clocks)."""
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
 
     consts = policy.get("board_constants") or {}
     shape = consts.get("voltage_shape", policy.get("voltage_shape"))
     fmax = consts.get("f_max_mhz", policy.get("f_max_mhz"))
-    twin = BUILTIN_PROFILES.get(str(policy.get("device_profile", "")))
+    named = str(policy.get("device_profile", ""))
+    twin = BUILTIN_PROFILES.get(named) or next(  # the published tree names its board family, not a twin profile
+        (p for p in BUILTIN_PROFILES.values() if p.family in (named, policy.get("board_family"))), None)
     if shape is None and twin is not None and twin.volt_v0 > 0:
         shape = twin.volt_v1 / twin.volt_v0
     if fmax is None:
-        clocks = policy.get("clocks_mhz") or policy.get("frequencies_mhz") or _leaf_clocks(policy["tree"])
+        clocks = (policy.get("clocks_mhz") or policy.get("frequencies_mhz") or (twin.frequencies_mhz if twin else None)
+                  or _leaf_clocks(policy["tree"]))
         fmax = max(float(f) for f in clocks)
     return float(shape) if shape is not None else ORIN_VOLTAGE_SHAPE, float(fmax)
 
@@ -298,12 +316,68 @@ def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves:
                           float(statistics.median(dp)), tuple(used), tuple(measured))
 
 
+def fitted_place(curve: WorkloadCurve, f_max_mhz: float, voltage_shape: float) -> float:
+    """Where `curve`'s own curve-model fit (its shares on this voltage shape, from its measured clocks, at least two) has
+    its least energy, as a place x = f / f_max on a continuous scale that does not stop at the table's top: a
+    workload whose energy still falls at the top clock has its optimum above it, and counting it at the top would
+    understate how far the board moved it (the fit's shape is extrapolated there, up to 3 f_max)."""
+    clocks = curve.clocks
+    phi, psi = shares(clocks, [curve.energy_j[f] for f in clocks], [curve.time_s[f] for f in clocks], voltage_shape, f_max_mhz)
+    x = np.linspace(min(clocks) / f_max_mhz, 3.0, 600)
+    e, _ = _curve(x, phi, psi, voltage_shape)
+    return float(x[int(np.argmin(e))])
+
+
+def fit_place_shift(source_policy: Mapping[str, Any], target: Board,
+                    curves: Sequence[WorkloadCurve]) -> tuple[BoardConstants, dict[str, float]]:
+    """A classifier source's board constant and measured leaves (module doc).
+
+    Returns:
+        (the constants, whose place_shift is the median over the calibration workloads that reach a leaf (with at
+        least two measured clocks) of their fitted optimum's place on the target minus their leaf's on the source, 0
+        where none does; {leaf path ("L"/"R" per split): the median fitted place of the workloads that reach it}).
+    """
+    _, src_fmax = _source_shape(source_policy)
+    shape, fitted = _target_shape(target, curves)
+    f_max = max(float(f) for f in target.frequencies_mhz)
+    moves, used, places = [], [], {}
+    for c in curves:
+        found = leaf_of(source_policy, c.features.as_row())
+        if found is None or "freq_mhz" not in found[1] or len(c.clocks) < 2:
+            continue
+        place = fitted_place(c, f_max, shape)
+        moves.append(place - float(found[1]["freq_mhz"]) / src_fmax)
+        places.setdefault(found[0], []).append(place)
+        used.append(c.workload)
+    measured = sorted({f for c in curves for f in c.clocks})
+    consts = BoardConstants(float(shape), fitted, f_max, 0.0, 0.0, tuple(used), tuple(measured),
+                            float(statistics.median(moves)) if moves else 0.0)
+    return consts, {path: float(statistics.median(xs)) for path, xs in places.items()}
+
+
+def _move_classifier(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                     src_fmax: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the classifier tree on the target's table, its board constants as stored): a leaf some calibration workload
+    reaches takes their fitted optimum (a measurement of that group on this board), any other leaf its source place
+    moved by the board's place shift; each snapped to the table (its ends where the place falls outside)."""
+    table = sorted(float(f) for f in target.frequencies_mhz)
+    consts, measured = fit_place_shift(source_policy, target, curves)
+
+    def walk(node: Mapping[str, Any], path: str) -> dict[str, Any]:
+        if "feature" in node:
+            return {**node, "left": walk(node["left"], path + "L"), "right": walk(node["right"], path + "R")}
+        x = measured.get(path, float(node["freq_mhz"]) / src_fmax + float(consts.place_shift or 0.0))
+        return {**node, "freq_mhz": min(table, key=lambda f: (abs(f / table[-1] - x), -f))}
+
+    return walk(source_policy["tree"], ""), {**consts.to_dict(), "measured_leaves": measured}
+
+
 def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve]) -> dict[str, Any]:
     """The source governor moved onto `target`: the same splits, every leaf re-expressed on the target's table.
 
     Args:
-        source_policy: the source governor's policy.json (a curve policy; a classifier's leaves keep their relative
-            clock).
+        source_policy: the source governor's policy.json (a curve policy; or a classifier, whose leaves move by the
+            place shift the calibration points measure).
         target: the target board (table, voltage shape where known, family).
         curves: the calibration sweep's workloads on the target (`WorkloadCurve`s; each its measured clocks; the
             features with the GPU utilisation measured there).
@@ -331,13 +405,11 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     out.update(device_profile=target.profile, simulated=target.simulated)
     if "frequencies_mhz" in out:
         out["frequencies_mhz"] = table
-    if "clocks_mhz" not in source_policy:  # a classifier tree: each leaf's clock keeps its place in the table
-        def move(leaf: dict[str, Any]) -> dict[str, Any]:
-            x = float(leaf["freq_mhz"]) / src_fmax
-            return {**leaf, "freq_mhz": min(table, key=lambda f: (abs(f / table[-1] - x), -f))}
-
-        out["tree"] = _map_leaves(out["tree"], move)
-        out.update(calibrated_from=calibrated_from, board_family=target.family)
+    if "clocks_mhz" not in source_policy:  # a classifier tree: measured leaves at their optimum, the rest shifted
+        out["tree"], constants = _move_classifier(source_policy, target, curves, src_fmax)
+        out.update(calibrated_from=calibrated_from, board_constants=constants, board_family=target.family,
+                   voltage_shape=constants["voltage_shape"], f_max_mhz=table[-1])
+        out.pop("power_prior", None)
         return out
     consts = fit_board_constants(source_policy, target, curves)
     src_clocks = [float(f) for f in source_policy["clocks_mhz"]]
