@@ -96,7 +96,7 @@ def pair(source: _Board, target: _Board) -> dict[str, Any]:
     cal = [dataclasses.replace(c, energy_j={f: c.energy_j[f] for f in plan.clocks_mhz}, time_s={f: c.time_s[f] for f in plan.clocks_mhz},
                                gpu_util_pct={f: c.gpu_util_pct[f] for f in plan.clocks_mhz if f in c.gpu_util_pct})
            for c in train if c.workload in plan.workloads]
-    moved = calibrate_policy(source.policy, target.board, cal)
+    moved = calibrate_policy(source.policy, target.board, cal, {w: f for w, f in known.items() if w in plan.workloads})
     out = {"source": source.profile, "target": target.profile, "source_family": source.board.family,
            "target_family": target.board.family, "plan_workloads": list(plan.workloads), "plan_clocks": list(plan.clocks_mhz),
            "cost_steps": plan.cost(target.steps), "target_steps": target.steps, "board_constants": moved["board_constants"],

@@ -179,3 +179,40 @@ def test_the_published_tree_moves_to_the_nano_by_its_calibration_points(boards):
         path, leaf = leaf_of(moved, c.features.as_row())
         assert path in consts["measured_leaves"] and leaf["freq_mhz"] in table
     assert _regret(moved, curves) < _regret(source, curves)
+
+
+def test_gpu_util_thresholds_move_onto_the_targets_scale(boards):
+    """A tree that splits on GPU utilisation learnt its thresholds on the source: given the calibration workloads'
+    features as the source measured them, the thresholds move by the board's utilisation shift (the Nano's slower GPU
+    is busier) and the other splits stay; without them nothing moves."""
+    import math
+
+    from dvfs_mlops.model.governor.transfer import util_shift
+
+    agx, nano = boards["sim-orin-measured"][0], boards["sim-orin-nano-8gb"][0]
+    train = [c for c in agx if c.split == "train"]
+    policy = fit_curve_policy(train, train[0].clocks, CurveParams(max_depth=2, min_samples_leaf=2,
+                                                                   features=("gpu_util_pct", "num_layers", "avg_seq_len")))[0]
+    assert "gpu_util_pct" in {n["feature"] for n in _splits(policy["tree"])}
+    plan, cal = _calibration(policy, "sim-orin-nano-8gb", nano)
+    measured_there = {c.workload: c.features for c in agx if c.workload in plan.workloads}
+    board = board_of(SimDevice(builtin_profile("sim-orin-nano-8gb")))
+    moved = calibrate_policy(policy, board, cal, measured_there)
+    shift = moved["board_constants"]["util_shift"]
+    assert shift == util_shift(cal, measured_there) and shift > 0, "the same workloads are busier on the Nano"
+    for before, after in zip(_splits(policy["tree"]), _splits(moved["tree"])):
+        assert before["feature"] == after["feature"]
+        if before["feature"] == "gpu_util_pct":
+            x = before["threshold"] / 100.0
+            assert after["threshold"] == pytest.approx(100.0 / (1.0 + math.exp(-(math.log(x / (1 - x)) + shift))), abs=1e-5)
+            assert after["threshold"] > before["threshold"]
+        else:
+            assert after["threshold"] == before["threshold"]
+    kept = calibrate_policy(policy, board, cal)
+    assert "util_shift" not in kept["board_constants"]
+    assert [n["threshold"] for n in _splits(kept["tree"])] == [n["threshold"] for n in _splits(policy["tree"])]
+    assert _regret(moved, nano) <= 0.005
+
+
+def _splits(node: dict) -> list[dict]:
+    return [] if "feature" not in node else [node, *_splits(node["left"]), *_splits(node["right"])]

@@ -31,7 +31,14 @@ board with a lower ceiling puts the same workload's optimum higher in its table)
 falls at the top clock): taking the table's top instead would understate the move. A leaf that calibration workloads
 reach is measured on the target: it takes their fitted optimum (the median) rather than the board-level shift, which
 is for the groups nothing measured. Without a calibration workload that reaches a leaf the shift is 0 (the relative
-place kept). numpy only (no MLflow, no torch).
+place kept). 
+A tree that splits on gpu_util_pct (the GPU's busy share at MAXN) learnt its thresholds on the source's scale: the
+same workload is busier on a slower GPU, whose busy time grows while the time the GPU waits on the host does not, so
+its busy share moves by about one board-level shift in logit space (logit u = log(busy / idle)). Where the
+calibration workloads' features as the source measured them are known (`source_features`: the source's own sweep),
+util_shift = median of logit(u_target) - logit(u_source) moves every gpu_util_pct threshold onto the target's scale,
+and each calibration workload is compared with the leaf it was learnt in on the source. numpy only (no MLflow, no
+torch).
 """
 from __future__ import annotations
 
@@ -92,6 +99,8 @@ class BoardConstants:
         clocks_mhz: the target clocks they were measured at.
         place_shift: for a classifier source, the shift of each leaf's relative clock (module doc; time_shift and
             power_shift are 0 there); None for a curve source.
+        util_shift: logit(u_target) - logit(u_source) of the GPU utilisation at MAXN, the median over the calibration
+            workloads whose source utilisation is known; None where none is.
     """
 
     voltage_shape: float
@@ -102,12 +111,14 @@ class BoardConstants:
     workloads: tuple[str, ...]
     clocks_mhz: tuple[float, ...]
     place_shift: float | None = None
+    util_shift: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["workloads"], d["clocks_mhz"] = list(self.workloads), list(self.clocks_mhz)
-        if self.place_shift is None:
-            d.pop("place_shift")
+        for key in ("place_shift", "util_shift"):
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -139,6 +150,38 @@ def leaf_of(policy: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[str, Map
         path += "L" if left else "R"
         node = node["left"] if left else node["right"]
     return path, node
+
+
+Features = Mapping[str, WorkloadFeatures]
+
+
+def _source_row(curve: WorkloadCurve, source_features: Features | None) -> Mapping[str, Any]:
+    """The row that routes a calibration workload through the source's tree: its features as the source's own sweep
+    measured them where known (the leaf it was learnt in), else as measured on the target."""
+    known = (source_features or {}).get(curve.workload)
+    return (known or curve.features).as_row()
+
+
+def util_shift(curves: Sequence[WorkloadCurve], source_features: Features | None) -> float | None:
+    """The board's shift of GPU utilisation at MAXN (module doc): median over the calibration workloads measured on
+    both boards of logit(u_target) - logit(u_source); None where none is."""
+    moves = []
+    for c in curves:
+        known = (source_features or {}).get(c.workload)
+        if known is not None and known.gpu_util_pct is not None and c.features.gpu_util_pct is not None:
+            moves.append(_logit(c.features.gpu_util_pct / 100.0) - _logit(known.gpu_util_pct / 100.0))
+    return float(statistics.median(moves)) if moves else None
+
+
+def _moved_thresholds(node: Mapping[str, Any], shift: float | None) -> dict[str, Any]:
+    """The tree with every gpu_util_pct threshold put on the target's utilisation scale (logit shifted by `shift`)."""
+    if "feature" not in node:
+        return dict(node)
+    threshold = node["threshold"]
+    if node["feature"] == "gpu_util_pct" and shift is not None:
+        threshold = round(100.0 * _sigmoid(_logit(float(threshold) / 100.0) + shift), 6)
+    return {**node, "threshold": threshold, "left": _moved_thresholds(node["left"], shift),
+            "right": _moved_thresholds(node["right"], shift)}
 
 
 def plan_calibration(source_policy: Mapping[str, Any], target: Board,
@@ -285,9 +328,10 @@ def _map_leaves(node: dict[str, Any], fn: Any) -> dict[str, Any]:
     return fn(node)
 
 
-def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve]) -> BoardConstants:
+def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                        source_features: Features | None = None) -> BoardConstants:
     """The target's constants from the calibration curves (module doc): each workload's (phi, psi) on the target
-    against its source leaf's.
+    against its source leaf's (the leaf its source features reach where `source_features` has them).
 
     Raises:
         DvfsError: no curve reaches a curve leaf of the source policy with at least two measured clocks.
@@ -297,7 +341,7 @@ def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves:
     shape, fitted = _target_shape(target, curves)
     dt, dp, used = [], [], []
     for c in curves:
-        found = leaf_of(source_policy, c.features.as_row())
+        found = leaf_of(source_policy, _source_row(c, source_features))
         if found is None or "energy" not in found[1] or len(c.clocks) < 2:
             continue
         leaf = found[1]
@@ -313,7 +357,7 @@ def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves:
                         "calibrate a curve governor, measuring at least two clocks per workload")
     measured = sorted({f for c in curves for f in c.clocks})
     return BoardConstants(float(shape), fitted, float(target.f_max_mhz), float(statistics.median(dt)),
-                          float(statistics.median(dp)), tuple(used), tuple(measured))
+                          float(statistics.median(dp)), tuple(used), tuple(measured), None, util_shift(curves, source_features))
 
 
 def fitted_place(curve: WorkloadCurve, f_max_mhz: float, voltage_shape: float) -> float:
@@ -328,8 +372,8 @@ def fitted_place(curve: WorkloadCurve, f_max_mhz: float, voltage_shape: float) -
     return float(x[int(np.argmin(e))])
 
 
-def fit_place_shift(source_policy: Mapping[str, Any], target: Board,
-                    curves: Sequence[WorkloadCurve]) -> tuple[BoardConstants, dict[str, float]]:
+def fit_place_shift(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                    source_features: Features | None = None) -> tuple[BoardConstants, dict[str, float]]:
     """A classifier source's board constant and measured leaves (module doc).
 
     Returns:
@@ -342,7 +386,7 @@ def fit_place_shift(source_policy: Mapping[str, Any], target: Board,
     f_max = max(float(f) for f in target.frequencies_mhz)
     moves, used, places = [], [], {}
     for c in curves:
-        found = leaf_of(source_policy, c.features.as_row())
+        found = leaf_of(source_policy, _source_row(c, source_features))
         if found is None or "freq_mhz" not in found[1] or len(c.clocks) < 2:
             continue
         place = fitted_place(c, f_max, shape)
@@ -351,17 +395,17 @@ def fit_place_shift(source_policy: Mapping[str, Any], target: Board,
         used.append(c.workload)
     measured = sorted({f for c in curves for f in c.clocks})
     consts = BoardConstants(float(shape), fitted, f_max, 0.0, 0.0, tuple(used), tuple(measured),
-                            float(statistics.median(moves)) if moves else 0.0)
+                            float(statistics.median(moves)) if moves else 0.0, util_shift(curves, source_features))
     return consts, {path: float(statistics.median(xs)) for path, xs in places.items()}
 
 
-def _move_classifier(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
-                     src_fmax: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _move_classifier(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve], src_fmax: float,
+                     source_features: Features | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the classifier tree on the target's table, its board constants as stored): a leaf some calibration workload
     reaches takes their fitted optimum (a measurement of that group on this board), any other leaf its source place
     moved by the board's place shift; each snapped to the table (its ends where the place falls outside)."""
     table = sorted(float(f) for f in target.frequencies_mhz)
-    consts, measured = fit_place_shift(source_policy, target, curves)
+    consts, measured = fit_place_shift(source_policy, target, curves, source_features)
 
     def walk(node: Mapping[str, Any], path: str) -> dict[str, Any]:
         if "feature" in node:
@@ -369,10 +413,12 @@ def _move_classifier(source_policy: Mapping[str, Any], target: Board, curves: Se
         x = measured.get(path, float(node["freq_mhz"]) / src_fmax + float(consts.place_shift or 0.0))
         return {**node, "freq_mhz": min(table, key=lambda f: (abs(f / table[-1] - x), -f))}
 
-    return walk(source_policy["tree"], ""), {**consts.to_dict(), "measured_leaves": measured}
+    tree = _moved_thresholds(walk(source_policy["tree"], ""), consts.util_shift)
+    return tree, {**consts.to_dict(), "measured_leaves": measured}
 
 
-def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve]) -> dict[str, Any]:
+def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                     source_features: Features | None = None) -> dict[str, Any]:
     """The source governor moved onto `target`: the same splits, every leaf re-expressed on the target's table.
 
     Args:
@@ -381,6 +427,10 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
         target: the target board (table, voltage shape where known, family).
         curves: the calibration sweep's workloads on the target (`WorkloadCurve`s; each its measured clocks; the
             features with the GPU utilisation measured there).
+        source_features: {workload name: its features as the source's own sweep measured them} where known (what
+            calibrate gives plan_calibration): each calibration workload is then compared with the leaf it was learnt
+            in, and the tree's gpu_util_pct thresholds move onto the target's utilisation scale (module doc); None:
+            routed by the target's features, thresholds kept.
 
     Returns:
         A new policy dict (policy_tree.FORMAT) on the target's clock table ("device_profile", "simulated" and a
@@ -406,12 +456,12 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     if "frequencies_mhz" in out:
         out["frequencies_mhz"] = table
     if "clocks_mhz" not in source_policy:  # a classifier tree: measured leaves at their optimum, the rest shifted
-        out["tree"], constants = _move_classifier(source_policy, target, curves, src_fmax)
+        out["tree"], constants = _move_classifier(source_policy, target, curves, src_fmax, source_features)
         out.update(calibrated_from=calibrated_from, board_constants=constants, board_family=target.family,
                    voltage_shape=constants["voltage_shape"], f_max_mhz=table[-1])
         out.pop("power_prior", None)
         return out
-    consts = fit_board_constants(source_policy, target, curves)
+    consts = fit_board_constants(source_policy, target, curves, source_features)
     src_clocks = [float(f) for f in source_policy["clocks_mhz"]]
     x = np.asarray(table) / table[-1]
 
@@ -426,7 +476,7 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
         return {"energy": [round(float(v), 6) for v in e / e.min()], "time": [round(float(v), 6) for v in time],
                 "time_hi": [round(float(v) * hi, 6) for v in time], "samples": leaf.get("samples", 0)}
 
-    out["tree"] = _map_leaves(out["tree"], redo)
+    out["tree"] = _moved_thresholds(_map_leaves(out["tree"], redo), consts.util_shift)
     out.update(clocks_mhz=table, calibrated_from=calibrated_from, board_constants=consts.to_dict(),
                board_family=target.family, voltage_shape=consts.voltage_shape, f_max_mhz=table[-1])
     prior = _power_prior(curves, consts, target)
