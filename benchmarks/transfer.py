@@ -192,29 +192,29 @@ def run() -> list[tuple[str, str, str]]:
         shift = (f"place shift {k['place_shift']:+.2f}, {len(k.get('measured_leaves', {}))} leaves measured" if "place_shift" in k
                  else f"time/power shift {k['time_shift']:+.2f}/{k['power_shift']:+.2f}")
         source = p["source"] if p["source"].startswith("published") else p["source_family"]
-        rows.append((f"SIMULATED {source} -> {p['target_family']}: held-out regret calibrated / ceiling / FFG on "
-                     f"the calibration points / snapped source / best fixed clock ({cost}; {shift})",
-                     f"{_pct(p['calibrated'])} / {_pct(p['ceiling'])} / {_pct(p['ffg_calibration'])} / {_pct(p['snapped_source'])} / "
-                     f"{_pct(p['best_fixed'])}",
-                     f"calibrated <= 0.3 % ({'met' if p['within_goal'] else 'MISSED'}); closer to ceiling than FFG "
+        rows.append(((f"SIMULATED {source} -> {p['target_family']}: held-out regret calibrated / ceiling / FFG on "
+                     f"the calibration points / snapped source / best fixed clock ({cost}; {shift})"),
+                     (f"{_pct(p['calibrated'])} / {_pct(p['ceiling'])} / {_pct(p['ffg_calibration'])} / {_pct(p['snapped_source'])} / "
+                     f"{_pct(p['best_fixed'])}"),
+                     (f"calibrated <= 0.3 % ({'met' if p['within_goal'] else 'MISSED'}); closer to ceiling than FFG "
                      f"({'met' if p['closer_than_ffg'] else 'tie' if p['tie_with_ffg'] else 'MISSED'}); source tree depth "
-                     f"{p['source_tree_depth']}" ))
+                     f"{p['source_tree_depth']}")))
     rows.append(("SIMULATED pairs meeting each goal (<= 0.3 % / closer than FFG, ties with FFG apart)",
-                 f"{sum(p['within_goal'] for p in pairs)} / {sum(p['closer_than_ffg'] for p in pairs)} (+{sum(p['tie_with_ffg'] for p in pairs)} "
-                 f"ties) of {len(pairs)}", "all"))
+                 (f"{sum(p['within_goal'] for p in pairs)} / {sum(p['closer_than_ffg'] for p in pairs)} (+{sum(p['tie_with_ffg'] for p in pairs)} "
+                 f"ties) of {len(pairs)}"), "all"))
     rows.append(("SIMULATED mean over pairs: calibrated / ceiling / FFG / snapped / best fixed clock",
                  " / ".join(_pct(statistics.mean(p[k] for p in pairs)) for k in ("calibrated", "ceiling", "ffg_calibration",
                                                                                   "snapped_source", "best_fixed")), "-"))
     rows.append(("SIMULATED pairs whose calibrated governor is no worse than the snapped source",
-                 f"{sum(p['calibrated'] <= p['snapped_source'] + 1e-9 for p in pairs)} of {len(pairs)}; published tree: "
-                 f"{sum(p['calibrated'] <= p['snapped_source'] + 1e-9 for p in from_published)} of {len(from_published)}", "-"))
+                 (f"{sum(p['calibrated'] <= p['snapped_source'] + 1e-9 for p in pairs)} of {len(pairs)}; published tree: "
+                 f"{sum(p['calibrated'] <= p['snapped_source'] + 1e-9 for p in from_published)} of {len(from_published)}"), "-"))
     real = real_pairs()
     for r in real:
-        rows.append((f"REAL BLOOM stage 0, {r['source']} -> {r['target']} (calibrated on {'/'.join(f'{f:g}' for f in r['fit_clocks'])} "
-                     f"MHz of {r['clocks']} clocks, r fitted {r['voltage_shape']:.2f})",
-                     f"energy error at the other clocks mean {_pct(r['mean_err'])} max {_pct(r['max_err'])}; picks {r['picked']:g} MHz vs "
+        rows.append(((f"REAL BLOOM stage 0, {r['source']} -> {r['target']} (calibrated on {'/'.join(f'{f:g}' for f in r['fit_clocks'])} "
+                     f"MHz of {r['clocks']} clocks, r fitted {r['voltage_shape']:.2f})"),
+                     (f"energy error at the other clocks mean {_pct(r['mean_err'])} max {_pct(r['max_err'])}; picks {r['picked']:g} MHz vs "
                      f"measured optimum {r['optimum']:g}: regret {_pct(r['regret'])} (source's optimum snapped: {r['snapped_source_clock']:g} "
-                     f"MHz, regret {_pct(r['snapped_regret'])})", "-"))
+                     f"MHz, regret {_pct(r['snapped_regret'])})"), "-"))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "transfer.json").write_text(json.dumps({"pairs": pairs, "published": from_published, "real": real, "rows": rows}, indent=2, default=str))
     return rows

@@ -105,7 +105,7 @@ def test_plan_measures_few_workloads_at_spread_target_clocks(boards):
     by_name = plan_calibration(policy, nano, [c.workload for c in curves], max_workloads=2, max_clocks=3)
     assert len(by_name.workloads) == 2 and by_name.clocks_mhz == spread_clocks(nano.frequencies_mhz, 3)
     assert set(by_name.clocks_mhz) <= set(nano.frequencies_mhz)
-    with pytest.raises(DvfsError, match="1..3 workloads at 2..4 clocks"):
+    with pytest.raises(DvfsError, match=r"1\.\.3 workloads at 2\.\.4 clocks"):
         plan_calibration(policy, nano, ["a/b"], max_workloads=4)
     with pytest.raises(DvfsError, match="no candidate workloads"):
         plan_calibration(policy, nano, [])

@@ -31,7 +31,8 @@ board with a lower ceiling puts the same workload's optimum higher in its table)
 falls at the top clock): taking the table's top instead would understate the move. A leaf that calibration workloads
 reach is measured on the target: it takes their fitted optimum (the median) rather than the board-level shift, which
 is for the groups nothing measured. Without a calibration workload that reaches a leaf the shift is 0 (the relative
-place kept). 
+place kept).
+
 A tree that splits on gpu_util_pct (the GPU's busy share at MAXN) learnt its thresholds on the source's scale: the
 same workload is busier on a slower GPU, whose busy time grows while the time the GPU waits on the host does not, so
 its busy share moves by about one board-level shift in logit space (logit u = log(busy / idle)). Where the
