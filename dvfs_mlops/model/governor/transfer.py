@@ -38,8 +38,15 @@ same workload is busier on a slower GPU, whose busy time grows while the time th
 its busy share moves by about one board-level shift in logit space (logit u = log(busy / idle)). Where the
 calibration workloads' features as the source measured them are known (`source_features`: the source's own sweep),
 util_shift = median of logit(u_target) - logit(u_source) moves every gpu_util_pct threshold onto the target's scale,
-and each calibration workload is compared with the leaf it was learnt in on the source. numpy only (no MLflow, no
-torch).
+and each calibration workload is compared with the leaf it was learnt in on the source.
+
+A curve source without splits (the NX 8 GB's and the Nano's own governors: on a board whose ceiling binds, one clock
+is best for nearly every workload) carries no workload knowledge; moved to a wider table it could only pick one clock
+for everything. There the calibration points' own fits decide, through the one feature tied to the curve's shape: a
+busier GPU (gpu_util_pct at MAXN) has more of its time and power scaling with the clock, so logit phi and logit psi
+are fitted as lines in logit u across the calibration workloads (least squares; they need two distinct utilisations),
+and the tree splits gpu_util_pct where the optimum of the curve those lines give moves to another clock (each leaf
+that interval's middle curve). numpy only (no MLflow, no torch).
 """
 from __future__ import annotations
 
@@ -63,6 +70,7 @@ __all__ = ["BoardConstants", "CalibrationPlan", "calibrate_policy", "leaf_of", "
 MAX_WORKLOADS = 3
 MAX_CLOCKS = 4
 _SHARE_CLIP = 1e-3
+_UTIL_GRID = 400  # utilisations (logit-spaced) a source without splits is split over
 # What a search wrote of the source's own sweep: moved under "calibrated_from", not claimed for the target.
 _SOURCE_ONLY = ("sweep_id", "inner_cv", "outer_cv", "n_workloads")  # phi and psi are kept inside (0.001, 0.999) so their logits stay finite
 
@@ -478,7 +486,11 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
                 "time_hi": [round(float(v) * hi, 6) for v in time], "samples": leaf.get("samples", 0)}
 
     out["tree"] = _moved_thresholds(_map_leaves(out["tree"], redo), consts.util_shift)
-    out.update(clocks_mhz=table, calibrated_from=calibrated_from, board_constants=consts.to_dict(),
+    constants = consts.to_dict()
+    grown = _util_tree(curves, table, consts.voltage_shape, out["tree"]) if "feature" not in source_policy["tree"] else None
+    if grown is not None:  # a source without splits: the calibration points' own fits split by GPU utilisation
+        out["tree"], constants["util_fit"] = grown
+    out.update(clocks_mhz=table, calibrated_from=calibrated_from, board_constants=constants,
                board_family=target.family, voltage_shape=consts.voltage_shape, f_max_mhz=table[-1])
     prior = _power_prior(curves, consts, target)
     if prior is not None:
@@ -486,6 +498,52 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     else:
         out.pop("power_prior", None)  # the source board's prior says nothing of this one
     return out
+
+
+def _util_tree(curves: Sequence[WorkloadCurve], table: Sequence[float], shape: float,
+               moved_leaf: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[float]]] | None:
+    """For a source without splits (module doc): the tree on gpu_util_pct the calibration workloads' own fits make,
+    and the fitted lines {"time": [a, b], "power": [a, b]} (logit share = a + b logit u); None where fewer than two
+    workloads with at least two measured clocks and distinct utilisations have one."""
+    f_max = max(table)
+    x = np.asarray(table, dtype=float) / f_max
+    rows = []
+    for c in curves:
+        if c.features.gpu_util_pct is not None and len(c.clocks) >= 2:
+            phi, psi = shares(c.clocks, [c.energy_j[f] for f in c.clocks], [c.time_s[f] for f in c.clocks], shape, f_max)
+            rows.append((_logit(c.features.gpu_util_pct / 100.0), _logit(phi), _logit(psi)))
+    if len({round(u, 6) for u, _, _ in rows}) < 2:
+        return None
+    lu, lt, lp = (np.asarray(col) for col in zip(*rows))
+    basis = np.column_stack([np.ones_like(lu), lu])
+    time_line, power_line = (np.linalg.lstsq(basis, y, rcond=None)[0] for y in (lt, lp))
+    hi = max(float(h) / float(v) for h, v in zip(moved_leaf.get("time_hi", moved_leaf["time"]), moved_leaf["time"]) if v > 0)
+
+    def leaf(logit_u: float) -> dict[str, Any]:
+        phi = _sigmoid(float(time_line[0] + time_line[1] * logit_u))
+        psi = _sigmoid(float(power_line[0] + power_line[1] * logit_u))
+        e, t = _curve(x, phi, psi, shape)
+        return {"energy": [round(float(v), 6) for v in e / e.min()], "time": [round(float(v), 6) for v in t],
+                "time_hi": [round(float(v) * hi, 6) for v in t], "samples": 0}
+
+    grid = np.linspace(_logit(0.0), _logit(1.0), _UTIL_GRID)  # the shares' clip bounds: every utilisation
+    best = [int(np.argmin(leaf(float(g))["energy"])) for g in grid]
+    cuts, leaves, start = [], [], 0
+    for i in range(1, len(grid) + 1):
+        if i == len(grid) or best[i] != best[i - 1]:
+            leaves.append(leaf(float(grid[(start + i - 1) // 2])))
+            if i < len(grid):
+                cuts.append(round(100.0 * _sigmoid(float(grid[i] + grid[i - 1]) / 2.0), 6))
+            start = i
+
+    def build(lo: int, hi_: int) -> dict[str, Any]:  # leaves[lo:hi_], split at the middle cut
+        if hi_ - lo == 1:
+            return leaves[lo]
+        mid = (lo + hi_) // 2
+        return {"feature": "gpu_util_pct", "threshold": cuts[mid - 1], "left": build(lo, mid), "right": build(mid, hi_)}
+
+    fit = {"time": [float(v) for v in time_line], "power": [float(v) for v in power_line]}
+    return build(0, len(leaves)), fit
 
 
 def _power_prior(curves: Sequence[WorkloadCurve], consts: BoardConstants, target: Board) -> dict[str, Any] | None:
