@@ -190,7 +190,9 @@ def run() -> list[tuple[str, str, str]]:
         k = p["board_constants"]
         cost = f"{len(p['plan_clocks'])} clocks x {len(p['plan_workloads'])} workloads x {p['target_steps']} steps = {p['cost_steps']} steps"
         shift = (f"place shift {k['place_shift']:+.2f}, {len(k.get('measured_leaves', {}))} leaves measured" if "place_shift" in k
-                 else f"time/power shift {k['time_shift']:+.2f}/{k['power_shift']:+.2f}")
+                 else f"time/power shift {k['time_shift']:+.2f}/{k['power_shift']:+.2f}"
+                 + (", split by the calibration points' utilisation" if "util_fit" in k else "")
+                 + (f", utilisation shift {k['util_shift']:+.2f}" if "util_shift" in k else ""))
         source = p["source"] if p["source"].startswith("published") else p["source_family"]
         rows.append(((f"SIMULATED {source} -> {p['target_family']}: held-out regret calibrated / ceiling / FFG on "
                      f"the calibration points / snapped source / best fixed clock ({cost}; {shift})"),
