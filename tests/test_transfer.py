@@ -2,6 +2,7 @@
 traces: no torch, no MLflow."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import numpy as np
@@ -105,7 +106,7 @@ def test_plan_measures_few_workloads_at_spread_target_clocks(boards):
     by_name = plan_calibration(policy, nano, [c.workload for c in curves], max_workloads=2, max_clocks=3)
     assert len(by_name.workloads) == 2 and by_name.clocks_mhz == spread_clocks(nano.frequencies_mhz, 3)
     assert set(by_name.clocks_mhz) <= set(nano.frequencies_mhz)
-    with pytest.raises(DvfsError, match="1..3 workloads at 2..4 clocks"):
+    with pytest.raises(DvfsError, match=r"1\.\.3 workloads at 2\.\.4 clocks"):
         plan_calibration(policy, nano, ["a/b"], max_workloads=4)
     with pytest.raises(DvfsError, match="no candidate workloads"):
         plan_calibration(policy, nano, [])
@@ -157,3 +158,88 @@ def test_nothing_to_calibrate_from_is_one_error(boards):
                                c.maxn_energy_j, c.maxn_time_s) for c in curves[:3]]
     with pytest.raises(DvfsError, match="two measured clocks"):
         calibrate_policy(policy, board_of(SimDevice(builtin_profile("sim-orin-nano-8gb"))), one_clock)
+
+
+def test_the_published_tree_moves_to_the_nano_by_its_calibration_points(boards):
+    """The published tree (a classifier of the AGX Orin 64 GB) on the Orin Nano: its leaves move to where the calibration
+    workloads' own curve fits put the optimum, which beats the tree snapped to the Nano's table."""
+    from dvfs_mlops.model.governor.policies import paper_tree
+    from dvfs_mlops.model.governor.transfer import leaf_of
+
+    source = paper_tree().policy
+    curves, _ = boards["sim-orin-nano-8gb"]
+    plan, cal = _calibration(source, "sim-orin-nano-8gb", curves)
+    assert len(plan.workloads) == 3 and len(cal) == 3
+    moved = calibrate_policy(source, board_of(SimDevice(builtin_profile("sim-orin-nano-8gb"))), cal)
+    consts = moved["board_constants"]
+    assert consts["f_max_mhz"] == 625.0 and consts["place_shift"] > 0, "a lower ceiling puts each optimum higher in the table"
+    assert moved["calibrated_from"]["f_max_mhz"] == 1300.5, "the published tree's table is the AGX Orin 64 GB's, not its top leaf"
+    assert moved["board_family"] == "jetson-orin-nano-8gb" and "clocks_mhz" not in moved
+    table = builtin_profile("sim-orin-nano-8gb").frequencies_mhz
+    for c in cal:  # a measured leaf takes its workloads' fitted optimum on the Nano
+        path, leaf = leaf_of(moved, c.features.as_row())
+        assert path in consts["measured_leaves"] and leaf["freq_mhz"] in table
+    assert _regret(moved, curves) < _regret(source, curves)
+
+
+def test_gpu_util_thresholds_move_onto_the_targets_scale(boards):
+    """A tree that splits on GPU utilisation learnt its thresholds on the source: given the calibration workloads'
+    features as the source measured them, the thresholds move by the board's utilisation shift (the Nano's slower GPU
+    is busier) and the other splits stay; without them nothing moves."""
+    import math
+
+    from dvfs_mlops.model.governor.transfer import util_shift
+
+    agx, nano = boards["sim-orin-measured"][0], boards["sim-orin-nano-8gb"][0]
+    train = [c for c in agx if c.split == "train"]
+    policy = fit_curve_policy(train, train[0].clocks, CurveParams(max_depth=2, min_samples_leaf=2,
+                                                                   features=("gpu_util_pct", "num_layers", "avg_seq_len")))[0]
+    assert "gpu_util_pct" in {n["feature"] for n in _splits(policy["tree"])}
+    plan, cal = _calibration(policy, "sim-orin-nano-8gb", nano)
+    measured_there = {c.workload: c.features for c in agx if c.workload in plan.workloads}
+    board = board_of(SimDevice(builtin_profile("sim-orin-nano-8gb")))
+    moved = calibrate_policy(policy, board, cal, measured_there)
+    shift = moved["board_constants"]["util_shift"]
+    assert shift == util_shift(cal, measured_there) and shift > 0, "the same workloads are busier on the Nano"
+    for before, after in zip(_splits(policy["tree"]), _splits(moved["tree"])):
+        assert before["feature"] == after["feature"]
+        if before["feature"] == "gpu_util_pct":
+            x = before["threshold"] / 100.0
+            assert after["threshold"] == pytest.approx(100.0 / (1.0 + math.exp(-(math.log(x / (1 - x)) + shift))), abs=1e-5)
+            assert after["threshold"] > before["threshold"]
+        else:
+            assert after["threshold"] == before["threshold"]
+    kept = calibrate_policy(policy, board, cal)
+    assert "util_shift" not in kept["board_constants"]
+    assert [n["threshold"] for n in _splits(kept["tree"])] == [n["threshold"] for n in _splits(policy["tree"])]
+    assert _regret(moved, nano) <= 0.005
+
+
+def _splits(node: dict) -> list[dict]:
+    return [] if "feature" not in node else [node, *_splits(node["left"]), *_splits(node["right"])]
+
+
+def test_a_source_without_splits_is_split_by_the_calibration_points_utilisation(boards):
+    """A one-curve source (a board whose ceiling binds picks one clock for everything) carries no workload knowledge:
+    on the AGX Orin the calibration workloads' own fits split it by GPU utilisation (a busier workload at a higher
+    clock); without a utilisation it stays one curve."""
+    nano_curves, agx_curves = boards["sim-orin-nano-8gb"][0], boards["sim-orin-measured"][0]
+    train = [c for c in nano_curves if c.split == "train"]
+    one_leaf = fit_curve_policy(train, train[0].clocks, CurveParams(max_depth=0))[0]
+    _, cal = _calibration(one_leaf, "sim-orin-measured", agx_curves)
+    agx = board_of(SimDevice(builtin_profile("sim-orin-measured")))
+    moved = calibrate_policy(one_leaf, agx, cal)
+    nodes = _splits(moved["tree"])
+    assert nodes and {n["feature"] for n in nodes} == {"gpu_util_pct"}
+    fit = moved["board_constants"]["util_fit"]
+    assert fit["time"][1] > 0, "a busier GPU has more of its time scaling with the clock"
+
+    by_util = sorted(cal, key=lambda c: c.features.gpu_util_pct)
+    least, most = (decide(moved, c.features.as_row())[0] for c in (by_util[0], by_util[-1]))
+    assert least < most, "the busiest calibration workload runs at a higher clock than the least busy one"
+    as_one = calibrate_policy(one_leaf, agx, [dataclasses.replace(c, features=c.features.with_gpu_util(None)) for c in cal])
+    assert "feature" not in as_one["tree"] and "util_fit" not in as_one["board_constants"], "no utilisation: one curve"
+    # within half a point of the oracle on this ladder, where the one curve moved as it is does a little better (0.38 %
+    # against 0.46 %: three points pin the utilisation lines loosely); on the paper preset it does far better
+    # (python -m benchmarks transfer, README)
+    assert _regret(moved, agx_curves) <= 0.005

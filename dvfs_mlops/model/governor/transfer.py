@@ -21,8 +21,32 @@ calibration measures: `plan_calibration` picks at most 3 workloads (from differe
 workload's phi and psi on the target and compares them with its source leaf's (median of the differences). MAXN is not
 needed: a leaf's time against MAXN keeps its source relation at the top clock.
 
-A classifier policy (leaves hold one clock) has no curve to re-express: its leaves keep their clock's relative place
-in the table (f / f_max), snapped to the target's table. numpy only (no MLflow, no torch).
+A classifier policy (leaves hold one clock, like the published tree) has no curve to re-express, but its leaves say
+where on the source's table each group's optimum sits (x_L = f_L / f_max). The calibration points say where it sits on
+the target: each calibration workload's own curve-model fit on the target (the shares above, on the target's voltage
+shape) has its optimum at x_c on the target's table. Every leaf moves by one board-level shift of that relative place,
+place_shift = median over the calibration workloads of (x_c - x_L(c)), L(c) the leaf the workload reaches (a smaller
+board with a lower ceiling puts the same workload's optimum higher in its table), and is snapped to the target's table
+(clipped to its ends). x_c is the fit's own optimum, which may lie above the table's top (a workload whose energy still
+falls at the top clock): taking the table's top instead would understate the move. A leaf that calibration workloads
+reach is measured on the target: it takes their fitted optimum (the median) rather than the board-level shift, which
+is for the groups nothing measured. Without a calibration workload that reaches a leaf the shift is 0 (the relative
+place kept).
+
+A tree that splits on gpu_util_pct (the GPU's busy share at MAXN) learnt its thresholds on the source's scale: the
+same workload is busier on a slower GPU, whose busy time grows while the time the GPU waits on the host does not, so
+its busy share moves by about one board-level shift in logit space (logit u = log(busy / idle)). Where the
+calibration workloads' features as the source measured them are known (`source_features`: the source's own sweep),
+util_shift = median of logit(u_target) - logit(u_source) moves every gpu_util_pct threshold onto the target's scale,
+and each calibration workload is compared with the leaf it was learnt in on the source.
+
+A curve source without splits (the NX 8 GB's and the Nano's own governors: on a board whose ceiling binds, one clock
+is best for nearly every workload) carries no workload knowledge; moved to a wider table it could only pick one clock
+for everything. There the calibration points' own fits decide, through the one feature tied to the curve's shape: a
+busier GPU (gpu_util_pct at MAXN) has more of its time and power scaling with the clock, so logit phi and logit psi
+are fitted as lines in logit u across the calibration workloads (least squares; they need two distinct utilisations),
+and the tree splits gpu_util_pct where the optimum of the curve those lines give moves to another clock (each leaf
+that interval's middle curve). numpy only (no MLflow, no torch).
 """
 from __future__ import annotations
 
@@ -46,6 +70,7 @@ __all__ = ["BoardConstants", "CalibrationPlan", "calibrate_policy", "leaf_of", "
 MAX_WORKLOADS = 3
 MAX_CLOCKS = 4
 _SHARE_CLIP = 1e-3
+_UTIL_GRID = 400  # utilisations (logit-spaced) a source without splits is split over
 # What a search wrote of the source's own sweep: moved under "calibrated_from", not claimed for the target.
 _SOURCE_ONLY = ("sweep_id", "inner_cv", "outer_cv", "n_workloads")  # phi and psi are kept inside (0.001, 0.999) so their logits stay finite
 
@@ -81,6 +106,10 @@ class BoardConstants:
         power_shift: logit(psi_target) - logit(psi_source leaf), likewise.
         workloads: the calibration workloads the shifts were fitted from.
         clocks_mhz: the target clocks they were measured at.
+        place_shift: for a classifier source, the shift of each leaf's relative clock (module doc; time_shift and
+            power_shift are 0 there); None for a curve source.
+        util_shift: logit(u_target) - logit(u_source) of the GPU utilisation at MAXN, the median over the calibration
+            workloads whose source utilisation is known; None where none is.
     """
 
     voltage_shape: float
@@ -90,10 +119,15 @@ class BoardConstants:
     power_shift: float
     workloads: tuple[str, ...]
     clocks_mhz: tuple[float, ...]
+    place_shift: float | None = None
+    util_shift: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["workloads"], d["clocks_mhz"] = list(self.workloads), list(self.clocks_mhz)
+        for key in ("place_shift", "util_shift"):
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -125,6 +159,38 @@ def leaf_of(policy: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[str, Map
         path += "L" if left else "R"
         node = node["left"] if left else node["right"]
     return path, node
+
+
+Features = Mapping[str, WorkloadFeatures]
+
+
+def _source_row(curve: WorkloadCurve, source_features: Features | None) -> Mapping[str, Any]:
+    """The row that routes a calibration workload through the source's tree: its features as the source's own sweep
+    measured them where known (the leaf it was learnt in), else as measured on the target."""
+    known = (source_features or {}).get(curve.workload)
+    return (known or curve.features).as_row()
+
+
+def util_shift(curves: Sequence[WorkloadCurve], source_features: Features | None) -> float | None:
+    """The board's shift of GPU utilisation at MAXN (module doc): median over the calibration workloads measured on
+    both boards of logit(u_target) - logit(u_source); None where none is."""
+    moves = []
+    for c in curves:
+        known = (source_features or {}).get(c.workload)
+        if known is not None and known.gpu_util_pct is not None and c.features.gpu_util_pct is not None:
+            moves.append(_logit(c.features.gpu_util_pct / 100.0) - _logit(known.gpu_util_pct / 100.0))
+    return float(statistics.median(moves)) if moves else None
+
+
+def _moved_thresholds(node: Mapping[str, Any], shift: float | None) -> dict[str, Any]:
+    """The tree with every gpu_util_pct threshold put on the target's utilisation scale (logit shifted by `shift`)."""
+    if "feature" not in node:
+        return dict(node)
+    threshold = node["threshold"]
+    if node["feature"] == "gpu_util_pct" and shift is not None:
+        threshold = round(100.0 * _sigmoid(_logit(float(threshold) / 100.0) + shift), 6)
+    return {**node, "threshold": threshold, "left": _moved_thresholds(node["left"], shift),
+            "right": _moved_thresholds(node["right"], shift)}
 
 
 def plan_calibration(source_policy: Mapping[str, Any], target: Board,
@@ -227,18 +293,22 @@ def _curve(x: np.ndarray, phi: float, psi: float, shape: float) -> tuple[np.ndar
 def _source_shape(policy: Mapping[str, Any]) -> tuple[float, float]:
     """(voltage shape, table top) the source policy's leaves were measured with: its own record where it carries one
     ("board_constants" of an earlier calibration, or top-level "voltage_shape"/"f_max_mhz"), else the built-in twin
-    profile its "device_profile" names, else the AGX Orin's curve; the top of its clocks ("clocks_mhz", a search's
-    "frequencies_mhz", else its leaves' clocks)."""
+    profile its "device_profile" names (or the first of the family it names, as the published tree names the AGX Orin
+    64 GB), else the AGX Orin's curve; the top of its clocks ("clocks_mhz", a search's "frequencies_mhz", that twin's
+    table, else its leaves' clocks)."""
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
 
     consts = policy.get("board_constants") or {}
     shape = consts.get("voltage_shape", policy.get("voltage_shape"))
     fmax = consts.get("f_max_mhz", policy.get("f_max_mhz"))
-    twin = BUILTIN_PROFILES.get(str(policy.get("device_profile", "")))
+    named = str(policy.get("device_profile", ""))
+    twin = BUILTIN_PROFILES.get(named) or next(  # the published tree names its board family, not a twin profile
+        (p for p in BUILTIN_PROFILES.values() if p.family in (named, policy.get("board_family"))), None)
     if shape is None and twin is not None and twin.volt_v0 > 0:
         shape = twin.volt_v1 / twin.volt_v0
     if fmax is None:
-        clocks = policy.get("clocks_mhz") or policy.get("frequencies_mhz") or _leaf_clocks(policy["tree"])
+        clocks = (policy.get("clocks_mhz") or policy.get("frequencies_mhz") or (twin.frequencies_mhz if twin else None)
+                  or _leaf_clocks(policy["tree"]))
         fmax = max(float(f) for f in clocks)
     return float(shape) if shape is not None else ORIN_VOLTAGE_SHAPE, float(fmax)
 
@@ -267,9 +337,10 @@ def _map_leaves(node: dict[str, Any], fn: Any) -> dict[str, Any]:
     return fn(node)
 
 
-def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve]) -> BoardConstants:
+def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                        source_features: Features | None = None) -> BoardConstants:
     """The target's constants from the calibration curves (module doc): each workload's (phi, psi) on the target
-    against its source leaf's.
+    against its source leaf's (the leaf its source features reach where `source_features` has them).
 
     Raises:
         DvfsError: no curve reaches a curve leaf of the source policy with at least two measured clocks.
@@ -279,7 +350,7 @@ def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves:
     shape, fitted = _target_shape(target, curves)
     dt, dp, used = [], [], []
     for c in curves:
-        found = leaf_of(source_policy, c.features.as_row())
+        found = leaf_of(source_policy, _source_row(c, source_features))
         if found is None or "energy" not in found[1] or len(c.clocks) < 2:
             continue
         leaf = found[1]
@@ -295,18 +366,80 @@ def fit_board_constants(source_policy: Mapping[str, Any], target: Board, curves:
                         "calibrate a curve governor, measuring at least two clocks per workload")
     measured = sorted({f for c in curves for f in c.clocks})
     return BoardConstants(float(shape), fitted, float(target.f_max_mhz), float(statistics.median(dt)),
-                          float(statistics.median(dp)), tuple(used), tuple(measured))
+                          float(statistics.median(dp)), tuple(used), tuple(measured), None, util_shift(curves, source_features))
 
 
-def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve]) -> dict[str, Any]:
+def fitted_place(curve: WorkloadCurve, f_max_mhz: float, voltage_shape: float) -> float:
+    """Where `curve`'s own curve-model fit (its shares on this voltage shape, from its measured clocks, at least two) has
+    its least energy, as a place x = f / f_max on a continuous scale that does not stop at the table's top: a
+    workload whose energy still falls at the top clock has its optimum above it, and counting it at the top would
+    understate how far the board moved it (the fit's shape is extrapolated there, up to 3 f_max)."""
+    clocks = curve.clocks
+    phi, psi = shares(clocks, [curve.energy_j[f] for f in clocks], [curve.time_s[f] for f in clocks], voltage_shape, f_max_mhz)
+    x = np.linspace(min(clocks) / f_max_mhz, 3.0, 600)
+    e, _ = _curve(x, phi, psi, voltage_shape)
+    return float(x[int(np.argmin(e))])
+
+
+def fit_place_shift(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                    source_features: Features | None = None) -> tuple[BoardConstants, dict[str, float]]:
+    """A classifier source's board constant and measured leaves (module doc).
+
+    Returns:
+        (the constants, whose place_shift is the median over the calibration workloads that reach a leaf (with at
+        least two measured clocks) of their fitted optimum's place on the target minus their leaf's on the source, 0
+        where none does; {leaf path ("L"/"R" per split): the median fitted place of the workloads that reach it}).
+    """
+    _, src_fmax = _source_shape(source_policy)
+    shape, fitted = _target_shape(target, curves)
+    f_max = max(float(f) for f in target.frequencies_mhz)
+    moves, used, places = [], [], {}
+    for c in curves:
+        found = leaf_of(source_policy, _source_row(c, source_features))
+        if found is None or "freq_mhz" not in found[1] or len(c.clocks) < 2:
+            continue
+        place = fitted_place(c, f_max, shape)
+        moves.append(place - float(found[1]["freq_mhz"]) / src_fmax)
+        places.setdefault(found[0], []).append(place)
+        used.append(c.workload)
+    measured = sorted({f for c in curves for f in c.clocks})
+    consts = BoardConstants(float(shape), fitted, f_max, 0.0, 0.0, tuple(used), tuple(measured),
+                            float(statistics.median(moves)) if moves else 0.0, util_shift(curves, source_features))
+    return consts, {path: float(statistics.median(xs)) for path, xs in places.items()}
+
+
+def _move_classifier(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve], src_fmax: float,
+                     source_features: Features | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the classifier tree on the target's table, its board constants as stored): a leaf some calibration workload
+    reaches takes their fitted optimum (a measurement of that group on this board), any other leaf its source place
+    moved by the board's place shift; each snapped to the table (its ends where the place falls outside)."""
+    table = sorted(float(f) for f in target.frequencies_mhz)
+    consts, measured = fit_place_shift(source_policy, target, curves, source_features)
+
+    def walk(node: Mapping[str, Any], path: str) -> dict[str, Any]:
+        if "feature" in node:
+            return {**node, "left": walk(node["left"], path + "L"), "right": walk(node["right"], path + "R")}
+        x = measured.get(path, float(node["freq_mhz"]) / src_fmax + float(consts.place_shift or 0.0))
+        return {**node, "freq_mhz": min(table, key=lambda f: (abs(f / table[-1] - x), -f))}
+
+    tree = _moved_thresholds(walk(source_policy["tree"], ""), consts.util_shift)
+    return tree, {**consts.to_dict(), "measured_leaves": measured}
+
+
+def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Sequence[WorkloadCurve],
+                     source_features: Features | None = None) -> dict[str, Any]:
     """The source governor moved onto `target`: the same splits, every leaf re-expressed on the target's table.
 
     Args:
-        source_policy: the source governor's policy.json (a curve policy; a classifier's leaves keep their relative
-            clock).
+        source_policy: the source governor's policy.json (a curve policy; or a classifier, whose leaves move by the
+            place shift the calibration points measure).
         target: the target board (table, voltage shape where known, family).
         curves: the calibration sweep's workloads on the target (`WorkloadCurve`s; each its measured clocks; the
             features with the GPU utilisation measured there).
+        source_features: {workload name: its features as the source's own sweep measured them} where known (what
+            calibrate gives plan_calibration): each calibration workload is then compared with the leaf it was learnt
+            in, and the tree's gpu_util_pct thresholds move onto the target's utilisation scale (module doc); None:
+            routed by the target's features, thresholds kept.
 
     Returns:
         A new policy dict (policy_tree.FORMAT) on the target's clock table ("device_profile", "simulated" and a
@@ -331,15 +464,13 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     out.update(device_profile=target.profile, simulated=target.simulated)
     if "frequencies_mhz" in out:
         out["frequencies_mhz"] = table
-    if "clocks_mhz" not in source_policy:  # a classifier tree: each leaf's clock keeps its place in the table
-        def move(leaf: dict[str, Any]) -> dict[str, Any]:
-            x = float(leaf["freq_mhz"]) / src_fmax
-            return {**leaf, "freq_mhz": min(table, key=lambda f: (abs(f / table[-1] - x), -f))}
-
-        out["tree"] = _map_leaves(out["tree"], move)
-        out.update(calibrated_from=calibrated_from, board_family=target.family)
+    if "clocks_mhz" not in source_policy:  # a classifier tree: measured leaves at their optimum, the rest shifted
+        out["tree"], constants = _move_classifier(source_policy, target, curves, src_fmax, source_features)
+        out.update(calibrated_from=calibrated_from, board_constants=constants, board_family=target.family,
+                   voltage_shape=constants["voltage_shape"], f_max_mhz=table[-1])
+        out.pop("power_prior", None)
         return out
-    consts = fit_board_constants(source_policy, target, curves)
+    consts = fit_board_constants(source_policy, target, curves, source_features)
     src_clocks = [float(f) for f in source_policy["clocks_mhz"]]
     x = np.asarray(table) / table[-1]
 
@@ -354,8 +485,12 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
         return {"energy": [round(float(v), 6) for v in e / e.min()], "time": [round(float(v), 6) for v in time],
                 "time_hi": [round(float(v) * hi, 6) for v in time], "samples": leaf.get("samples", 0)}
 
-    out["tree"] = _map_leaves(out["tree"], redo)
-    out.update(clocks_mhz=table, calibrated_from=calibrated_from, board_constants=consts.to_dict(),
+    out["tree"] = _moved_thresholds(_map_leaves(out["tree"], redo), consts.util_shift)
+    constants = consts.to_dict()
+    grown = _util_tree(curves, table, consts.voltage_shape, out["tree"]) if "feature" not in source_policy["tree"] else None
+    if grown is not None:  # a source without splits: the calibration points' own fits split by GPU utilisation
+        out["tree"], constants["util_fit"] = grown
+    out.update(clocks_mhz=table, calibrated_from=calibrated_from, board_constants=constants,
                board_family=target.family, voltage_shape=consts.voltage_shape, f_max_mhz=table[-1])
     prior = _power_prior(curves, consts, target)
     if prior is not None:
@@ -363,6 +498,52 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
     else:
         out.pop("power_prior", None)  # the source board's prior says nothing of this one
     return out
+
+
+def _util_tree(curves: Sequence[WorkloadCurve], table: Sequence[float], shape: float,
+               moved_leaf: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[float]]] | None:
+    """For a source without splits (module doc): the tree on gpu_util_pct the calibration workloads' own fits make,
+    and the fitted lines {"time": [a, b], "power": [a, b]} (logit share = a + b logit u); None where fewer than two
+    workloads with at least two measured clocks and distinct utilisations have one."""
+    f_max = max(table)
+    x = np.asarray(table, dtype=float) / f_max
+    rows = []
+    for c in curves:
+        if c.features.gpu_util_pct is not None and len(c.clocks) >= 2:
+            phi, psi = shares(c.clocks, [c.energy_j[f] for f in c.clocks], [c.time_s[f] for f in c.clocks], shape, f_max)
+            rows.append((_logit(c.features.gpu_util_pct / 100.0), _logit(phi), _logit(psi)))
+    if len({round(u, 6) for u, _, _ in rows}) < 2:
+        return None
+    lu, lt, lp = (np.asarray(col) for col in zip(*rows))
+    basis = np.column_stack([np.ones_like(lu), lu])
+    time_line, power_line = (np.linalg.lstsq(basis, y, rcond=None)[0] for y in (lt, lp))
+    hi = max(float(h) / float(v) for h, v in zip(moved_leaf.get("time_hi", moved_leaf["time"]), moved_leaf["time"]) if v > 0)
+
+    def leaf(logit_u: float) -> dict[str, Any]:
+        phi = _sigmoid(float(time_line[0] + time_line[1] * logit_u))
+        psi = _sigmoid(float(power_line[0] + power_line[1] * logit_u))
+        e, t = _curve(x, phi, psi, shape)
+        return {"energy": [round(float(v), 6) for v in e / e.min()], "time": [round(float(v), 6) for v in t],
+                "time_hi": [round(float(v) * hi, 6) for v in t], "samples": 0}
+
+    grid = np.linspace(_logit(0.0), _logit(1.0), _UTIL_GRID)  # the shares' clip bounds: every utilisation
+    best = [int(np.argmin(leaf(float(g))["energy"])) for g in grid]
+    cuts, leaves, start = [], [], 0
+    for i in range(1, len(grid) + 1):
+        if i == len(grid) or best[i] != best[i - 1]:
+            leaves.append(leaf(float(grid[(start + i - 1) // 2])))
+            if i < len(grid):
+                cuts.append(round(100.0 * _sigmoid(float(grid[i] + grid[i - 1]) / 2.0), 6))
+            start = i
+
+    def build(lo: int, hi_: int) -> dict[str, Any]:  # leaves[lo:hi_], split at the middle cut
+        if hi_ - lo == 1:
+            return leaves[lo]
+        mid = (lo + hi_) // 2
+        return {"feature": "gpu_util_pct", "threshold": cuts[mid - 1], "left": build(lo, mid), "right": build(mid, hi_)}
+
+    fit = {"time": [float(v) for v in time_line], "power": [float(v) for v in power_line]}
+    return build(0, len(leaves)), fit
 
 
 def _power_prior(curves: Sequence[WorkloadCurve], consts: BoardConstants, target: Board) -> dict[str, Any] | None:
