@@ -252,13 +252,15 @@ def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
     if not isinstance(source_policy, dict):
         raise DvfsError(f"{cfg.name} v{source.version} is not this package's governor code, so its policy cannot be moved; "
                         "pick another with --source")
-    plan = plan_calibration(source_policy, board, _with_features(c, source, candidates(request.preset)))
+    cands = _with_features(c, source, candidates(request.preset))
+    plan = plan_calibration(source_policy, board, cands)
     shown = ", ".join(f"{f:g}" for f in plan.clocks_mhz)
     say(f"calibrating {cfg.name} v{source.version} ({source_family}) for {board.family}: {len(plan.workloads)} workloads "
         f"({', '.join(plan.workloads)}) at {shown} MHz and maxn" + (" (SIMULATED)" if board.simulated else ""))
     sweep_ids, ran = measure(device, board, request, plan.workloads, plan.clocks_mhz, say)
     dataset = load_sweep_dataset(",".join(sweep_ids), request.experiment)
-    policy = calibrate_policy(source_policy, board, dataset.curves)
+    learnt = {name: feats for name, feats in (x for x in cands if not isinstance(x, str)) if name in plan.workloads}
+    policy = calibrate_policy(source_policy, board, dataset.curves, learnt or None)  # as the source's sweep measured them
     metrics = calibration_metrics(dataset, source_policy, policy, str(source.tags.get(schema.TAG_OBJECTIVE) or "energy"))
     say(f"calibration regret {100 * metrics['calibration_regret']:.2f}% on its {len(dataset.curves)} workloads "
         f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%)" + (" (SIMULATED)" if dataset.simulated else ""))
