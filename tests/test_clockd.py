@@ -69,7 +69,7 @@ class Rig:
         cmd = list(argv) or [sys.executable, "-m", "dvfs_mlops", "clockd", "serve", "--socket", str(self.socket),
                              "--group", self.group]
         self.service = subprocess.Popen(cmd, cwd=REPO, env=self.env(), stdout=subprocess.DEVNULL,
-                                        stderr=open(self.log, "a"))  # noqa: SIM115 - the child owns it
+                                        stderr=open(self.log, "a"))
         deadline = time.monotonic() + 30
         while not self._answers():  # a killed service's socket file stays until the new one replaces it
             assert self.service.poll() is None, self.log.read_text()

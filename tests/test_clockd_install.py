@@ -45,8 +45,8 @@ def test_install_and_uninstall_round_trip_without_systemctl(tmp_path, monkeypatc
 def test_status_without_a_service_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
     out = run_cli("clockd", "status", "--socket", str(tmp_path / "none.sock"))
-    assert out.returncode == 0 and out.stdout.strip().splitlines() == [f"socket:   {tmp_path / 'none.sock'} missing: no service "
-                                                                       "(sudo dvfs-mlops clockd install)"]
+    expected = f"socket:   {tmp_path / 'none.sock'} missing: no service (sudo dvfs-mlops clockd install)"
+    assert out.returncode == 0 and out.stdout.strip().splitlines() == [expected]
 
 
 def test_the_protocol_refuses_what_it_does_not_know():

@@ -313,6 +313,32 @@ class FreqSession(abc.ABC):
         return False
 
 
+class PinnedSession(FreqSession):
+    """A hardware session whose clock writes all go through one pin object (`_new_pin`): the backend's own writer as
+    root (`JetsonPin`, `NvmlPin`), else the clock service's client (`clockd.client.route_pin`); metering stays in this
+    process either way."""
+
+    def __init__(self, device: Any, freq: FreqRequest, observe: bool = False):
+        super().__init__(device, freq, observe=observe)
+        self._pin: Any = None
+
+    @abc.abstractmethod
+    def _new_pin(self) -> Any:
+        """The pin this session writes through (pin, repin, restore)."""
+
+    def _apply(self) -> None:
+        self._pin = self._new_pin()
+        self.context.update(self._pin.pin(self.freq))
+
+    def _repin(self, mhz: float) -> None:
+        """Another clock of the table; the journal still holds what was found before the session."""
+        self._pin.repin(mhz)
+
+    def _restore(self) -> None:
+        if self._pin is not None:
+            self._pin.restore()
+
+
 @runtime_checkable
 class Device(Protocol):
     """A GPU whose clock can be pinned and whose energy can be metered (`open_device` returns one).

@@ -26,7 +26,7 @@ from dvfs_mlops.hw.device import (
     MAXN,
     DeviceInfo,
     FreqRequest,
-    FreqSession,
+    PinnedSession,
     freq_label,
     parse_freq,
 )
@@ -524,7 +524,7 @@ class JetsonPin:
         self._ownership.release()
 
 
-class JetsonSession(FreqSession):
+class JetsonSession(PinnedSession):
     """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the range found.
 
     "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
@@ -536,26 +536,16 @@ class JetsonSession(FreqSession):
 
     def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False):
         super().__init__(device, freq, observe=observe)
-        self._pin: Any = None
         self._sampler: PowerSampler | None = None
         self._rails: list[Rail] = []
         self._fds: list[int] = []
         self._oc_read: Callable[[], int | None] | None = None
         self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
 
-    def _apply(self) -> None:
+    def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
 
-        self._pin = route_pin("jetson", lambda: JetsonPin(self.device), writable=self.device.clock_writable)
-        self.context.update(self._pin.pin(self.freq))
-
-    def _repin(self, mhz: float) -> None:
-        """Another clock of the table; the journal still holds the range found before the session."""
-        self._pin.repin(mhz)
-
-    def _restore(self) -> None:
-        if self._pin is not None:
-            self._pin.restore()
+        return route_pin("jetson", lambda: JetsonPin(self.device), writable=self.device.clock_writable)
 
     def _start_meter(self) -> None:
         dev = self.device

@@ -43,7 +43,7 @@ from dvfs_mlops.hw.device import (
     MAXN,
     DeviceInfo,
     FreqRequest,
-    FreqSession,
+    PinnedSession,
     freq_label,
     parse_freq,
 )
@@ -479,7 +479,7 @@ class NvmlPin:
         self._ownership.release()
 
 
-class NvmlSession(FreqSession):
+class NvmlSession(PinnedSession):
     """Lock the graphics clock; meter power, utilisation and the clock through NVML; reset the lock on exit. Who
     locks: this process as root (`NvmlPin`), else the clock service where one runs (`clockd.client.route_pin`)."""
 
@@ -487,24 +487,14 @@ class NvmlSession(FreqSession):
 
     def __init__(self, device: NvmlDevice, freq: FreqRequest, observe: bool = False):
         super().__init__(device, freq, observe=observe)
-        self._pin: Any = None
         self._sampler: PowerSampler | None = None
         self._marks: list[tuple[int, int | None]] = []
 
-    def _apply(self) -> None:
+    def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
 
         dev = self.device
-        self._pin = route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id, assume_unlocked=dev.assume_unlocked)
-        self.context.update(self._pin.pin(self.freq))
-
-    def _repin(self, mhz: float) -> None:
-        """Lock another clock; a session entered at maxn checks and journals first, as `_apply` does."""
-        self._pin.repin(mhz)
-
-    def _restore(self) -> None:
-        if self._pin is not None:
-            self._pin.restore()
+        return route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id, assume_unlocked=dev.assume_unlocked)
 
     def _start_meter(self) -> None:
         dev = self.device

@@ -18,8 +18,8 @@ import sys
 import time
 
 import dvfs_mlops.app
-import dvfs_mlops.app.cli as cli
 import dvfs_mlops.hw
+from dvfs_mlops.app import cli
 from dvfs_mlops.hw.jetson import JetsonDevice
 from dvfs_mlops.hw.nvml import NvmlDevice
 from testkit.fakes import fake_pynvml

@@ -110,7 +110,7 @@ def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Modul
       no public per-rail figures per module were found).
     """
     share_f = m.gpu_max_mhz / ref.gpu_max_mhz
-    table = tuple(f for f in base.frequencies_mhz if f < m.gpu_max_mhz) + (m.gpu_max_mhz,)
+    table = (*(f for f in base.frequencies_mhz if f < m.gpu_max_mhz), m.gpu_max_mhz)
     bw = m.dram_bw_gb_s / ref.dram_bw_gb_s
     cpu = m.cpu_cores / ref.cpu_cores
     return dataclasses.replace(
