@@ -144,3 +144,43 @@ def test_a_calibrated_version_passes_its_own_gates_but_never_replaces_a_trained_
     again = _register(c, "sim-orin-nx-16gb", "again", nx, {"calibration_regret": 0.0, "calibration_source_regret": 0.03})
     r = run_cli("registry", "promote", again, env=env)
     assert r.returncode == 2 and "calibrated-not-over-trained" in r.stderr and f"production v{trained} is trained" in r.stderr
+
+
+def test_dvfs_callback_on_a_board_without_its_familys_governor_refines_and_says_why(old_store, monkeypatch, tmp_path):
+    """DvfsCallback resolves its board family's governor as finetune does: on an Orin Nano twin with only other boards'
+    governors registered it refines from the curve model (saying why, recorded on the user's run); with
+    allow_other_board another family's governor decides, recorded too."""
+    import mlflow
+    from transformers import Trainer, TrainingArguments
+
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.integrations.transformers import DvfsCallback
+    from dvfs_mlops.job.finetune import build_model
+    from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from tests.conftest import trainer_data
+
+    _tmp, env, c = old_store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
+    train_split, collate = trainer_data(w)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=8, per_device_train_batch_size=8, report_to=[],
+                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    tags = []
+    for allow in (False, True):
+        said: list[str] = []
+        with mlflow.start_run(experiment_id=c.get_experiment_by_name("Default").experiment_id) as run, \
+                DvfsCallback(device=SimDevice(builtin_profile("sim-orin-nano-8gb")), announce=said.append, gpu_util_pct=80.0,
+                             allow_other_board=allow) as dvfs:
+            Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=train_split, data_collator=collate,
+                    callbacks=[dvfs]).train()
+        tags.append(c.get_run(run.info.run_id).data.tags)
+        if not allow:
+            assert any(line.startswith("no production governor for jetson-orin-nano-8gb (registered: ") for line in said), said
+            assert dvfs.decision["path"] == "refine" and dvfs.refined is not None  # the probes, not a governor, picked
+    refined, other = tags
+    assert refined["dvfs.board_family"] == "jetson-orin-nano-8gb" and refined["decision.path"] == "refine"
+    assert refined["decision.reason"].startswith("no production governor for jetson-orin-nano-8gb")
+    assert "governor.other_board" not in refined
+    assert other["governor.other_board"] == "true" and other["decision.path"] != "refine"
