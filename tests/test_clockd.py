@@ -145,6 +145,23 @@ def test_a_member_pins_through_the_service_and_the_restore_is_acknowledged(rig):
     assert "uid 65534 (nobody)" in log and "pinned jetson-17000000.gpu at 612 MHz" in log and "its client asked" in log
 
 
+def test_a_pin_above_the_nvpmodel_modes_cap_is_recorded_on_the_clients_run_as_a_direct_pin_records_it(rig):
+    status = rig.base / "root" / "var/lib/nvpmodel/status"
+    status.write_text("pmode:0002 fmode:quiet\n")  # MODE_30W of the fake board's nvpmodel.conf: GPU capped at 612 MHz
+    status.chmod(0o644)
+    rig.start()
+    proc = rig.client(str(rig.gid), "session", "jetson", "918", "context")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.splitlines()[:2] == ["PINNED", "RESTORED"]
+    assert json.loads(out.splitlines()[2].removeprefix("CONTEXT ")).get("above_mode_cap") is True
+    below = rig.client(str(rig.gid), "session", "jetson", "612", "context")
+    out, err = below.communicate(timeout=60)
+    assert below.returncode == 0, err
+    assert "above_mode_cap" not in json.loads(out.splitlines()[2].removeprefix("CONTEXT "))  # at the cap: nothing to say
+    assert rig.fake.range_hz == DEFAULT
+
+
 def test_sigkill_of_a_client_restores_within_a_second(rig):
     rig.start()
     proc = rig.pinned_client("408")

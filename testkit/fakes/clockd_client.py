@@ -7,11 +7,13 @@ groups). The kernel then sees a real unprivileged client: the socket file's mode
 
 usage: python -m testkit.fakes.clockd_client UID GID GROUPS(comma-separated, or -) session BACKEND FREQ ACTION [UUID]
        python -m testkit.fakes.clockd_client UID GID GROUPS cli ARGS...
-ACTION: wait (pin, print PINNED, sleep), exit (pin, print PINNED, leave the block normally, print RESTORED).
+ACTION: wait (pin, print PINNED, sleep), exit (pin, print PINNED, leave the block normally, print RESTORED), context
+(as exit, then print CONTEXT and the session's context as JSON).
 """
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import pkgutil
 import sys
@@ -48,11 +50,13 @@ def session(backend: str, freq: str, action: str, uuid: str = "") -> None:
         dev = JetsonDevice()
     else:
         dev = NvmlDevice(nvml=fake_pynvml.make_module([fake_pynvml.FakeGPU(uuid=uuid)]), assume_unlocked=True)
-    with dev.session(freq):
+    with dev.session(freq) as s:
         print("PINNED", flush=True)
         if action == "wait":
             time.sleep(120)
     print("RESTORED", flush=True)
+    if action == "context":  # what the run would log besides energy
+        print("CONTEXT " + json.dumps(s.context, sort_keys=True), flush=True)
 
 
 def main() -> None:

@@ -140,7 +140,8 @@ class ServicePin:
         """Connect and ask the service to pin `freq` (a clock of the table, or "maxn").
 
         Returns:
-            {} (what the session logs besides energy comes from its own meter).
+            What the session logs besides energy, as a pin written directly says it: {"above_mode_cap": True} where
+            the service found the clock above the nvpmodel mode's GPU cap, else {}.
 
         Raises:
             DeviceBusyError: another client or process holds the GPU (the line names its uid and PID).
@@ -148,12 +149,13 @@ class ServicePin:
         """
         self._client = ClockdClient(self.path)
         try:
-            self.pinned_mhz = self._ask("pin", freq_label(freq)).pinned_mhz
+            reply = self._ask("pin", freq_label(freq))
         except BaseException:
             self._client.close()
             self._client = None
             raise
-        return {}
+        self.pinned_mhz = reply.pinned_mhz
+        return {"above_mode_cap": True} if reply.above_mode_cap else {}
 
     def repin(self, mhz: float) -> None:
         """Ask the service to move the pin to `mhz` (the service's journal keeps the settings found first)."""

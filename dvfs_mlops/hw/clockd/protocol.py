@@ -97,6 +97,8 @@ class Reply:
         current_mhz: table, pin, repin, status: the clock the device reports now, read by the service.
         pins: status: every GPU held, with its owner.
         lines: restore without a pin: what the service restored from journals of dead runs.
+        above_mode_cap: pin: the clock is above the GPU cap of the board's nvpmodel mode (the board may not hold it;
+            the client's run records it as a pin written directly would).
     """
 
     ok: bool
@@ -107,6 +109,7 @@ class Reply:
     current_mhz: float | None = None
     pins: list[PinStatus] = dataclasses.field(default_factory=list)
     lines: list[str] = dataclasses.field(default_factory=list)
+    above_mode_cap: bool = False
 
     @classmethod
     def failure(cls, err: BaseException) -> Reply:

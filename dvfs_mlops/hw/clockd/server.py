@@ -265,7 +265,8 @@ class ClockService:
         if lease is not None:
             raise DvfsError(f"this connection already pins {lease.key}; repin to move it, restore to end it")
         new = self._pin(req, peer)
-        return Reply(True, pinned_mhz=new.pin_mhz, current_mhz=new.lease.device.current_mhz()), new.lease
+        return Reply(True, pinned_mhz=new.pin_mhz, current_mhz=new.lease.device.current_mhz(),
+                     above_mode_cap=new.above_mode_cap), new.lease
 
     def _pin(self, req: Request, peer: Peer) -> _Pinned:
         dev = self._device(req)
@@ -280,7 +281,7 @@ class ClockService:
             raise
         pin = self._pin_for(dev, req, peer)
         try:
-            pin.pin(freq)
+            context = pin.pin(freq)
         except BaseException:
             try:
                 pin.restore()
@@ -294,7 +295,7 @@ class ClockService:
             self._leases[key] = lease
         log.info("clockd: uid %d (%s) PID %d pinned %s at %s", peer.uid, peer.user, peer.pid, key,
                  "maxn (nothing written)" if freq == MAXN else f"{float(freq):g} MHz")
-        return _Pinned(lease, None if freq == MAXN else float(freq))
+        return _Pinned(lease, None if freq == MAXN else float(freq), bool(context.get("above_mode_cap")))
 
     def _reserve(self, key: str, status: PinStatus) -> None:
         with self._lock:
@@ -364,6 +365,7 @@ class ClockService:
 class _Pinned:
     lease: Lease
     pin_mhz: float | None
+    above_mode_cap: bool = False
 
 
 def _sysfs_root() -> Path:
