@@ -224,11 +224,20 @@ def at_pin(clock_mhz: float, pinned_mhz: float, table_mhz: Sequence[float]) -> b
     A measured clock (a counter) reads a little off the table's values; half the gap takes it to the nearest table
     clock. 0.5 MHz is the floor: the table's own rounding (1300.5 MHz) where the table has one clock or none.
     """
+    return _within(clock_mhz, pinned_mhz, _pin_gaps(pinned_mhz, table_mhz))
+
+
+def _pin_gaps(pinned_mhz: float, table_mhz: Sequence[float]) -> tuple[float | None, float | None]:
+    """The gaps from the pinned clock to its table neighbours below and above (None where it has none)."""
     table = sorted(set(table_mhz))
     below = [f for f in table if f < pinned_mhz - 1e-9]
     above = [f for f in table if f > pinned_mhz + 1e-9]
-    gap_below = pinned_mhz - below[-1] if below else None
-    gap_above = above[0] - pinned_mhz if above else None
+    return (pinned_mhz - below[-1] if below else None), (above[0] - pinned_mhz if above else None)
+
+
+def _within(clock_mhz: float, pinned_mhz: float, gaps: tuple[float | None, float | None]) -> bool:
+    """`at_pin` with the pin's table gaps already found."""
+    gap_below, gap_above = gaps
     gap = gap_below if clock_mhz < pinned_mhz else gap_above
     gap = gap if gap is not None else (gap_above if gap_below is None else gap_below)
     return abs(clock_mhz - pinned_mhz) <= max(0.5, gap / 2.0 if gap is not None else 0.0)
@@ -240,7 +249,8 @@ def clock_held(times_s: Sequence[float], clocks_mhz: Sequence[float | None], pin
     pairs = [(t, c) for t, c in zip(times_s, clocks_mhz) if c is not None]
     if not pairs:
         return None
-    ok = [at_pin(c, pinned_mhz, table_mhz) for _, c in pairs]
+    gaps = _pin_gaps(pinned_mhz, table_mhz)  # one table, one pin: found once, not per sample
+    ok = [_within(c, pinned_mhz, gaps) for _, c in pairs]
     if len(pairs) == 1:
         return ok[0]
     spans = [t1 - t0 for (t0, _), (t1, _) in itertools.pairwise(pairs)]
