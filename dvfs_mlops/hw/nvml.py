@@ -154,6 +154,7 @@ class NvmlDevice:
         self.sample_hz = sample_hz
         self.assume_unlocked = assume_unlocked
         self._power_source: str | None = None
+        self._field_power = False  # the instantaneous power field answered when power_source probed it
 
     def _index_of_uuid(self, uuid: str, count: int) -> int:
         """NVML's index of the GPU with `uuid` now (nvmlDeviceGetHandleByUUID, then nvmlDeviceGetIndex); closes and raises
@@ -343,7 +344,7 @@ class NvmlDevice:
         also where the architecture is unknown, and on GA100, which NVML names as instantaneous but cannot be told apart)."""
         if self._power_source is None:
             if self._instant_mw() is not None:
-                self._power_source = POWER_INSTANT
+                self._power_source, self._field_power = POWER_INSTANT, True
             else:
                 arch = None
                 with contextlib.suppress(self.nvml.NVMLError, AttributeError):
@@ -353,7 +354,7 @@ class NvmlDevice:
         return self._power_source
 
     def power_w(self) -> float:
-        if self.power_source == POWER_INSTANT:
+        if self.power_source == POWER_INSTANT and self._field_power:  # before Ampere without the field: PowerUsage itself
             mw = self._instant_mw()
             if mw is not None:
                 return mw / 1000.0
