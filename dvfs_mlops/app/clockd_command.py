@@ -150,7 +150,7 @@ def uninstall(options: ClockdOptions, say: Callable[[str], None]) -> list[str]:
 def status(options: ClockdOptions) -> list[str]:
     """The service (systemd's view where there is one), its socket, and every GPU it pins with its owner."""
     from dvfs_mlops.hw.clockd.client import ClockdClient
-    from dvfs_mlops.hw.clockd.protocol import Request
+    from dvfs_mlops.hw.clockd.protocol import Request, group_name
 
     lines = []
     if shutil.which("systemctl") is not None:
@@ -161,7 +161,7 @@ def status(options: ClockdOptions) -> list[str]:
         st = os.stat(path)
     except OSError:
         return [*lines, f"socket:   {path} missing: no service (sudo dvfs-mlops clockd install)"]
-    group = _group_name(st.st_gid)
+    group = group_name(st.st_gid)
     lines.append(f"socket:   {path} (group {group}, mode {stat.S_IMODE(st.st_mode):04o})")
     client = ClockdClient(path)
     try:
@@ -170,13 +170,6 @@ def status(options: ClockdOptions) -> list[str]:
         client.close()
     lines += [f"pinned:   {p.line()}" for p in reply.pins] or ["pinned:   none"]
     return lines
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def _need_root(what: str) -> None:

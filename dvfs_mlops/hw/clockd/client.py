@@ -7,9 +7,7 @@ service, a user who cannot write the clock gets one line naming both ways out.
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
-import pwd
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 from dvfs_mlops import settings
 from dvfs_mlops.clocks import freq_label
 from dvfs_mlops.errors import DevicePermissionError, DvfsError, RestoreFailedError
-from dvfs_mlops.hw.clockd.protocol import MAX_LINE, Reply, Request
+from dvfs_mlops.hw.clockd.protocol import MAX_LINE, Reply, Request, group_name, user_name
 
 INSTALL_HINT = "install the clock service once (sudo dvfs-mlops clockd install)"
 
@@ -28,17 +26,11 @@ def _group_of(path: Path) -> str:
         gid = os.stat(path).st_gid
     except OSError:
         return "dvfs"
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
+    return group_name(gid)
 
 
 def _me() -> str:
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
+    return user_name(os.geteuid())
 
 
 class ClockdClient:

@@ -8,7 +8,9 @@ devfreq node it found; for NVML, the GPU whose UUID it enumerates itself).
 from __future__ import annotations
 
 import dataclasses
+import grp
 import json
+import pwd
 from typing import Any
 
 from dvfs_mlops.errors import DeviceBusyError, DevicePermissionError, DvfsError, RestoreFailedError, UnknownNameError
@@ -146,3 +148,19 @@ def _object(line: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DvfsError("not a JSON object")
     return data
+
+
+def user_name(uid: int) -> str:
+    """The user's name, or the number where the system has no name for it."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The group's name, or the number where the system has no name for it."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

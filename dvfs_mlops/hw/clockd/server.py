@@ -22,7 +22,6 @@ import dataclasses
 import grp
 import logging
 import os
-import pwd
 import signal
 import socket
 import struct
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DeviceBusyError, DevicePermissionError, DvfsError
-from dvfs_mlops.hw.clockd.protocol import MAX_LINE, PinStatus, Reply, Request
+from dvfs_mlops.hw.clockd.protocol import MAX_LINE, PinStatus, Reply, Request, user_name
 from dvfs_mlops.hw.device import MAXN, parse_freq
 
 log = logging.getLogger(__name__)
@@ -52,10 +51,7 @@ class Peer:
 
     @property
     def user(self) -> str:
-        try:
-            return pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            return str(self.uid)
+        return user_name(self.uid)
 
 
 def peer_of(conn: socket.socket) -> Peer:
@@ -279,7 +275,7 @@ class ClockService:
         except BaseException:
             self._close(dev)
             raise
-        pin = self._pin_for(dev, req, peer)
+        pin = self._pin_for(dev, peer)
         try:
             context = pin.pin(freq)
         except BaseException:
@@ -341,18 +337,17 @@ class ClockService:
 
             if not req.gpu_uuid.startswith("GPU-"):
                 raise DvfsError("an nvml request names its GPU by UUID (GPU-...)")
-            return NvmlDevice(nvml=self.config.nvml_module, uuid=req.gpu_uuid)
+            return NvmlDevice(nvml=self.config.nvml_module, uuid=req.gpu_uuid, assume_unlocked=req.assume_unlocked)
         raise DvfsError("a request names its backend: jetson or nvml")
 
     @staticmethod
-    def _pin_for(dev: Any, req: Request, peer: Peer) -> Any:
+    def _pin_for(dev: Any, peer: Peer) -> Any:
         if dev.name == "jetson":
             from dvfs_mlops.hw.jetson import JetsonPin
 
             return JetsonPin(dev, owner_pid=peer.pid, owner_uid=peer.uid)
         from dvfs_mlops.hw.nvml import NvmlPin
 
-        dev.assume_unlocked = req.assume_unlocked
         return NvmlPin(dev, owner_pid=peer.pid, owner_uid=peer.uid)
 
     @staticmethod
