@@ -132,7 +132,7 @@ def _run_on_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceCho
         for dev in devices:
             dev.close()
     names = {dev.profile for dev in devices}
-    return RunOutcome(freq, observe, "nvml", names.pop() if len(names) == 1 else ",".join(sorted(names)),
+    return RunOutcome(freq, observe, "nvml", ",".join(sorted(names)),
                       choice.device_id.strip() or None, rc, combine([g.report for g in gpus]), gpus)
 
 

@@ -417,7 +417,7 @@ def module_part_number(root: Path) -> str | None:
 def _read_model(root: Path) -> str | None:
     for rel in DEVICE_TREE_DIRS:
         try:
-            return (root / rel / "model").read_text().replace("\x00", "").strip()
+            return _read(root / rel / "model")
         except OSError:
             continue
     return None
