@@ -213,10 +213,8 @@ def register(policy: dict[str, Any], board: Board, source: Any, sweep_ids: list[
         tags[schema.TAG_VERSION_POWER_PRIOR] = PowerPrior(**prior).to_json()
     with mlflow.start_run(experiment_id=governor_experiment(c), run_name=f"calibrate {board.family} from v{source.version}") as run:
         mlflow.set_tags(tags)
-        info = log_governor(policy, registered_name=cfg.name, metrics=metrics, tags=tags)
+        info = log_governor(policy, registered_name=cfg.name, metrics=metrics, tags=tags, version_tags=tags)
     version = int(info.registered_model_version)
-    for k, v in tags.items():
-        c.set_model_version_tag(cfg.name, str(version), k, v)
     say(f"registered {cfg.name} v{version} for {board.family}, calibrated from v{source.version} on {sweeps}")
     return version, run.info.run_id
 

@@ -135,8 +135,12 @@ def _quiet_example_check() -> Iterator[None]:
 
 def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, classifier: Any = None,
                  feature_names: list[str] | None = None, extra_artifacts: Mapping[str, str] | None = None,
-                 metrics: Mapping[str, float] | None = None, tags: Mapping[str, str] | None = None) -> Any:
-    """Log (and optionally register) the governor in the active MLflow run; returns ModelInfo."""
+                 metrics: Mapping[str, float] | None = None, tags: Mapping[str, str] | None = None,
+                 version_tags: Mapping[str, str] | None = None) -> Any:
+    """Log (and optionally register) the governor in the active MLflow run; returns ModelInfo.
+
+    `tags` go on the logged model; `version_tags` on the registered version (its objective, sweep, board family ...:
+    what the registry and `load_governor` read), where one was registered."""
     import mlflow
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,4 +154,10 @@ def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, clas
             )
     if metrics:
         mlflow.log_metrics(dict(metrics))
+    if registered_name and version_tags and info.registered_model_version:
+        from dvfs_mlops.mlops import tracking
+
+        client = tracking.client()
+        for k, v in version_tags.items():
+            client.set_model_version_tag(registered_name, str(info.registered_model_version), k, v)
     return info

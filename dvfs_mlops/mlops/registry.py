@@ -417,10 +417,8 @@ def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] =
     tags[schema.TAG_BOARD_FAMILY] = version_family(tags, cfg.legacy_family)
     with mlflow.start_run(experiment_id=exp, run_name="bootstrap paper-mlg") as run:
         mlflow.set_tags(tags)
-        info = log_governor(policy, registered_name=cfg.name)
+        info = log_governor(policy, registered_name=cfg.name, version_tags=tags)
     version = int(info.registered_model_version)
-    for k, v in tags.items():
-        c.set_model_version_tag(cfg.name, str(version), k, v)
     say(f"registered the published tree as {cfg.name} v{version} for {tags[schema.TAG_BOARD_FAMILY]} (run {run.info.run_id}); "
         f"promote it with: dvfs-mlops registry promote {version}")
     return version

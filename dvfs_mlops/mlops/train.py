@@ -106,11 +106,8 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
                 extra["importance"] = str(Path(tmp) / "importance.png")
             info = log_governor(result.policy.policy, registered_name=cfg.name if r.register else None, classifier=result.classifier,
                                 feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
-                                tags=tags)
+                                tags=tags, version_tags=tags)
     version = int(info.registered_model_version) if r.register and info.registered_model_version else None
-    if version is not None:
-        for k, v in tags.items():
-            c.set_model_version_tag(cfg.name, str(version), k, v)
     return TrainOutcome(result, run.info.run_id, version, info.model_uri)
 
 
