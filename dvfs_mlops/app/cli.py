@@ -80,7 +80,7 @@ def _echo_lines(lines: Iterable[str], err: bool = False) -> None:
 
 
 @main.command()
-@opts.device_options("device", "gpu_index")
+@opts.device_options("device", "gpu_index", "trace")
 @opts.JSON_OPTION
 def devices(device: DeviceChoice, as_json: bool) -> None:
     """Show the backend, its frequency table, current clock and power rails."""

@@ -120,7 +120,8 @@ peft_options = option_group(
 
 _DEVICE_OPTIONS = {
     "device": click.option("--device", "device_name", default="auto", show_default=True,
-                           type=click.Choice(["auto", "jetson", "nvml", "sim"]), help="Device backend."),
+                           type=click.Choice(["auto", "jetson", "nvml", "sim", "replay"]),
+                           help="Device backend (replay: play the measured grid of --trace)."),
     "sample_hz": click.option("--sample-hz", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
                               help="Power sampling rate of the meter (jetson, nvml)."),
     "gpu_index": click.option("--gpu-index", default=0, show_default=True, type=click.IntRange(min=0),
@@ -135,6 +136,9 @@ _DEVICE_OPTIONS = {
                                 help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`)."),
     "device_id": click.option("--device-id", default="", metavar="ID", help=(
         "Which board this is, tagged dvfs.device_id (default: the Jetson's serial, the GPU's UUID, sim@HOST); not in a sweep's id.")),
+    "trace": click.option("--trace", default=None, metavar="FILE.csv", help=(
+        "replay: the measured grid to play: workload, gpu_mhz, time_s, energy_j (time and energy of one unit of work); "
+        "optional cpu_mhz, emc_mhz, power_w, repeat and the governor's feature columns.")),
 }
 
 
@@ -144,7 +148,7 @@ def _device_choice(device_name: str = "auto", **fields: Any) -> DeviceChoice:
 
 def device_options(*names: str) -> OptionGroup:
     """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    assume_unlocked, torch_device, twin_profile, twin_params, device_id) as one `DeviceChoice`, the command's `device`."""
+    assume_unlocked, torch_device, twin_profile, twin_params, device_id, trace) as one `DeviceChoice`, the command's `device`."""
     chosen = [option for name, option in _DEVICE_OPTIONS.items() if not names or name in names]
     return option_group("device", _device_choice, *chosen)
 
