@@ -264,16 +264,20 @@ def twin() -> None:
 @click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
 @click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
 @click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
-              help="Or a CSV: workload, freq_mhz, time_s, energy_j or power_w; optional steps, batch_size, seq_len, dtype (README).")
+              help=("Or a measured grid (the replay format): workload (MODEL/TASK), gpu_mhz (MHz), time_s (s) and energy_j (J, "
+                    "CPU+GPU) of the same work: `steps` training steps (default 1: per step); optional batch_size, seq_len, "
+                    "dtype, cpu_mhz, emc_mhz, power_w (W), repeat."))
 @opts.device_options("twin_profile", "twin_params")
 @click.option("--name", default="", help="The fitted profile's name (default fit-<sweep id or CSV name>).")
 @click.option("--out", default="", metavar="FILE.yaml", help="Where to write the profile (default <name>.yaml here).")
+@click.option("--force", is_flag=True, help="Write the profile even where its energy or power error is above the base's or 10 %.")
 @opts.JSON_OPTION
-def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: DeviceChoice, name: str, out: str, as_json: bool) -> None:
+def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: DeviceChoice, name: str, out: str, force: bool,
+             as_json: bool) -> None:
     """Fit a profile's timing and power constants to measured points; write it as YAML (loadable by --twin-params)."""
     from dvfs_mlops.app.twin_fit import fit_twin_command
 
-    outcome = fit_twin_command(device, sweep_id, experiment, csv_path, name, out, say=_echo_err)
+    outcome = fit_twin_command(device, sweep_id, experiment, csv_path, name, out, say=_echo_err, force=force)
     _echo_lines([json.dumps(outcome.to_dict(), indent=2)] if as_json else outcome.lines())
 
 
