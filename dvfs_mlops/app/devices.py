@@ -16,6 +16,10 @@ from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.placement import check_torch_device
 
+# --trace's help: the columns of a replay grid (hw/replay.py) and their units.
+TRACE_HELP = ("replay: the measured grid to play: workload, gpu_mhz (MHz), time_s (s) and energy_j (J) of the same unit of work; "
+              "optional cpu_mhz, emc_mhz (MHz), power_w (W), repeat and the governor's feature columns.")
+
 if TYPE_CHECKING:
     from dvfs_mlops.hw.device import Device, DeviceInfo
     from dvfs_mlops.hw.twin.params import OrinTwinParams
