@@ -241,6 +241,14 @@ def test_a_bad_grid_is_one_line_and_nothing_is_written(tmp_path, monkeypatch, te
 def test_a_file_that_cannot_be_read_is_one_line(tmp_path):
     r = CliRunner().invoke(main, ["devices", "--device", "replay", "--trace", str(tmp_path / "none.csv")])
     assert r.exit_code == 2 and r.stderr.startswith("Error: cannot read the trace") and len(r.stderr.splitlines()) == 1
+    (tmp_path / "folder").mkdir()
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"workload,gpu_mhz,time_s,energy_j\n\xff\xfe,1,1,1\n")
+    huge = _write(tmp_path, 'workload,gpu_mhz,time_s,energy_j\n"' + "x" * 200_000 + '",1,1,1\n', "huge.csv")
+    for path, message in ((tmp_path / "folder", "cannot read the trace"), (binary, "is not UTF-8 text"),
+                          (huge, "line 2: not a CSV row")):
+        r = CliRunner().invoke(main, ["devices", "--device", "replay", "--trace", str(path)])
+        assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.output
     r = CliRunner().invoke(main, ["devices", "--device", "replay"])
     assert r.exit_code == 2 and "give it --trace FILE.csv" in r.stderr
     r = CliRunner().invoke(main, ["devices", "--device", "sim", "--trace", str(tmp_path / "none.csv")])

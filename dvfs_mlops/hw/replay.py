@@ -48,7 +48,7 @@ POWER_TOLERANCE = 0.01
 CLOCK_RESOLUTION_MHZ = 0.5
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class Setting:
     """One clock setting of a grid: the GPU clock, and the CPU and memory clocks where the file has them (None else).
 
@@ -256,6 +256,13 @@ def read_grid(path: str | Path, *, workload_columns: Collection[str] = (), row_c
     except UnicodeDecodeError as e:
         raise DvfsError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save the grid as a UTF-8 CSV") from None
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _parse(path, data, reader, workload_columns, row_columns)
+    except csv.Error as e:
+        raise DvfsError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
+
+
+def _parse(path: Path, data: bytes, reader: Any, workload_columns: Collection[str], row_columns: Collection[str]) -> ReplayGrid:
     header = [h.strip() for h in next(reader, [])]
     columns = _columns(path, header, set(workload_columns), set(row_columns))
     rows: list[Recorded] = []
