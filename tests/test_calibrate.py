@@ -93,9 +93,9 @@ def test_the_mlproject_calibrate_entry_runs_the_command_without_mlflows_run_id()
     from tests.conftest import REPO
 
     entry = load_project(str(REPO)).get_entry_point("calibrate")
-    for params, expected in (({}, {"source": "", "preset": "quick", "steps": None, "no_promote": False, "device_name": "auto"}),
+    for params, expected in (({}, {"source": "", "preset": "quick", "steps": None, "no_promote": False, "backend": "auto"}),
                              ({"twin_profile": "sim-orin-nano-8gb", "steps": "0", "source": "3", "promote": "false", "device": "sim"},
-                              {"source": "3", "steps": 0, "no_promote": True, "twin_profile": "sim-orin-nano-8gb", "device_name": "sim"})):
+                              {"source": "3", "steps": 0, "no_promote": True, "twin_profile": "sim-orin-nano-8gb", "backend": "sim"})):
         cmd = entry.compute_command(params, storage_dir=None)
         assert cmd.startswith("env -u MLFLOW_RUN_ID dvfs-mlops calibrate ")
         argv = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd[len("env -u MLFLOW_RUN_ID dvfs-mlops "):]], capture_output=True,

@@ -262,10 +262,10 @@ def test_an_option_group_hands_the_command_one_record_built_from_its_options_and
 
 def test_device_options_add_only_the_options_named():
     devices, run = main.commands["devices"], main.commands["run"]
-    assert [p.name for p in devices.params] == ["device_name", "gpu_index", "as_json"]
-    assert [p.name for p in run.params if p.name in ("device_name", "sample_hz", "gpu_index", "twin_profile", "twin_params",
-                                                      "device_id", "torch_device")] == \
-        ["device_name", "sample_hz", "gpu_index", "twin_profile", "twin_params", "device_id"]
+    assert [p.name for p in devices.params] == ["backend", "gpu_index", "trace", "as_json"]
+    assert [p.name for p in run.params if p.name in ("backend", "sample_hz", "gpu_index", "twin_profile", "twin_params",
+                                                      "device_id", "torch_device", "trace")] == \
+        ["backend", "sample_hz", "gpu_index", "twin_profile", "twin_params", "device_id"]
 
 
 def test_sweep_and_finetune_options_build_their_requests(monkeypatch):

@@ -303,7 +303,7 @@ def _known_board():
     return dataclasses.replace(builtin_profile("sim-orin-measured"), profile="board-a", host_per_step_s=12e-3, kernel_fixed_s=1e-5)
 
 
-def _simulated_points(cache, board, steps=10):
+def _simulated_points(cache, board, steps=10, clocks=FIT_CLOCKS):
     from dvfs_mlops.hw.twin.fit import FitPoint
     from dvfs_mlops.job.workloads.tasks import TASKS
 
@@ -311,7 +311,7 @@ def _simulated_points(cache, board, steps=10):
     for m in FIT_MODELS:
         for task in ("sst2", "qnli", "mrpc"):
             trace = cache.get(PRESETS[m].config(), 16, TASKS[task].mean_tokens)
-            for f in FIT_CLOCKS:
+            for f in clocks:
                 s = SimDevice(board, seed=5).session(f, label=f"{m}/{task}")
                 with s:
                     for _ in range(steps):
@@ -357,6 +357,26 @@ def test_fit_of_noisy_points_is_within_the_noise_of_the_truth(trace_cache_dir):
     assert result.errors_before["energy"].mean > 5 * result.errors["energy"].mean
 
 
+def _grid_csv(path, points, steps, *, with_steps=True, cpu_mhz=None):
+    """The points as a measured grid in the replay format: time and energy of `steps` steps per row (`steps` column
+    unless `with_steps` is False); `cpu_mhz` adds a CPU column at that clock, and a row at half of it whose values are
+    nonsense (the fit reads the GPU-only slice at the highest CPU clock only)."""
+    head = "workload,gpu_mhz,time_s,energy_j,power_w" + (",steps" if with_steps else "") + ",seq_len" + (",cpu_mhz" if cpu_mhz else "")
+    rows = [head]
+    for i, p in enumerate(points):  # every other row states its power too
+        cells = [p.workload, f"{p.freq_mhz:g}", repr(p.time_s), repr(p.energy_j), repr(p.power_w) if i % 2 else ""]
+        cells += [str(steps)] if with_steps else []
+        cells += [str(p.steps[0][0].seq_len)]
+        if cpu_mhz:
+            rows.append(",".join([*cells, f"{cpu_mhz:g}"]))
+            cells[2:5] = [repr(50 * p.time_s), repr(p.energy_j), ""]
+            rows.append(",".join([*cells, f"{cpu_mhz / 2:g}"]))
+        else:
+            rows.append(",".join(cells))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
 def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
     import json
 
@@ -366,12 +386,7 @@ def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
     from dvfs_mlops.hw.twin.profiles import load_twin_params
 
     points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=3)
-    rows = ["workload,freq_mhz,time_s,energy_j,power_w,steps,seq_len"]
-    for i, p in enumerate(points):  # half the rows give energy, half power
-        seq = p.steps[0][0].seq_len
-        rows.append(f"{p.workload},{p.freq_mhz},{p.time_s},{p.energy_j if i % 2 else ''},{'' if i % 2 else p.power_w},3,{seq}")
-    csv = tmp_path / "board-a.csv"
-    csv.write_text("\n".join(rows) + "\n")
+    csv = _grid_csv(tmp_path / "board-a.csv", points, 3, cpu_mhz=2201.6)
     out = tmp_path / "fitted" / "a.yaml"
     r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -381,5 +396,66 @@ def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
     assert report["errors_base"]["energy"]["mean_rel"] > 0.1
     loaded = load_twin_params(None, out)  # loadable by --twin-params, under its own name
     assert loaded.profile == "fit-board-a" and loaded.gpu_static_w == pytest.approx(report["constants"]["gpu_static_w"])
+    # every clock of the grid is one of the AGX Orin's: the same board, measured (its family and table kept)
+    assert loaded.family == "jetson-agx-orin-64gb" and loaded.frequencies_mhz == OrinTwinParams().frequencies_mhz
     r = CliRunner().invoke(main, ["simulate", "bert-tiny", "--seq-len", "16", "--twin-params", str(out), "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["device_profile"] == "fit-board-a"
+
+
+def test_twin_fit_csv_of_another_board_is_named_after_its_grid(trace_cache_dir, tmp_path):
+    """A grid measured at clocks the base profile does not have is another board: the profile takes the grid's name as its
+    family and the grid's clocks as its table, and fits them."""
+    import dataclasses
+    import json
+
+    from click.testing import CliRunner
+
+    from dvfs_mlops.app.cli import main
+    from dvfs_mlops.hw.board import board_family
+    from dvfs_mlops.hw.twin.profiles import load_twin_params
+
+    table = (300.0, 500.0, 700.0, 900.0, 1100.0, 1400.0)
+    board = dataclasses.replace(_known_board(), frequencies_mhz=table)
+    cache = TraceCache(trace_cache_dir)
+    points = [p for p in _simulated_points(cache, board, steps=2, clocks=table) if p.workload.startswith(("bert-tiny", "bert-base"))]
+    csv = _grid_csv(tmp_path / "jetson-board-x.csv", points, 2)
+    out = tmp_path / "x.yaml"
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["profile"] == "fit-jetson-board-x" and report["errors"]["energy"]["mean_rel"] < 0.05, report["errors"]
+    loaded = load_twin_params(None, out)
+    assert loaded.family == "jetson-board-x" and loaded.frequencies_mhz == table
+    assert board_family(loaded.profile, loaded) == "jetson-board-x"
+    assert "board family jetson-board-x" in out.read_text()
+
+
+def test_twin_fit_csv_a_bad_fit_writes_nothing_without_force(trace_cache_dir, tmp_path):
+    """time_s and energy_j of a 100-step run without the `steps` column are read per step: no constant within its bounds
+    (30x the base's) makes a step that long, the fit is far off, so nothing is written (one line with the errors, fitted
+    and base) unless --force."""
+    from click.testing import CliRunner
+
+    from dvfs_mlops.app.cli import main
+
+    points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=100)
+    csv = _grid_csv(tmp_path / "board-a.csv", points, 100, with_steps=False)
+    out = tmp_path / "a.yaml"
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out)])
+    assert r.exit_code == 2 and not out.exists(), r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1 and "is not written: mean error energy" in lines[0] and "(base " in lines[0] and "--force" in lines[0], r.stderr
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--force"])
+    assert r.exit_code == 0 and out.exists(), r.output
+
+
+def test_twin_fit_csv_refuses_workloads_it_cannot_trace(tmp_path):
+    from click.testing import CliRunner
+
+    from dvfs_mlops.app.cli import main
+
+    csv = tmp_path / "grid.csv"
+    csv.write_text("workload,gpu_mhz,time_s,energy_j\nLSTM_IMDB_bs8,905.25,0.39,5.3\nLSTM_IMDB_bs8,1377,0.29,6.4\n")
+    r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(tmp_path / "x.yaml")])
+    assert r.exit_code == 2 and "MODEL/TASK" in r.stderr and "'LSTM_IMDB_bs8'" in r.stderr and not (tmp_path / "x.yaml").exists()

@@ -80,7 +80,7 @@ def _echo_lines(lines: Iterable[str], err: bool = False) -> None:
 
 
 @main.command()
-@opts.device_options("device", "gpu_index")
+@opts.device_options("backend", "gpu_index", "trace")
 @opts.JSON_OPTION
 def devices(device: DeviceChoice, as_json: bool) -> None:
     """Show the backend, its frequency table, current clock and power rails."""
@@ -107,7 +107,7 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
-@opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
+@opts.device_options("backend", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
@@ -264,16 +264,19 @@ def twin() -> None:
 @click.option("--sweep-id", default="", help="Fit to this sweep's measured points (read from MLflow).")
 @click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
 @click.option("--csv", "csv_path", default=None, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
-              help="Or a CSV: workload, freq_mhz, time_s, energy_j or power_w; optional steps, batch_size, seq_len, dtype (README).")
+              help=("Or a measured grid: workload (MODEL/TASK), gpu_mhz (MHz), time_s (s) and energy_j (J) of the same `steps` "
+                    "training steps (default 1); optional batch_size, seq_len, dtype, cpu_mhz, emc_mhz (MHz), power_w (W), repeat."))
 @opts.device_options("twin_profile", "twin_params")
 @click.option("--name", default="", help="The fitted profile's name (default fit-<sweep id or CSV name>).")
 @click.option("--out", default="", metavar="FILE.yaml", help="Where to write the profile (default <name>.yaml here).")
+@click.option("--force", is_flag=True, help="Write the profile even where its energy or power error is above the base's or 10 %.")
 @opts.JSON_OPTION
-def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: DeviceChoice, name: str, out: str, as_json: bool) -> None:
+def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: DeviceChoice, name: str, out: str, force: bool,
+             as_json: bool) -> None:
     """Fit a profile's timing and power constants to measured points; write it as YAML (loadable by --twin-params)."""
     from dvfs_mlops.app.twin_fit import fit_twin_command
 
-    outcome = fit_twin_command(device, sweep_id, experiment, csv_path, name, out, say=_echo_err)
+    outcome = fit_twin_command(device, sweep_id, experiment, csv_path, name, out, say=_echo_err, force=force)
     _echo_lines([json.dumps(outcome.to_dict(), indent=2)] if as_json else outcome.lines())
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from dvfs_mlops.app.clockd_command import ClockdOptions
-from dvfs_mlops.app.devices import DeviceChoice
+from dvfs_mlops.app.devices import TRACE_HELP, DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
 from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
@@ -119,8 +119,8 @@ peft_options = option_group(
 )
 
 _DEVICE_OPTIONS = {
-    "device": click.option("--device", "device_name", default="auto", show_default=True,
-                           type=click.Choice(["auto", "jetson", "nvml", "sim"]), help="Device backend."),
+    "backend": click.option("--device", "backend", default="auto", show_default=True,
+                            type=click.Choice(["auto", "jetson", "nvml", "sim", "replay"]), help="Device backend (replay: --trace's grid)."),
     "sample_hz": click.option("--sample-hz", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
                               help="Power sampling rate of the meter (jetson, nvml)."),
     "gpu_index": click.option("--gpu-index", default=0, show_default=True, type=click.IntRange(min=0),
@@ -135,18 +135,14 @@ _DEVICE_OPTIONS = {
                                 help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`)."),
     "device_id": click.option("--device-id", default="", metavar="ID", help=(
         "Which board this is, tagged dvfs.device_id (default: the Jetson's serial, the GPU's UUID, sim@HOST); not in a sweep's id.")),
+    "trace": click.option("--trace", default=None, metavar="FILE.csv", help=TRACE_HELP),
 }
 
 
-def _device_choice(device_name: str = "auto", **fields: Any) -> DeviceChoice:
-    return DeviceChoice(backend=device_name, **fields)
-
-
 def device_options(*names: str) -> OptionGroup:
-    """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    assume_unlocked, torch_device, twin_profile, twin_params, device_id) as one `DeviceChoice`, the command's `device`."""
+    """The device options (all of them, or those `names` picks, in `_DEVICE_OPTIONS` order) as one `DeviceChoice`, `device`."""
     chosen = [option for name, option in _DEVICE_OPTIONS.items() if not names or name in names]
-    return option_group("device", _device_choice, *chosen)
+    return option_group("device", DeviceChoice, *chosen)
 
 
 simulate_options = option_group(

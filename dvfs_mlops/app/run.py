@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dvfs_mlops.app.devices import DeviceChoice, announcement, load_twin, open_chosen
+from dvfs_mlops.app.devices import DeviceChoice, announcement, load_twin, open_chosen, refuse_replay
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.hw.multi import GpuEnergy
@@ -83,10 +83,11 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
         The `RunOutcome` (the command's exit code in it).
 
     Raises:
-        DvfsError: no --freq and no --observe, a clock not in the table, a command that does not exist, a device
-            that cannot be opened, CUDA_VISIBLE_DEVICES naming some GPUs by index (all before anything runs), or a
+        DvfsError: a replay device (nothing to run), no --freq and no --observe, a clock not in the table, a command
+            that does not exist, a device that cannot be opened, CUDA_VISIBLE_DEVICES naming some GPUs by index (all before anything runs), or a
             refused clock write (every GPU pinned before it is restored).
     """
+    refuse_replay(choice, "run")
     if not freq and not observe:
         raise DvfsError("give --freq MHZ (or maxn), or --observe to meter without touching the clock")
     from dvfs_mlops.hw import parse_freq

@@ -6,20 +6,27 @@ point is charged exactly the step traces it ran. Its measured time is `time_s` a
 power `energy_j / time_s`. Unpinned (maxn, observe) points and points whose clock did not hold
 are left out.
 
-A CSV row is `workload` (model preset/GLUE task), `freq_mhz`, `time_s` and `energy_j` (CPU + GPU
-energy) or `power_w` (CPU + GPU power), for `steps` training steps (default 1) of `batch_size`
-(default 16) at padded length `seq_len` (default: the task's mean tokenised length), `dtype`
-float32 unless given.
+A CSV is a measured grid in the replay format (`hw/replay.py`): `workload` (MODEL/TASK: a model preset and a GLUE
+task), `gpu_mhz` (MHz), `time_s` (s) and `energy_j` (J, CPU + GPU) of the SAME work: `steps` training steps (default
+1, i.e. both per step) of `batch_size` (default 16) at padded length `seq_len` (default: the task's mean tokenised
+length), `dtype` float32 unless given; optional `cpu_mhz`/`emc_mhz` (the GPU-only slice at their highest is fitted),
+`power_w`, `repeat` (every repeat is a point) and the governor's feature columns (not read here). The profile is named
+`fit-<grid name>` (the file's stem: the board it was measured on). A grid whose GPU clocks are all clocks of the base
+profile is that board, measured: the profile keeps the base's family and clock table. Any other grid is another board:
+the profile's family is the grid's name and its table the grid's clocks.
+
+A fit whose mean energy or power error is above the unfitted base's, or above `MAX_FIT_ERROR`, says more about the
+points (time and energy of different work, another kind of board) than about the board: it is not written without
+`force`.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CSV_REQUIRED = ("workload", "freq_mhz", "time_s")
+# The columns a twin-fit CSV may carry per row beside the replay format's: what the twin needs to rebuild each row's steps.
+CSV_ROW_COLUMNS = ("steps", "batch_size", "seq_len", "dtype")
+MAX_FIT_ERROR = 0.10  # a fit whose mean energy or power error is above this is not written without --force
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +78,7 @@ class TwinFitOutcome:
 
 
 def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = SWEEP_EXPERIMENT, csv_path: str | None = None,
-                     name: str = "", out: str = "", say: Callable[[str], None] = log.info) -> TwinFitOutcome:
+                     name: str = "", out: str = "", say: Callable[[str], None] = log.info, force: bool = False) -> TwinFitOutcome:
     """`dvfs-mlops twin fit`: fit the profile that `twin`'s --twin-profile/--twin-params choose (sim-orin by default).
 
     Args:
@@ -80,28 +89,37 @@ def fit_twin_command(twin: DeviceChoice, sweep_id: str = "", experiment: str = S
         name: the fitted profile's name ('': fit-<sweep id or CSV name>).
         out: where to write the YAML ('': <name>.yaml here).
         say: where progress lines go.
+        force: write the profile even where the fit is worse than the base's or above `MAX_FIT_ERROR`.
 
     Returns:
         The `TwinFitOutcome`.
 
     Raises:
-        DvfsError: an unknown base profile, neither or both of a sweep and a CSV, unusable points, an unwritable file.
+        DvfsError: an unknown base profile, neither or both of a sweep and a CSV, unusable points, a bad fit without
+            `force` (nothing written), an unwritable file.
     """
     from dvfs_mlops.hw.twin.profiles import load_twin_params
 
     base = load_twin_params(twin.twin_profile, twin.twin_params)
     return fit_twin(base, sweep_id=sweep_id or None, experiment=experiment, csv_path=csv_path, name=name or None, out=out or None,
-                    say=say)
+                    say=say, force=force)
 
 
 def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, csv_path: str | None = None,
-             name: str | None = None, out: str | None = None, say: Callable[[str], None] = log.info) -> TwinFitOutcome:
-    """Fit `base`'s timing and power constants to the points, write the profile YAML, return the fit and its errors."""
+             name: str | None = None, out: str | None = None, say: Callable[[str], None] = log.info, force: bool = False) -> TwinFitOutcome:
+    """Fit `base`'s timing and power constants to the points; write the profile YAML where the fit is good (or `force`);
+    return the fit and its errors.
+
+    Raises:
+        DvfsError: neither or both of a sweep and a CSV, unusable points, a bad fit without `force` (`check_fit`: nothing
+            written), an unwritable file.
+    """
     if bool(sweep_id) == bool(csv_path):
         raise DvfsError("give the measured points as either --sweep-id ID or --csv FILE (one of them)")
     if csv_path:
-        points, simulated = points_from_csv(csv_path), False
-        source, default_name = csv_path, f"fit-{Path(csv_path).stem}"
+        grid = csv_points(csv_path)
+        points, simulated, base = grid.points, False, grid.board(base)
+        source, default_name = csv_path, f"fit-{grid.name}"
     else:
         assert sweep_id is not None
         points, simulated = points_from_sweep(sweep_id, experiment, say)
@@ -109,9 +127,27 @@ def fit_twin(base: OrinTwinParams, *, sweep_id: str | None = None, experiment: s
     name = name or default_name
     say(f"fitting {base.profile} to {len(points)} measured points of {len({p.workload for p in points})} workloads ({source})")
     result = fit_profile(points, base, name)
+    if not force:
+        check_fit(result)
     path = Path(out or f"{name}.yaml")
     write_profile(result, path, source, simulated)
     return TwinFitOutcome(result, path, source, simulated)
+
+
+def check_fit(result: FitResult) -> None:
+    """A fit is kept where its mean energy and power errors are at most the unfitted base's and at most `MAX_FIT_ERROR`.
+
+    Raises:
+        DvfsError: the fit is worse (one line with the errors, fitted and base).
+    """
+    bad = [q for q in ("energy", "power")
+           if result.errors[q].mean > result.errors_before[q].mean or result.errors[q].mean > MAX_FIT_ERROR]
+    if not bad:
+        return
+    said = ", ".join(f"{q} {100 * result.errors[q].mean:.1f} % (base {100 * result.errors_before[q].mean:.1f} %)" for q in ("energy", "power"))
+    raise DvfsError(f"the fitted profile {result.params.profile} is not written: mean error {said}; a fit is kept where both are at "
+                    f"most the base's and at most {100 * MAX_FIT_ERROR:g} %. Check that time_s and energy_j are of the same `steps` "
+                    "training steps (default 1), or pass --force to write it anyway")
 
 
 def write_profile(result: FitResult, path: Path, source: str, simulated_input: bool) -> None:
@@ -120,7 +156,8 @@ def write_profile(result: FitResult, path: Path, source: str, simulated_input: b
     err = ", ".join(f"{q} {100 * e.mean:.2f}% mean / {100 * e.max:.2f}% max" for q, e in result.errors.items())
     header = (f"# Twin profile {result.params.profile}: written by `dvfs-mlops twin fit` from {source}"
               f"{' (SIMULATED points)' if simulated_input else ''},\n"
-              f"# {result.n_points} points of {result.n_workloads} workloads, starting from {result.base.profile}.\n"
+              f"# {result.n_points} points of {result.n_workloads} workloads, starting from {result.base.profile}; "
+              f"board family {result.params.family}.\n"
               f"# Fitted: {', '.join(result.fitted)}; every other constant is {result.base.profile}'s.\n"
               f"# Relative error of the fit: {err}.\n# Load it with --twin-params {path.name}\n")
     try:
@@ -130,45 +167,67 @@ def write_profile(result: FitResult, path: Path, source: str, simulated_input: b
         raise DvfsError(f"cannot write the fitted profile to {path}: {e.strerror or e}") from None
 
 
-def points_from_csv(csv_path: str) -> list[FitPoint]:
+@dataclasses.dataclass(frozen=True)
+class CsvPoints:
+    """A measured grid read for a twin fit: its points, and what it says about the board.
+
+    Attributes:
+        name: the grid's name (the file's stem: the board it was measured on).
+        points: one `FitPoint` per row of the GPU-only slice (every repeat).
+        frequencies_mhz: the grid's GPU clocks, ascending.
+    """
+
+    name: str
+    points: list[FitPoint]
+    frequencies_mhz: tuple[float, ...]
+
+    def board(self, base: OrinTwinParams) -> OrinTwinParams:
+        """`base` as the board the grid was measured on: itself where every clock of the grid is one of its table's,
+        else another board, whose family is the grid's name and whose table is the grid's clocks."""
+        table = set(base.frequencies_mhz)
+        if all(any(math.isclose(f, t, abs_tol=0.5) for t in table) for f in self.frequencies_mhz):
+            return base
+        return dataclasses.replace(base, family=self.name, frequencies_mhz=self.frequencies_mhz)
+
+
+def csv_points(csv_path: str) -> CsvPoints:
+    """The fit points of a measured grid in the replay format (module doc).
+
+    Raises:
+        DvfsError: the file is not a valid grid (`hw.replay.read_grid`), a workload is not MODEL/TASK, or a per-row
+            column is not a positive number.
+    """
+    from dvfs_mlops.hw.replay import read_grid
     from dvfs_mlops.hw.twin.trace import TraceCache
     from dvfs_mlops.job.workloads.features import classifier_config
     from dvfs_mlops.job.workloads.tasks import get_task
     from dvfs_mlops.job.workloads.zoo import resolve_model
+    from dvfs_mlops.model.workload import FEATURE_COLUMNS
 
-    try:
-        with open(csv_path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-            columns = set(rows[0]) if rows else set()
-    except OSError as e:
-        raise DvfsError(f"cannot read {csv_path}: {e.strerror or e}") from None
-    missing = [c for c in CSV_REQUIRED if c not in columns]
-    if not ({"energy_j", "power_w"} & columns):
-        missing.append("energy_j or power_w")
-    if not rows or missing:
-        raise DvfsError(f"{csv_path} lacks column(s) {', '.join(missing) or 'and rows'}; it needs workload, freq_mhz, time_s and "
-                        "energy_j or power_w (optional: steps, batch_size, seq_len, dtype)")
+    grid = read_grid(csv_path, workload_columns=FEATURE_COLUMNS, row_columns=CSV_ROW_COLUMNS)
     traces = TraceCache()
     points = []
-    for i, row in enumerate(rows, start=2):  # line 1 is the header
-        where = f"{csv_path} line {i}"
-        model, _, task_name = (row.get("workload") or "").partition("/")
+    for row in grid.rows:
+        if row.setting != grid.slice_setting(row.setting.gpu_mhz):
+            continue  # another CPU or EMC clock: the GPU-only slice is fitted
+        where = f"{csv_path} line {row.line}"
+        model, _, task_name = row.workload.partition("/")
         if not model or not task_name:
-            raise DvfsError(f"{where}: workload must be MODEL/TASK (a model preset and a GLUE task), got {row.get('workload')!r}")
+            raise DvfsError(f"{where}: the twin fits workloads it can trace, MODEL/TASK (a model preset and a GLUE task, e.g. "
+                            f"bert-base/sst2), got {row.workload!r}; a grid of other workloads replays (--device replay) but "
+                            "cannot fit the twin")
         spec, task = resolve_model(model, None), get_task(task_name)
-        freq, time_s = _number(row, "freq_mhz", where), _number(row, "time_s", where)
-        power = _number(row, "power_w", where) if (row.get("power_w") or "").strip() else _number(row, "energy_j", where) / time_s
-        steps = int(_number(row, "steps", where, 1))
-        batch = int(_number(row, "batch_size", where, 16))
-        seq = int(_number(row, "seq_len", where, task.mean_tokens))
-        dtype = (row.get("dtype") or "float32").strip()
+        steps = int(_number(row.extra, "steps", where, 1))
+        batch = int(_number(row.extra, "batch_size", where, 16))
+        seq = int(_number(row.extra, "seq_len", where, task.mean_tokens))
+        dtype = row.extra.get("dtype", "float32")
         config = classifier_config(spec, task.num_labels, None, task.kind) if task.causal_lm else spec.config
         trace = traces.get(config, batch, seq, dtype, task.num_labels, kind=task.kind)
-        points.append(FitPoint(f"{spec.name}/{task.name}", freq, ((trace, steps),), time_s, power))
-    return points
+        points.append(FitPoint(f"{spec.name}/{task.name}", row.setting.gpu_mhz, ((trace, steps),), row.time_s, row.power_w))
+    return CsvPoints(grid.name, points, grid.gpu_mhz)
 
 
-def _number(row: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+def _number(row: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
     raw = (row.get(key) or "").strip()
     if not raw and default is not None:
         return float(default)

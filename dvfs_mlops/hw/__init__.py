@@ -1,8 +1,10 @@
-"""Device backends behind one interface; `open_device("auto")` picks jetson, then nvml, then sim."""
+"""Device backends behind one interface; `open_device("auto")` picks jetson, then nvml, then sim; `replay` plays a measured
+grid (`hw/replay.py`) and is only ever opened by name."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, RestoreFailedError, unknown
@@ -18,19 +20,19 @@ from dvfs_mlops.hw.device import (
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "jetson", "nvml", "sim")
+BACKENDS = ("auto", "jetson", "nvml", "sim", "replay")
 
 
 def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any = None, gpu_index: int = 0,
                 twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None,
-                assume_unlocked: bool = False) -> Device:
+                assume_unlocked: bool = False, trace: str | Path | None = None, trace_columns: Collection[str] = ()) -> Device:
     """Open a device backend by name.
 
     `auto` takes jetson where a Jetson GPU devfreq node exists, else nvml where NVML starts and sees
-    GPU `gpu_index`, else the simulated twin.
+    GPU `gpu_index`, else the simulated twin; it never takes `replay`, which needs its `trace`.
 
     Args:
-        name: `auto`, `jetson`, `nvml` or `sim`.
+        name: `auto`, `jetson`, `nvml`, `sim` or `replay`.
         sample_hz: power/clock sampling rate of the meter thread (jetson, nvml).
         nvml_module: a `pynvml`-compatible module used instead of `nvidia-ml-py` (nvml; tests pass a fake).
         gpu_index: the NVML index of the GPU (nvml).
@@ -38,6 +40,8 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
         seed: the twin's noise seed (sim).
         announce: called once with the one-line "device: ..." statement (`describe_device`); None says nothing.
         assume_unlocked: nvml: pin although NVML cannot tell whether the GPU's clocks are locked already (`NvmlDevice`).
+        trace: replay: the measured grid's CSV (`hw/replay.py`).
+        trace_columns: replay: the per-workload columns the grid may carry besides the format's (the governor's features).
 
     Returns:
         The open `Device`; `close()` it when done.
@@ -45,14 +49,23 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
     Raises:
         UnknownNameError: `name` is not one of `BACKENDS`.
         DeviceNotFoundError: `jetson` or `nvml` was asked for explicitly and is not present.
+        DvfsError: `replay` without a `trace`, or a trace that is not a valid grid (one line each).
     """
     if name not in BACKENDS:
         raise unknown("device", name, BACKENDS)
+    if name == "replay":
+        from dvfs_mlops.hw.replay import ReplayDevice
+
+        if not trace:
+            raise DvfsError("--device replay plays a measured grid: give it --trace FILE.csv (columns workload, gpu_mhz, time_s, energy_j)")
+        dev: Device = ReplayDevice(trace, workload_columns=trace_columns)
+        _say(announce, name, dev)
+        return dev
     if name in ("auto", "jetson"):
         from dvfs_mlops.hw.jetson import JetsonDevice, find_gpu_devfreq
 
         if name == "jetson" or find_gpu_devfreq() is not None:
-            dev: Device = JetsonDevice(sample_hz=sample_hz)
+            dev = JetsonDevice(sample_hz=sample_hz)
             _say(announce, name, dev)
             return dev
     if name in ("auto", "nvml"):
@@ -73,7 +86,8 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
 
 
 def describe_device(dev: Any, requested: str = "") -> str:
-    """The one-line "device: ..." statement of an open device; the twin's says its measurements are simulated.
+    """The one-line "device: ..." statement of an open device; the twin's says its measurements are SIMULATED, a replay's
+    that they are REPLAYED.
 
     Args:
         dev: an open `Device`.
@@ -86,6 +100,10 @@ def describe_device(dev: Any, requested: str = "") -> str:
         what = f"jetson ({dev.profile}, devfreq {dev.node})"
     elif dev.name == "nvml":
         what = f"nvml ({dev.gpu_name}, GPU {dev.index})"
+    elif dev.name == "replay":
+        from dvfs_mlops.hw.replay import replay_statement
+
+        what = replay_statement(dev)
     else:
         what = f"sim ({dev.profile}: a simulated {dev.params.family} twin, measurements are SIMULATED)"
     return f"device: {what}" + (" [auto]" if requested == "auto" else "")
