@@ -95,6 +95,30 @@ def test_an_unreachable_hub_means_offline_mode_for_hub_names_never_for_folders(h
         assert options == {} and not constants.is_offline_mode()
 
 
+def test_a_hanging_name_lookup_is_not_waited_for(monkeypatch):
+    """A resolver that never answers (a socket timeout does not bound the lookup): unreachable after REACH_TIMEOUT_S,
+    while the lookup still hangs."""
+    release = threading.Event()
+    hanging: list[str] = []
+    gave_up: list[str] = []
+
+    def lookup(host, *args, **kwargs):
+        hanging.append(host)
+        release.wait(5)
+        gave_up.append(host)
+        raise OSError("no answer")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    monkeypatch.setattr(hub, "REACH_TIMEOUT_S", 0.2)
+    hub.hub_reachable.cache_clear()
+    try:
+        assert hub.hub_reachable("http://hub.invalid") is False
+        assert hanging == ["hub.invalid"] and gave_up == []  # it returned while the lookup was still hanging
+    finally:
+        release.set()
+        hub.hub_reachable.cache_clear()
+
+
 def test_offline_mode_is_datasets_own_and_only_for_the_block(hub_down):
     import datasets.config
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +22,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# One HEAD request, this long at most: a resolver that fails answers at once, a firewall that drops packets does not.
+# One HEAD request, waited for this long at most: a resolver that fails answers at once, a firewall that drops packets
+# (or a resolver that hangs) does not.
 REACH_TIMEOUT_S = 3.0
 
 
@@ -36,17 +38,29 @@ def hub_endpoint() -> str:
 def hub_reachable(endpoint: str) -> bool:
     """Whether `endpoint` answers an HTTP HEAD request within `REACH_TIMEOUT_S` (any status is an answer).
 
-    Asked once per endpoint and process (a sweep of many hub workloads asks once). Proxies are the environment's,
-    as for the hub libraries themselves (`urllib.request.getproxies`).
+    Asked once per endpoint and process (a sweep of many hub workloads asks once). The request runs in a thread that
+    is waited for at most `REACH_TIMEOUT_S`: a socket timeout does not bound the name lookup, a resolver that hangs
+    would. Proxies are the environment's, as for the hub libraries themselves (`urllib.request.getproxies`).
     """
+    answered: list[bool] = []
+    asking = threading.Thread(target=lambda: answered.append(_answers(endpoint)), name="hub-reachable", daemon=True)
+    asking.start()
+    asking.join(REACH_TIMEOUT_S)
+    reachable = bool(answered and answered[0])
+    if not reachable:
+        log.info("the Hugging Face Hub at %s is unreachable; hub loads read the local caches only", endpoint)
+    return reachable
+
+
+def _answers(endpoint: str) -> bool:
+    """One HEAD request to `endpoint`: True on any HTTP answer, False when none came."""
     request = urllib.request.Request(endpoint, method="HEAD")
     try:
         with urllib.request.urlopen(request, timeout=REACH_TIMEOUT_S):
             return True
     except urllib.error.HTTPError:
         return True  # it answered, if only to refuse
-    except (OSError, ValueError) as e:  # URLError, refused, timed out, a malformed endpoint
-        log.info("the Hugging Face Hub at %s is unreachable (%s); hub loads read the local caches only", endpoint, e)
+    except (OSError, ValueError):  # URLError, refused, timed out, a malformed endpoint
         return False
 
 
