@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench lint clean
+.PHONY: run test venv bench lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# The documentation site (mkdocs.yml) into site/; any warning, broken link or missing reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) mlflow.db mlruns .pytest_cache

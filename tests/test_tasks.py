@@ -238,41 +238,9 @@ def test_unknown_task_lists_valid():
         get_task("squad")
 
 
-def test_hub_code_path_on_local_files(tmp_path, monkeypatch):
-    """The hub loader, with datasets reading local TSVs instead of the network."""
-    import datasets
-
-    from dvfs_mlops.job.workloads import tasks
-
-    rte = tmp_path / "rte.tsv"
-    rte.write_text("sentence1\tsentence2\tlabel\nA man runs.\tA person runs.\t0\nIt rains.\tIt is dry.\t1\n")
-    calls = []
-    real_load = datasets.load_dataset
-
-    def fake_load(path, name=None, **kw):
-        calls.append((path, name))
-        return real_load("csv", data_files={"train": str(rte), "validation": str(rte)}, delimiter="\t", cache_dir=str(tmp_path / "hf-cache"))
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    d = tasks.load_task("rte", source="hub")
-    assert calls == [("nyu-mll/glue", "rte")]
-    assert d.source == "hub" and [e.label for e in d.train] == [0, 1] and d.dev[0].text_b == "A person runs."
-
-
 def test_hub_rows_skip_unlabelled_test_rows():
     rows = [{"sentence": "good", "label": 1}, {"sentence": "hidden", "label": -1}]
     assert [e.text_a for e in hub_rows_to_examples(TASKS["sst2"], rows)] == ["good"]
-
-
-def test_hub_offline_error_is_clear(monkeypatch):
-    import datasets
-
-    def offline(*a, **k):
-        raise ConnectionError("no network")
-
-    monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(DvfsError, match="offline"):
-        load_task("sst2", source="hub")
 
 
 def test_features_from_config_and_data():

@@ -9,6 +9,10 @@ wait for the GPU (synchronize), so queued work is charged to the window that que
 `profile_only` is the twin's profile-only job: the same batches are planned and charged, nothing is computed.
 `job/run.py` chooses between them for a metered job.
 
+Training and evaluation draw a tqdm bar on stderr while stderr is a terminal (`progress=None`, the sweep's rule in
+`mlops/sweep/progress.py`), never on stdout, so a command's `--json` output stays JSON; the bar leaves no line
+behind (a command prints its own summary), and nested under a sweep's bar it takes the next row.
+
 A causal-LM task (the instruct task) trains the model's LM head with the
 loss on response tokens only (labels -100 on the prompt and padding) and reports next-token
 accuracy on the response tokens (`eval_token_accuracy`) and their mean cross-entropy (`eval_loss`).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -113,7 +118,10 @@ def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | No
     auto = auto_model_class(task_kind)
     torch.manual_seed(seed)
     if pretrained:
-        model = auto.from_pretrained(pretrained, config=config, attn_implementation=attn)
+        from dvfs_mlops.job.workloads.hub import pretrained_offline_unless_reachable
+
+        with pretrained_offline_unless_reachable(pretrained) as hub_options:
+            model = auto.from_pretrained(pretrained, config=config, attn_implementation=attn, **hub_options)
     else:
         model = auto.from_config(config, attn_implementation=attn)
     return peft.apply(model, str(getattr(config, "model_type", "")), task_kind)
@@ -121,7 +129,7 @@ def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | No
 
 def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trace_for: Callable[[int], Any] | None = None,
              torch_device: str = "cpu", on_step: Callable[[int, float | None], None] | None = None,
-             pretrained: str | None = None) -> FinetuneResult:
+             pretrained: str | None = None, progress: bool | None = None) -> FinetuneResult:
     """Fine-tune a prepared workload on `torch_device` and evaluate it on its dev split.
 
     Args:
@@ -132,6 +140,7 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
         torch_device: where the model and every batch live.
         on_step: called after each step with (step, loss) (probe-and-refine moves the clock from here).
         pretrained: load these weights (a hub name or a folder) instead of a random init.
+        progress: draw progress bars for the steps and the evaluation on stderr (None: while stderr is a terminal).
 
     Returns:
         The `FinetuneResult`: steps, loss, the evaluation metric, the padded length of every step, the model.
@@ -159,7 +168,7 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
     label_dtype = torch.float32 if is_regression else torch.long
     losses: list[float] = []
     cold = config.cold_steps(steps)
-    with StepWindows(session, torch_device, cold) as windows:
+    with StepWindows(session, torch_device, cold) as windows, progress_bar(steps, f"fine-tune {workload.name}", progress) as bar:
         t_train = time.monotonic()
         for step, (idx, n) in enumerate(zip(batches, lengths)):
             ids, mask = collate([train.ids[i] for i in idx], pad_id)
@@ -181,6 +190,8 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
             if on_step is not None:
                 on_step(step, loss)
             windows.step_done(step)
+            bar.set_postfix_str(f"loss {loss:.3f}", refresh=False)
+            bar.update(1)
         synchronize(torch_device)
         wall = time.monotonic() - t_train
     tail = losses[-max(1, len(losses) // 10):]
@@ -188,9 +199,10 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
     with metered(session, "eval", torch_device):
         with amp():
             if causal:  # vocabulary-wide logits: batches of the training size, not eval_batch_size
-                value, extra["eval_loss"] = evaluate_lm(model, dev, pad_id, min(config.eval_batch_size, config.batch_size), torch_device)
+                value, extra["eval_loss"] = evaluate_lm(model, dev, pad_id, min(config.eval_batch_size, config.batch_size), torch_device,
+                                                        progress=progress)
             else:
-                value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device)
+                value = evaluate(model, dev, pad_id, is_regression, config.eval_batch_size, torch_device, progress=progress)
     return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra, cold)
 
 
@@ -218,6 +230,22 @@ def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, 
                 on_step(step, None)
             windows.step_done(step)
     return FinetuneResult(steps, steps * config.batch_size, None, metric, None, lengths, time.monotonic() - t0, warmup_steps=cold)
+
+
+def progress_bar(total: int, desc: str, show: bool | None = None, unit: str = "step") -> Any:
+    """A tqdm bar of `total` items on stderr that leaves no line behind when closed (use it as a context manager).
+
+    Args:
+        total: the items the bar counts.
+        desc: what it counts, shown before the bar.
+        show: draw it (None: only while stderr is a terminal; otherwise the bar is tqdm's no-op).
+        unit: the items' name.
+    """
+    from tqdm import tqdm
+
+    visible = sys.stderr.isatty() if show is None else show
+    return tqdm(total=total, desc=desc, unit=unit, disable=not visible, leave=False, dynamic_ncols=True, mininterval=0.5,
+                file=sys.stderr)
 
 
 class StepWindows:
@@ -288,19 +316,22 @@ def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -
         session.step(trace_for(padded) if trace_for is not None else None)
 
 
-def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None) -> float:
-    """Accuracy, or Pearson correlation for regression, on the dev split (on the model's device)."""
+def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None,
+             progress: bool | None = None) -> float:
+    """Accuracy, or Pearson correlation for regression, on the dev split (on the model's device); a bar of its batches
+    as `progress_bar` shows one."""
     import torch
 
     where = torch_device or next(model.parameters()).device
     model.eval()
     preds: list[np.ndarray] = []
-    with torch.no_grad():
+    with torch.no_grad(), progress_bar(-(-len(dev) // batch_size), "evaluate", progress, unit="batch") as bar:
         for start in range(0, len(dev), batch_size):
             ids, mask = collate(dev.ids[start:start + batch_size], pad_id)
             logits = model(input_ids=torch.from_numpy(ids).to(where), attention_mask=torch.from_numpy(mask).to(where)).logits.float()
             out = logits.squeeze(-1) if is_regression else logits.argmax(-1)
             preds.append(out.float().cpu().numpy() if is_regression else out.cpu().numpy())
+            bar.update(1)
     model.train()
     p = np.concatenate(preds)
     if is_regression:
@@ -310,14 +341,16 @@ def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_s
     return float((p == dev.labels).mean())
 
 
-def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None) -> tuple[float, float]:
-    """(next-token accuracy, mean cross-entropy) over the dev split's response tokens (the end token included)."""
+def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None,
+                progress: bool | None = None) -> tuple[float, float]:
+    """(next-token accuracy, mean cross-entropy) over the dev split's response tokens (the end token included); a bar
+    of its batches as `progress_bar` shows one."""
     import torch
 
     where = torch_device or next(model.parameters()).device
     model.eval()
     correct, total, loss_sum = 0, 0, 0.0
-    with torch.no_grad():
+    with torch.no_grad(), progress_bar(-(-len(dev) // batch_size), "evaluate", progress, unit="batch") as bar:
         for start in range(0, len(dev), batch_size):
             idx = np.arange(start, min(start + batch_size, len(dev)))
             ids, mask = collate([dev.ids[i] for i in idx], pad_id)
@@ -328,6 +361,7 @@ def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, tor
             correct += int((logits.argmax(-1)[keep] == target[keep]).sum())
             total += int(keep.sum())
             loss_sum += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
+            bar.update(1)
     model.train()
     if total == 0:
         return 0.0, 0.0

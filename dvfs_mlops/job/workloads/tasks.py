@@ -4,7 +4,7 @@ Sources: `synthetic` (default: offline, deterministic, learnable, with each task
 profile), `tsv` (the files of `--data-dir`: a folder in the original GLUE layout, e.g.
 `SST-2/train.tsv`; for `instruct`, `instruct/train.jsonl` and `dev.jsonl`, see
 `workloads/instruct.py`), and `hub` (`datasets.load_dataset("nyu-mll/glue", task)`, for users
-who are online; `instruct` has none).
+who are online; with the hub unreachable, the copy in the datasets cache or one line at once; `instruct` has none).
 
 `TASKS` stays the nine GLUE tasks (the paper preset, the twin's calibration and their tests iterate
 it); `ALL_TASKS` adds the causal-LM tasks, and `get_task` knows all of them.
@@ -12,6 +12,7 @@ it); `ALL_TASKS` adds the causal-LM tasks, and `get_task` knows all of them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from dvfs_mlops.errors import DvfsError, unknown
 
 # Task kinds: which head is trained (sequence classifier, or the LM head with loss on the response) and the metric.
 CLASSIFICATION, REGRESSION, CAUSAL_LM = "classification", "regression", "causal_lm"
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,15 +159,30 @@ def _pairs_to_examples(pairs: list[tuple[str, str]]) -> list[Example]:
 
 
 def _load_hub(task: TaskSpec) -> tuple[list[Example], list[Example]]:
+    """The task's train and dev splits of `nyu-mll/glue`; with the hub unreachable, the datasets cache's copy, asked
+    without a network request (`hub.datasets_offline_unless_reachable`).
+
+    Raises:
+        DvfsError: the package is missing, or the dataset cannot be loaded: one line naming the way out.
+    """
     try:
         import datasets
     except ImportError:  # pragma: no cover - a dependency
         raise DvfsError("the hub source needs the 'datasets' package") from None
-    try:
-        ds = datasets.load_dataset("nyu-mll/glue", task.name)
-    except Exception as e:  # noqa: BLE001 - datasets raises many types when offline
-        raise DvfsError(f"cannot load nyu-mll/glue/{task.name} from the hub ({type(e).__name__}); "
-                        "offline? use --data-source synthetic or --data-dir DIR") from None
+    from dvfs_mlops.job.workloads.hub import datasets_offline_unless_reachable, hub_endpoint
+
+    name = f"nyu-mll/glue/{task.name}"
+    with datasets_offline_unless_reachable() as online:
+        try:
+            ds = datasets.load_dataset("nyu-mll/glue", task.name)
+        except Exception as e:  # noqa: BLE001 - datasets raises many types when offline
+            if not online:
+                raise DvfsError(f"the Hugging Face Hub ({hub_endpoint()}) is unreachable and {name} is not in the datasets "
+                                f"cache; use --data-dir DIR (GLUE TSV files) or --data-source synthetic") from None
+            raise DvfsError(f"cannot load {name} from the hub ({type(e).__name__}); "
+                            "use --data-dir DIR (GLUE TSV files) or --data-source synthetic") from None
+    if not online:
+        log.info("the Hugging Face Hub is unreachable: %s comes from the datasets cache", name)
     dev_split = "validation_matched" if task.name == "mnli" else "validation"
     return hub_rows_to_examples(task, ds["train"]), hub_rows_to_examples(task, ds[dev_split])
 

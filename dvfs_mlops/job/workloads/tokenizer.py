@@ -143,7 +143,10 @@ def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, max_length: in
 def pretrained_tokenizer(name_or_path: str, max_length: int = 128) -> TextEncoder:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name_or_path)
+    from dvfs_mlops.job.workloads.hub import pretrained_offline_unless_reachable
+
+    with pretrained_offline_unless_reachable(name_or_path) as hub_options:
+        tok = AutoTokenizer.from_pretrained(name_or_path, **hub_options)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return TextEncoder(tok, int(tok.pad_token_id), max_length, hf=True)

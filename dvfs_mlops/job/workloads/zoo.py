@@ -242,11 +242,14 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
     if pretrained is not None:
         from transformers import AutoConfig
 
+        from dvfs_mlops.job.workloads.hub import pretrained_offline_unless_reachable
+
         hub_log = logging.getLogger("huggingface_hub")
         level = hub_log.level
-        hub_log.setLevel(logging.ERROR)  # offline, it warns about each failed request before the error we turn into one line
+        hub_log.setLevel(logging.ERROR)  # it warns about each failed request before the error we turn into one line
         try:
-            config = AutoConfig.from_pretrained(pretrained)
+            with pretrained_offline_unless_reachable(pretrained) as hub_options:
+                config = AutoConfig.from_pretrained(pretrained, **hub_options)
         except OSError as e:
             raise DvfsError(f"cannot load pretrained model {pretrained!r} (offline? pass a local folder): {e}".splitlines()[0]) from None
         finally:
