@@ -82,12 +82,12 @@ class Rig:
         return {**os.environ, "DVFS_SYSFS_ROOT": str(self.base / "root"), "DVFS_SYSTEM_STATE_PREFIX": str(self.prefix),
                 "DVFS_CLOCKD_SOCKET": str(self.socket), "HOME": str(self.home), "DVFS_CACHE_DIR": str(self.home), **extra}
 
-    def start(self, *argv: str, preexec: Any = None) -> subprocess.Popen:
+    def start(self, *argv: str) -> subprocess.Popen:
         """Start the service (`dvfs-mlops clockd serve` by default, else `argv`) and wait until it answers."""
         cmd = list(argv) or [sys.executable, "-m", "dvfs_mlops", "clockd", "serve", "--socket", str(self.socket),
                              "--group", self.group]
         self.service = subprocess.Popen(cmd, cwd=REPO, env=self.env(), stdout=subprocess.DEVNULL,
-                                        stderr=open(self.log, "a"), preexec_fn=preexec)
+                                        stderr=open(self.log, "a"))
         deadline = time.monotonic() + 30
         while not self.answers():  # a killed service's socket file stays until the new one replaces it
             assert self.service.poll() is None, self.log.read_text()

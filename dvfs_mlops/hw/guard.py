@@ -83,8 +83,8 @@ def lock_dir() -> Path:
 
 
 # -- folders and files nobody else can redirect -------------------------------------------------------------------------
-def _refuse(path: Path | str, why: str) -> StateFolderError:
-    err = StateFolderError(f"refusing the state folder {path}: {why}; nothing was read or written there")
+def _refuse(path: Path | str, why: str, what: str = "state folder") -> StateFolderError:
+    err = StateFolderError(f"refusing the {what} {path}: {why}; nothing was read or written there")
     logger.error("%s", err)
     return err
 
@@ -97,7 +97,7 @@ def _ancestor_ok(st: os.stat_result) -> bool:
     return not (st.st_mode & 0o022) or bool(st.st_mode & stat.S_ISVTX and st.st_uid == 0)
 
 
-def _open_component(parent_fd: int, name: str, mode: int | None, where: Path) -> int:
+def _open_component(parent_fd: int, name: str, mode: int | None, where: Path, what: str) -> int:
     """Open folder `name` in `parent_fd` without following a link; create it with exactly `mode` where missing (None:
     never create)."""
     try:
@@ -107,7 +107,7 @@ def _open_component(parent_fd: int, name: str, mode: int | None, where: Path) ->
             raise
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(where, "it is a symbolic link or not a folder") from None
+            raise _refuse(where, "it is a symbolic link or not a folder", what) from None
         raise
     with contextlib.suppress(FileExistsError):  # a folder made at the same moment by another writer is checked below
         os.mkdir(name, mode, dir_fd=parent_fd)
@@ -115,10 +115,10 @@ def _open_component(parent_fd: int, name: str, mode: int | None, where: Path) ->
         if os.fstat(fd).st_uid == os.geteuid():
             os.fchmod(fd, mode)  # exactly `mode`, whatever the umask took away
         return fd
-    return _open_component(parent_fd, name, None, where)
+    return _open_component(parent_fd, name, None, where, what)
 
 
-def _walk(path: Path, create: bool, private: bool) -> int:
+def _walk(path: Path, create: bool, private: bool, what: str = "state folder") -> int:
     """Open `path` from / one component at a time (module doc); see `open_private_dir` and `open_trusted_dir`."""
     path = Path(os.path.abspath(path))
     fd = os.open("/", DIR_FLAGS)
@@ -128,7 +128,8 @@ def _walk(path: Path, create: bool, private: bool) -> int:
             last = i == len(parts) - 1
             where = Path("/", *parts[: i + 1])
             try:
-                child = _open_component(fd, name, (PRIVATE_DIR_MODE if last else PARENT_DIR_MODE) if create else None, where)
+                child = _open_component(fd, name, (PRIVATE_DIR_MODE if last else PARENT_DIR_MODE) if create else None, where,
+                                        what)
             except PermissionError:
                 raise DevicePermissionError(f"{where} is root's: the GPU clock's lock and journal live there, so only root "
                                             "writes clocks directly; pin through the clock service (sudo dvfs-mlops clockd "
@@ -138,7 +139,7 @@ def _walk(path: Path, create: bool, private: bool) -> int:
             st = os.fstat(fd)
             if not (last and private) and not _ancestor_ok(st):
                 raise _refuse(path, f"{where} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o} (it must "
-                                    "be root's and writable by root alone)")
+                                    "be root's and writable by root alone)", what)
         st = os.fstat(fd)
         if private and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
             raise _refuse(path, f"it is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, not uid "
@@ -171,7 +172,7 @@ def open_private_dir(path: Path, create: bool = True) -> int:
     return _walk(path, create, private=True)
 
 
-def open_trusted_dir(path: Path) -> int:
+def open_trusted_dir(path: Path, what: str = "folder") -> int:
     """A descriptor of folder `path` (a config's, the socket's), reached as `open_private_dir` reaches one, where `path`
     itself, like every folder above it, must be root's (or this user's) and writable by nobody else; nothing is created.
 
@@ -179,7 +180,7 @@ def open_trusted_dir(path: Path) -> int:
         StateFolderError: a symbolic link, another owner or a loose mode on the way (logged).
         FileNotFoundError: a folder is missing. DevicePermissionError: this user may not enter a folder on the way.
     """
-    return _walk(path, False, private=False)
+    return _walk(path, False, private=False, what=what)
 
 
 @contextlib.contextmanager
@@ -201,8 +202,18 @@ def _check_file(fd: int, path: Path) -> None:
         os.fchmod(fd, PRIVATE_FILE_MODE)
 
 
+def _open_file(dir_fd: int, name: str, flags: int, path: Path) -> int:
+    """Open `name` in a private folder without following a link (a link there is refused, logged)."""
+    try:
+        return os.open(name, flags | FILE_FLAGS, PRIVATE_FILE_MODE, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(path.parent, f"{name} is a symbolic link") from None
+        raise
+
+
 def _read_private(dir_fd: int, name: str, path: Path) -> str:
-    fd = os.open(name, os.O_RDONLY | FILE_FLAGS, dir_fd=dir_fd)
+    fd = _open_file(dir_fd, name, os.O_RDONLY, path)
     try:
         _check_file(fd, path)
         with os.fdopen(os.dup(fd)) as f:
@@ -354,7 +365,7 @@ class DeviceLock:
             StateFolderError, DevicePermissionError: the lock folder is not this user's own (`open_private_dir`).
         """
         with private_dir(self.directory) as dfd:
-            fd = os.open(self.path.name, os.O_RDWR | os.O_CREAT | FILE_FLAGS, PRIVATE_FILE_MODE, dir_fd=dfd)
+            fd = _open_file(dfd, self.path.name, os.O_RDWR | os.O_CREAT, self.path)
         try:
             _check_file(fd, self.path)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

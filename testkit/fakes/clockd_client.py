@@ -125,16 +125,13 @@ def flood(path: str, n: int) -> None:
     opened, failed = [], 0
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(2)
-        try:
-            s.connect(path)
-        except OSError:  # refused, or the backlog is full and connect() blocks: give up after a few
-            s.close()
-            failed += 1
-            if failed >= 3:
-                break
+        if _connect_within(s, path, 2.0):
+            opened.append(s)
             continue
-        opened.append(s)
+        s.close()  # refused, or the backlog stayed full (nobody accepts): give up after a few
+        failed += 1
+        if failed >= 3:
+            break
     time.sleep(1.0)  # the service answers a connection over a limit at once, then closes it
     held, refused, lines = [], failed, set()
     for s in opened:
@@ -154,6 +151,23 @@ def flood(path: str, n: int) -> None:
     for line in sorted(lines):
         print(f"ANSWER {line}", flush=True)
     sys.stdin.read()
+
+
+def _connect_within(s: socket.socket, path: str, seconds: float) -> bool:
+    """connect() as a blocking client does it (waiting while the listen backlog is full: a non-blocking AF_UNIX connect
+    says EAGAIN instead, unix(7)), for at most `seconds`."""
+    s.setblocking(False)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            s.connect(path)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        except OSError:
+            return False
 
 
 def try_flock(path: str) -> None:

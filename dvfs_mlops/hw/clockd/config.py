@@ -121,7 +121,7 @@ def _read_root_file(path: Path) -> str | None:
         StateFolderError: not root's, writable by others, a link on the way.
     """
     try:
-        dfd = open_trusted_dir(path.parent)
+        dfd = open_trusted_dir(path.parent, "config folder")
     except FileNotFoundError:
         return None
     try:

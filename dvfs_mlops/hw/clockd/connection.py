@@ -20,6 +20,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.clockd.protocol import MAX_LINE, user_name
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # asm-generic/socket.h; Python does not name it
+PEERGROUPS_BUFLEN = 1024  # the most socket.getsockopt takes ("buflen out of range" above): 256 groups; more -> /proc
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7), SO_PEERCRED)
 
 
@@ -38,11 +39,12 @@ class Peer:
 
 
 def peer_of(conn: socket.socket) -> Peer:
-    """The connected client's pid, uid, gid (SO_PEERCRED) and supplementary groups (SO_PEERGROUPS, else /proc)."""
+    """The connected client's pid, uid, gid (SO_PEERCRED) and supplementary groups (SO_PEERGROUPS, which needs no file
+    descriptor, so a service out of them still knows its members; else /proc/PID/status)."""
     pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     groups: tuple[int, ...] | None = None
     with contextlib.suppress(OSError):
-        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 65536)
+        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, PEERGROUPS_BUFLEN)
         groups = struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
     if groups is None:
         groups = ()

@@ -30,6 +30,7 @@ import dataclasses
 import grp
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -56,6 +57,9 @@ from dvfs_mlops.hw.device import MAXN, parse_freq
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 60.0  # how long stop() waits for pins in progress before restoring what it holds
+# Descriptors kept free of connections, whatever the config allows: a restore opens sysfs files, a journal and its
+# folder, NVML its device nodes. Clients that hold every descriptor must never make a restore fail.
+FD_RESERVE = 64
 
 
 @dataclasses.dataclass
@@ -153,6 +157,10 @@ class ClockService:
         except DvfsError as e:
             log.error("clockd: on start: %s; that device is refused until its journal is applied, every other is served", e)
         self._listener.open()
+        if self.connections_total() < self.root_config.connections_total:
+            log.warning("clockd: connections_total %d leaves too few of the %d file descriptors this process may open; "
+                        "serving %d connections at most", self.root_config.connections_total,
+                        resource.getrlimit(resource.RLIMIT_NOFILE)[0], self.connections_total())
         from dvfs_mlops.hw.sysfs import sysfs_root
 
         log.info("clockd: listening on %s (group %s, gid %d, mode 0660); sysfs root %s; max lease %s; config: %s; %s",
@@ -263,6 +271,12 @@ class ClockService:
     def _allowed(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.gid == self.gid or self.gid in peer.groups
 
+    def connections_total(self) -> int:
+        """The config's total, lowered to leave `FD_RESERVE` of this process's descriptors free (RLIMIT_NOFILE)."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = soft - FD_RESERVE if soft != resource.RLIM_INFINITY else self.root_config.connections_total
+        return max(1, min(self.root_config.connections_total, room))
+
     def _count_in(self, peer: Peer) -> str:
         """Count a new connection of `peer`, or say which limit it is over ('' where it fits; root is not counted)."""
         if peer.uid == 0:
@@ -273,7 +287,7 @@ class ClockService:
             if mine >= limits.connections_per_uid:
                 return (f"uid {peer.uid} ({peer.user}) already has {mine} connections open, the most the clock service "
                         "allows one user: close some sessions and retry")
-            if total >= limits.connections_total:
+            if total >= self.connections_total():
                 return f"the clock service has {total} connections open, the most it allows: retry in a moment"
             self._connections[peer.uid] = mine + 1
         return ""
@@ -357,7 +371,7 @@ class ClockService:
     def _status(self, _req: Request, _client: _Client) -> Reply:
         idle = self.root_config.idle_timeout_s
         limits = (f"limits: max lease {duration(self.config.max_lease_s)}, idle timeout {duration(idle)}, "
-                  f"{self.root_config.connections_per_uid} connections per user, {self.root_config.connections_total} in "
+                  f"{self.root_config.connections_per_uid} connections per user, {self.connections_total()} in "
                   f"all; config: {self.root_config.source}")
         return Reply(True, pins=[x.snapshot(idle) for x in list(self._leases.values())],
                      scope=self.root_config.nvml.describe(), lines=[limits])
