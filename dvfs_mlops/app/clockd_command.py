@@ -49,6 +49,7 @@ HARDENING = (
     "ProtectSystem=strict",
     "ProtectHome=read-only",
     "PrivateTmp=yes",
+    "PrivateMounts=yes",
     "PrivateNetwork=yes",
     "IPAddressDeny=any",
     "UMask=0077",
@@ -162,27 +163,29 @@ class Installation:
         return found
 
 
-def _unsafe(path: Path) -> str:
+def _unsafe(path: Path, above: bool) -> str:
     try:
         st = path.lstat()
     except OSError as e:
         return f"{path} ({e.strerror})"
     if st.st_uid != 0:
         return f"{path} (owner uid {st.st_uid})"
-    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+    sticky = above and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX  # /tmp: nobody renames root's entries
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022 and not sticky:
         return f"{path} (mode {stat.S_IMODE(st.st_mode):04o})"
     return ""
 
 
 def installation_problems(inst: Installation) -> list[str]:
     """The files and folders of `inst` (and every folder above each, and what each link points to) that someone other
-    than root could change: each one unless root owns it and neither its group nor others may write it."""
+    than root could change: each one unless root owns it and neither its group nor others may write it (a folder above
+    may be a sticky one of root's, as /tmp, where nobody can rename or remove root's entries)."""
     seen: dict[Path, str] = {}
     for path in inst.files():
         for p in (path, Path(os.path.realpath(path))):
-            for q in [p, *p.parents]:
+            for i, q in enumerate([p, *p.parents]):
                 if q not in seen:
-                    seen[q] = _unsafe(q)
+                    seen[q] = _unsafe(q, above=i > 0)
     return [why for why in seen.values() if why]
 
 
@@ -198,6 +201,15 @@ def _value(text: str, what: str) -> str:
         raise DvfsError(f"the {what} {text!r} holds a control character (a newline?): pick another")
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
     return f'"{escaped}"'
+
+
+def _executable(path: Path) -> str:
+    """The program of a unit's command line: quoted as any word, but systemd takes no escape in it (it refuses " and \\
+    in an executable's name, and substitutes nothing there, so $$ would stay two characters)."""
+    if any(c in str(path) for c in '"\\$'):
+        raise DvfsError(f"the interpreter {str(path)!r} has a \" \\ or $ in its path, which a systemd unit cannot run: "
+                        f"{SYSTEM_WIDE}")
+    return _value(str(path), "interpreter")
 
 
 def _checked_group(group: str) -> str:
@@ -223,9 +235,9 @@ def render_unit(options: ClockdOptions, interpreter: Path | None = None) -> str:
     """
     path = options.socket_path
     group = _checked_group(options.group)
-    argv = [str(interpreter or sys.executable), "-I", "-m", "dvfs_mlops", "clockd", "serve", "--socket", str(path),
-            "--group", group, "--max-lease", f"{options.max_lease_s:g}s"]
-    command = " ".join(_value(a, "path") for a in argv)
+    args = ["-I", "-m", "dvfs_mlops", "clockd", "serve", "--socket", str(path), "--group", group, "--max-lease",
+            f"{options.max_lease_s:g}s"]
+    command = " ".join([_executable(interpreter or Path(sys.executable)), *(_value(a, "socket path") for a in args)])
     extra = "" if path.parent == Path("/run") / STATE_NAME else f"ReadWritePaths=-{_value(str(path.parent), 'socket folder')}\n"
     return ("[Unit]\n"
             f"Description=dvfs-mlops clock service: members of group {group} pin GPU clocks without root\n"
