@@ -61,6 +61,7 @@ class Rig:
                     p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
         self.service: subprocess.Popen | None = None
         self.log = base / "service.log"
+        self.sysfs_root = base / "root"  # a test may serve a FUSE tree instead
         self.journal_dir = self.prefix / SYSTEM_JOURNAL_DIR
         self.lock_dir = self.prefix / SYSTEM_LOCK_DIR
 
@@ -79,7 +80,7 @@ class Rig:
         return path
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "DVFS_SYSFS_ROOT": str(self.base / "root"), "DVFS_SYSTEM_STATE_PREFIX": str(self.prefix),
+        return {**os.environ, "DVFS_SYSFS_ROOT": str(self.sysfs_root), "DVFS_SYSTEM_STATE_PREFIX": str(self.prefix),
                 "DVFS_CLOCKD_SOCKET": str(self.socket), "HOME": str(self.home), "DVFS_CACHE_DIR": str(self.home), **extra}
 
     def start(self, *argv: str) -> subprocess.Popen:

@@ -18,6 +18,8 @@ usage: python -m testkit.fakes.clockd_client UID GID GROUPS(comma-separated, or 
   flock PATH                        try to open PATH and flock it; print HELD or the error
   swap DIR A B SECONDS              exchange DIR/A and DIR/B (renameat2 RENAME_EXCHANGE) in a loop for SECONDS
   cli ARGS...                       run `dvfs-mlops ARGS...`
+A session refused prints ERROR and its line (exit 2). $CLOCKD_TEST_REPIN_S: how long a lost pin waits for the
+service to come back (the package's 30 s is a test's eternity).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import time
 import dvfs_mlops.app
 import dvfs_mlops.hw
 from dvfs_mlops.app import cli
-from dvfs_mlops.errors import ClockLostError
+from dvfs_mlops.errors import ClockLostError, DvfsError
+from dvfs_mlops.hw.clockd import client as clockd_client
 from dvfs_mlops.hw.clockd.client import ServicePin
 from dvfs_mlops.hw.clockd.protocol import Request
 from dvfs_mlops.hw.jetson import JetsonDevice
@@ -80,6 +83,9 @@ def session(backend: str, freq: str, mode: str, uuid: str = "") -> None:
         print("LOST " + str(e), flush=True)
         print("CONTEXT " + json.dumps(s.context, sort_keys=True), flush=True)
         return
+    except DvfsError as e:  # refused: the one line a command would print
+        print("ERROR " + str(e), flush=True)
+        sys.exit(2)
     print("RESTORED", flush=True)
     if mode in ("context", "train"):  # what the run would log besides energy
         print("CONTEXT " + json.dumps(s.context, sort_keys=True), flush=True)
@@ -195,6 +201,8 @@ def swap(folder: str, a: str, b: str, seconds: float) -> None:
 
 def main() -> None:
     uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    if os.environ.get("CLOCKD_TEST_REPIN_S"):  # how long a lost pin waits for the service (a test's seconds, not 30)
+        clockd_client.REPIN_WITHIN_S = float(os.environ["CLOCKD_TEST_REPIN_S"])
     preload()
     drop(uid, gid, [] if groups == "-" else [int(g) for g in groups.split(",")])
     action, args = sys.argv[4], sys.argv[5:]

@@ -316,13 +316,14 @@ class ServicePin:
                 self._stop.wait(REPIN_POLL_S)
             if self._stop.is_set():
                 return True  # the session is ending anyway: its restore has nothing left to undo
-            self.lost_windows.append((lost_at, None))
             self._fail(f"the clock service stopped holding it ({' '.join(reason.split())}) and it could not be pinned "
                        f"again within {REPIN_WITHIN_S:.0f} s: {' '.join(last.split())}")
             return False
 
     def _fail(self, why: str) -> None:
+        """The pin is lost for good: from the last moment it was known held on, the clock is not this run's."""
         if self.failure is None:
+            self.lost_windows.append((self._last_held, None))
             since = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - self._last_held)))
             self.failure = ClockLostError(f"the GPU clock {self._freq} MHz was not held from {since} on: {why}; this run "
                                           "is not a measurement at that clock")

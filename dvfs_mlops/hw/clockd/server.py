@@ -409,10 +409,11 @@ class ClockService:
     def _restore(self, _req: Request, client: _Client) -> Reply:
         lease = client.lease
         if lease is not None:
-            client.lease = None
             if lease.ended:
+                client.lease = None
                 return Reply(True, lines=[f"the pin of {lease.key} had already ended: {lease.ended}"])
-            self._end(lease, "its client asked")
+            self._end(lease, "its client asked")  # a failed restore keeps the ended lease: later operations hear why
+            client.lease = None
             return Reply(True)
         lines: list[str] = []
         from dvfs_mlops.hw import restore_journals
