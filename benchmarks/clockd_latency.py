@@ -84,7 +84,7 @@ def run(kills: int = 20, pins: int = 50) -> list[tuple[str, str, str]]:
     try:
         fake = make_orin_tree(base / "root", jetpack=6)
         subprocess.run(["chmod", "-R", "a+rX", str(base / "root")], check=True)
-        os.environ.update(DVFS_SYSFS_ROOT=str(fake.root), DVFS_STATE_DIR=str(base / "state"),
+        os.environ.update(DVFS_SYSFS_ROOT=str(fake.root), DVFS_SYSTEM_STATE_PREFIX=str(base / "system"),
                           DVFS_CLOCKD_SOCKET=str(base / "s.sock"))
         service = _service(base, group)
         freqs = [612.0, 816.0, 408.0]
@@ -105,7 +105,7 @@ def run(kills: int = 20, pins: int = 50) -> list[tuple[str, str, str]]:
     return [
         (f"restore after SIGKILL of a client, median of {kills}", ms(latency), "< 1 s"),
         (f"restore after SIGKILL of a client, max of {kills}", f"{1000 * max(latency):.2f} ms", "< 1 s"),
-        (f"pin through the service (connect + lock + journal + write), median of {pins}", ms(served[0]), "-"),
+        (f"pin through the service (connect + lock + journal + write + lease), median of {pins}", ms(served[0]), "-"),
         (f"pin as root, directly (lock + journal + write), median of {pins}", ms(direct[0]), "-"),
         (f"restore through the service (acknowledged), median of {pins}", ms(served[1]), "-"),
         (f"restore as root, directly, median of {pins}", ms(direct[1]), "-"),

@@ -310,3 +310,40 @@ def test_the_sudo_hand_back_cannot_be_raced_into_giving_a_root_file_away(open_ba
         real = home / "made" if not (home / "made").is_symlink() else home / "link"
         given += (real / "a.db").lstat().st_uid == attacker.uid
     assert rounds >= 3 and given > 0  # the hand-back still gives what the command made in the user's tree
+
+
+_OUT_OF_DESCRIPTORS = """
+import os, resource, socket, sys
+from pathlib import Path
+from dvfs_mlops.hw.clockd.listener import Listener
+from dvfs_mlops.hw.clockd.server import ClockService
+
+path = Path(sys.argv[1]) / "s.sock"
+listener = Listener(path, 0)
+listener.open()
+first, second = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+filler = []
+while True:  # every descriptor this process may open, taken
+    try:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+first.connect(str(path))
+print("accepted" if listener.accept(ClockService._refuse) else "not accepted")
+print(first.recv(4096).decode().strip())
+for fd in filler:
+    os.close(fd)
+second.connect(str(path))
+print("accepted" if listener.accept(ClockService._refuse) else "not accepted")
+"""
+
+
+def test_a_connection_the_service_has_no_descriptor_for_is_answered_and_closed_not_left_queued(tmp_path):
+    """accept(2) fails with EMFILE and leaves the connection queued (a full backlog blocks every connect()): the
+    listener frees its spare descriptor, accepts, answers in one line, closes, and takes the spare again."""
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS, str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "not accepted" and "out of file descriptors" in lines[1] and lines[2] == "accepted"

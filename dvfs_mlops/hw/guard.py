@@ -317,7 +317,8 @@ def list_journals(directory: Path | None = None) -> list[tuple[Path, Journal]]:
 
 
 def write_journal(journal: Journal, directory: Path | None = None) -> Path:
-    """Write `journal` (a fresh 0600 file, fsync'd, then renamed over the old one, and the folder fsync'd).
+    """Write `journal` (a fresh 0600 file, fsync'd, then renamed over the old one; the folder is not fsync'd: a journal
+    matters only until the next boot, which discards it).
 
     Returns:
         The journal's path.
@@ -337,7 +338,6 @@ def write_journal(journal: Journal, directory: Path | None = None) -> Path:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             raise
-        os.fsync(dfd)
     return d / name
 
 
