@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -200,3 +201,31 @@ def test_a_gpu_outside_the_groups_list_is_refused_in_one_line_naming_only_what_i
     assert rig.ask(Request("table", "nvml", U1)).current_mhz == 1215.0
     member.kill()
     member.wait(timeout=10)
+
+
+def test_a_pin_in_progress_when_the_service_stops_is_finished_then_restored_and_no_new_pin_starts(rig):
+    rig.configure("[nvml]\nassume_unlocked = yes\n")
+    service = rig.start(sys.executable, "-m", "testkit.fakes.clockd_service", str(rig.socket), rig.group, "--gpu", U1,
+                        "--lock-delay", "2")
+    member = rig.client(str(rig.gid), "session", "nvml", "1215", "wait", U1)
+    assert wait_for(lambda: len(rig.journals()) == 1, 10)  # journalled: the lock call is under way
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
+    assert rig.logged("the service stopped while pinning") and rig.journals() == []  # restored once the write ended
+    out, _err = member.communicate(timeout=60)
+    assert "PINNED" not in out and "stopped while pinning" in out  # the member was told, not pinned
+    assert not rig.socket.exists()  # nothing listens: no new pin can start
+
+
+def test_a_connection_that_holds_no_pin_and_says_nothing_is_closed_at_the_idle_timeout(rig):
+    rig.configure("[service]\nidle_timeout = 1\n")
+    rig.start()
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        idle.connect(str(rig.socket))
+        idle.settimeout(10)
+        t0 = time.monotonic()
+        assert idle.recv(1) == b""  # the service closed it
+        assert 0.9 < time.monotonic() - t0 < 3
+    finally:
+        idle.close()

@@ -341,7 +341,11 @@ class FreqSession(abc.ABC):
 class PinnedSession(FreqSession):
     """A hardware session whose clock writes all go through one pin object (`_new_pin`): the backend's own writer as
     root (`JetsonPin`, `NvmlPin`), else the clock service's client (`clockd.client.route_pin`); metering stays in this
-    process either way."""
+    process either way.
+
+    A pin through the service can be lost while the session runs (`clockd.client.ServicePin`): where it was pinned
+    again, every window that overlaps the gap is judged not held and `context` says so (`clock_lost`,
+    `clock_unheld_s`); where it was lost for good, the next `step` (or the exit) raises its `ClockLostError`."""
 
     def __init__(self, device: Any, freq: FreqRequest, observe: bool = False):
         super().__init__(device, freq, observe=observe)
