@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -106,6 +107,7 @@ def test_a_run_command_whose_service_goes_away_fails_with_one_line_not_a_clock_i
     run = rig.client(str(rig.gid), "cli", "run", "--device", "jetson", "--freq", "612", "--", "sleep", "3",
                      CLOCKD_TEST_REPIN_S="1")
     assert wait_for(lambda: rig.fake.range_hz == PINNED, 30)
+    time.sleep(0.5)  # the pin's reply is on its way: `sleep` runs under the pin
     service.kill()
     service.wait(timeout=10)
     out, err = run.communicate(timeout=60)

@@ -224,6 +224,7 @@ class FreqSession(abc.ABC):
             name: the window's name, as given to `begin_window`.
         """
         if name in self._open_windows:
+            self._confirm_held(recover=True)
             self._window_marks.append((name, self._open_windows.pop(name), self._mark()))
             self._spans[name] = (self._opened_at.pop(name), time.monotonic())
 
@@ -296,6 +297,9 @@ class FreqSession(abc.ABC):
         """The error that ends a session whose clock was lost for good (None by default: a backend's own pin cannot be)."""
         return None
 
+    def _confirm_held(self, recover: bool) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Before a window's report: make sure whoever holds the pin still does (nothing to ask by default)."""
+
     def _held(self, report: EnergyReport) -> bool | None:
         """Backends with per-sample clocks judge each sample (`meter.clock_held`); the default judges the mean: held
         when it is the pinned table clock, within half the gap to the neighbouring table clock (`meter.at_pin`)."""
@@ -325,6 +329,7 @@ class FreqSession(abc.ABC):
                 try:
                     for name in list(self._open_windows):
                         self.end_window(name)
+                    self._confirm_held(recover=False)
                     self._spans[""] = (self._opened_at.pop(""), time.monotonic())
                     self._report = self._finish(self._stop_meter())
                     self.windows = {name: self._finish(self._window_report(a, b), name) for name, a, b in self._window_marks}
@@ -385,6 +390,11 @@ class PinnedSession(FreqSession):
 
     def _clock_failure(self) -> BaseException | None:
         return getattr(self._pin, "failure", None)
+
+    def _confirm_held(self, recover: bool) -> None:
+        confirm = None if self.observe else getattr(self._pin, "confirm", None)
+        if confirm is not None:
+            confirm(recover)
 
     def _say_lost(self) -> None:
         """Put in `context` that (and for how long) the clock was not held, where it was not."""

@@ -171,6 +171,10 @@ class ServicePin:
         client = ClockdClient(self.path)
         try:
             reply = self._ask_on(client, "pin", self._freq)
+        except ClockServiceGoneError as e:
+            client.close()
+            raise ClockServiceGoneError(f"{e} before answering the pin; a restarted service restores what it wrote from its "
+                                        "journal") from None
         except BaseException:
             client.close()
             raise
@@ -239,6 +243,28 @@ class ServicePin:
         reply.raise_for_error()
 
     # while it holds --------------------------------------------------------------------------------------------------
+    def confirm(self, recover: bool = True) -> None:
+        """Ask the service now whether the pin still holds (a renew, as the renew thread sends), so a window that ends
+        here is judged on what the service says at its end, not at the last periodic renew.
+
+        Args:
+            recover: where the connection is gone, pin the clock again (a window in the middle of a job); False: mark it
+                lost for good (the session is ending).
+        """
+        client, generation = self._client, self._generation
+        if client is None or self.failure is not None:
+            return
+        try:
+            self._ask_on(client, "renew")
+            self._last_held = time.monotonic()
+        except ClockLostError as e:
+            self._fail(str(e))
+        except ClockServiceGoneError as e:
+            if recover:
+                self._recover(str(e), generation)
+            else:
+                self._fail(f"the clock service went away ({' '.join(str(e).split())})")
+
     def check(self) -> None:
         """Raise the `ClockLostError` of a pin lost for good (nothing where it holds, or was taken again)."""
         if self.failure is not None:
@@ -314,8 +340,9 @@ class ServicePin:
                 if reply.error_kind in FINAL_KINDS:
                     break
                 self._stop.wait(REPIN_POLL_S)
-            if self._stop.is_set():
-                return True  # the session is ending anyway: its restore has nothing left to undo
+            if self._stop.is_set():  # the session is ending: the gap stays marked, its restore finds the service gone
+                self.lost_windows.append((lost_at, None))
+                return True
             self._fail(f"the clock service stopped holding it ({' '.join(reason.split())}) and it could not be pinned "
                        f"again within {REPIN_WITHIN_S:.0f} s: {' '.join(last.split())}")
             return False
