@@ -90,10 +90,6 @@ class RootConfig:
     connections_total: int = 256
     source: str = "defaults (no config file)"
 
-    @property
-    def renew_every_s(self) -> float:
-        return self.idle_timeout_s / RENEWS_PER_TIMEOUT
-
 
 @dataclasses.dataclass(frozen=True)
 class ServiceConfig:

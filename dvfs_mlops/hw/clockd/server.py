@@ -48,7 +48,7 @@ from dvfs_mlops.errors import (
     RestoreFailedError,
     unknown,
 )
-from dvfs_mlops.hw.clockd.config import RootConfig, ServiceConfig, config_path, load_root_config
+from dvfs_mlops.hw.clockd.config import RENEWS_PER_TIMEOUT, RootConfig, ServiceConfig, config_path, load_root_config
 from dvfs_mlops.hw.clockd.connection import LineReader, Peer, peer_of, pid_alive
 from dvfs_mlops.hw.clockd.listener import Listener
 from dvfs_mlops.hw.clockd.protocol import PinStatus, Reply, Request, duration
@@ -70,6 +70,7 @@ class Lease:
         key: the device key. pin: the backend's pin (`JetsonPin`, `NvmlPin`). device: its device.
         status: who pinned what, when. deadline: when the maximum lease ends it (monotonic).
         last_seen: the last message on its connection (monotonic). last_pid: the PID that sent it.
+        idle_timeout_s: how long its connection may stay silent.
         measured: reads the GPU clock the hardware measures (None where the service cannot).
         ended: why it ended ("" while it holds).
     """
@@ -81,22 +82,25 @@ class Lease:
     deadline: float
     last_seen: float
     last_pid: int
+    idle_timeout_s: float
     measured: Callable[[], float | None] | None = None
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     ended: str = ""
 
-    def snapshot(self, idle_timeout_s: float) -> PinStatus:
+    def snapshot(self) -> PinStatus:
         now = time.monotonic()
         return dataclasses.replace(self.status, last_pid=self.last_pid, alive=pid_alive(self.last_pid),
-                                   lease_left_s=self.deadline - now, idle_left_s=self.last_seen + idle_timeout_s - now)
+                                   lease_left_s=self.deadline - now, idle_left_s=self.last_seen + self.idle_timeout_s - now)
 
 
 @dataclasses.dataclass
 class _Client:
-    """One connection's state: who, its pin, when it last spoke."""
+    """One connection's state: who, its pin, when it last spoke, and the idle timeout it was told (a reload that
+    shortens the timeout applies to later connections: a client renews at the period its pin's reply gave)."""
 
     peer: Peer
     last_seen: float
+    idle_timeout_s: float
     lease: Lease | None = None
 
 
@@ -303,7 +307,7 @@ class ClockService:
                 self._connections.pop(peer.uid, None)
 
     def _serve_client(self, conn: socket.socket, peer: Peer) -> None:
-        client = _Client(peer, time.monotonic())
+        client = _Client(peer, time.monotonic(), self.root_config.idle_timeout_s)
         reader = LineReader(conn)
         why = "its client disconnected"
         try:
@@ -313,7 +317,7 @@ class ClockService:
                 except TimeoutError:
                     if self._lease_ran_out(client):
                         continue  # the connection stays until its client hears why, or goes silent
-                    why = f"its client sent nothing for {duration(self.root_config.idle_timeout_s)} (no renew)"
+                    why = f"its client sent nothing for {duration(client.idle_timeout_s)} (no renew)"
                     break
                 if got is None:
                     break  # end of file: the client closed, exited or was killed
@@ -339,7 +343,7 @@ class ClockService:
 
     def _wait_s(self, client: _Client) -> float:
         """How long to wait for the next line: until the idle timeout, or the lease's end if sooner."""
-        until = client.last_seen + self.root_config.idle_timeout_s
+        until = client.last_seen + client.idle_timeout_s
         lease = client.lease
         if lease is not None and not lease.ended:
             until = min(until, lease.deadline)
@@ -373,7 +377,7 @@ class ClockService:
         limits = (f"limits: max lease {duration(self.config.max_lease_s)}, idle timeout {duration(idle)}, "
                   f"{self.root_config.connections_per_uid} connections per user, {self.connections_total()} in "
                   f"all; config: {self.root_config.source}")
-        return Reply(True, pins=[x.snapshot(idle) for x in list(self._leases.values())],
+        return Reply(True, pins=[x.snapshot() for x in list(self._leases.values())],
                      scope=self.root_config.nvml.describe(), lines=[limits])
 
     def _held(self, client: _Client) -> Lease:
@@ -447,14 +451,14 @@ class ClockService:
     def _pin_op(self, req: Request, client: _Client) -> Reply:
         if client.lease is not None and not client.lease.ended:
             raise DvfsError(f"this connection already pins {client.lease.key}; repin to move it, restore to end it")
-        lease, pinned, context = self._pin(req, client.peer)
+        lease, pinned, context = self._pin(req, client.peer, client.idle_timeout_s)
         client.lease = lease
         return Reply(True, pinned_mhz=pinned, current_mhz=lease.device.current_mhz(),
                      above_mode_cap=bool(context.get("above_mode_cap")), measured_clock=lease.measured is not None,
-                     renew_every_s=self.root_config.renew_every_s, idle_timeout_s=self.root_config.idle_timeout_s,
+                     renew_every_s=client.idle_timeout_s / RENEWS_PER_TIMEOUT, idle_timeout_s=client.idle_timeout_s,
                      lease_left_s=lease.deadline - time.monotonic())
 
-    def _pin(self, req: Request, peer: Peer) -> tuple[Lease, float | None, dict[str, Any]]:
+    def _pin(self, req: Request, peer: Peer, idle_timeout_s: float) -> tuple[Lease, float | None, dict[str, Any]]:
         dev = self._device(req)
         try:
             freq = parse_freq(req.freq, dev.frequencies_mhz)
@@ -475,7 +479,8 @@ class ClockService:
                 pin.restore()
                 raise
             now = time.monotonic()
-            lease = Lease(key, pin, dev, status, now + self.config.max_lease_s, now, peer.pid, self._measured_reader(dev))
+            lease = Lease(key, pin, dev, status, now + self.config.max_lease_s, now, peer.pid, idle_timeout_s,
+                          self._measured_reader(dev))
             with self._lock:
                 stopping = self._stopping
                 if not stopping:
