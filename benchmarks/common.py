@@ -20,14 +20,14 @@ def median_of(fn: Callable[[], float], repeats: int = 5) -> tuple[float, list[fl
 @contextlib.contextmanager
 def fake_orin(sample_hz: float = 50.0) -> Iterator[object]:
     """A JetsonDevice on a fake AGX Orin sysfs tree (JetPack 6): the sampler does a board's reads.
-    Sets DVFS_SYSFS_ROOT and DVFS_STATE_DIR for the process, as a benchmark owns its process."""
+    Sets DVFS_SYSFS_ROOT and DVFS_SYSTEM_STATE_PREFIX for the process, as a benchmark owns its process."""
     from dvfs_mlops.hw.jetson import JetsonDevice
     from testkit.fakes.sysfs import make_orin_tree
 
     with tempfile.TemporaryDirectory() as tmp:
         fake = make_orin_tree(Path(tmp) / "root", jetpack=6)
         os.environ["DVFS_SYSFS_ROOT"] = str(fake.root)
-        os.environ["DVFS_STATE_DIR"] = str(Path(tmp) / "state")
+        os.environ["DVFS_SYSTEM_STATE_PREFIX"] = str(Path(tmp) / "state")
         yield JetsonDevice(sample_hz=sample_hz)
 
 

@@ -56,7 +56,7 @@ print(json.dumps({"resolve": t1 - t0, "freq": float(out["freq_mhz"].iloc[0]), "p
 def _env(tmp: Path) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "DVFS_CACHE_DIR": str(tmp / "cache"),
-            "PYTHONPATH": path, "DVFS_STATE_DIR": str(tmp / "state")}
+            "PYTHONPATH": path, "DVFS_SYSTEM_STATE_PREFIX": str(tmp / "state")}
 
 
 def _timed(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:

@@ -28,6 +28,21 @@ class RestoreFailedError(DvfsError):
     """Raised when the original clocks could not be put back; the journal is kept for `dvfs-mlops restore`."""
 
 
+class StateFolderError(DvfsError):
+    """Raised when a folder of locks or restore journals (or a file in it) is not this user's own private one: a
+    symbolic link on its path, another owner, or a mode that lets others in. Nothing is read or written there."""
+
+
+class ClockServiceGoneError(DvfsError):
+    """Raised when the clock service does not answer at its socket, or closed the connection (it stopped, crashed or
+    restarted)."""
+
+
+class ClockLostError(DvfsError):
+    """Raised inside a session whose clock stopped being held by the clock service (the service went away and the
+    pin could not be taken again, or root released it, or its lease ran out); the run did not hold its clock."""
+
+
 class TrackingStoreError(DvfsError):
     """Raised when the MLflow tracking store fails mid-sweep (after MLflow's bounded retries); a resume redoes the point.
 

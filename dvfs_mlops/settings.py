@@ -34,16 +34,15 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HF_HUB_DISABLE_PROGRESS_BARS", "1", "transformers' progress bars, off in the CLI (set if unset)"),
     Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., tracking, none)"),
     Variable("DVFS_CACHE_DIR", "~/.cache/dvfs-mlops", "caches: step traces (its root) and workload facts (workloads/)"),
-    Variable("DVFS_STATE_DIR", "unset", "locks and restore journals (root: /run/lock/dvfs-mlops, /var/lib/dvfs-mlops; "
-             "others: ~/.cache/dvfs-mlops)"),
-    Variable("DVFS_SYSTEM_STATE_PREFIX", "/", "the root the system state folders are under (tests)"),
+    Variable("DVFS_SYSTEM_STATE_PREFIX", "/", "the root the state folders (locks: run/dvfs-mlops/state, journals: "
+             "var/lib/dvfs-mlops) and the clock service's config (etc/dvfs-mlops/clockd.conf) are under (tests, chroots)"),
     Variable("DVFS_SYSFS_ROOT", "/", "the root every sysfs path is read under (a fake tree, a chroot)"),
     Variable("DVFS_REGISTRY_DIR", "the installed registry data", "a folder with your own governor.yaml and baselines/"),
     Variable("DVFS_TORCH_DEVICE", "the backend's", "where training runs (as --torch-device; tests and unusual set-ups)"),
     Variable("DVFS_CLOCKD_SOCKET", "/run/dvfs-mlops/clockd.sock", "the clock service's socket: non-root sessions pin "
              "through it where it exists (`dvfs-mlops clockd`)"),
     Variable("SUDO_UID", "unset", "set by sudo (read, never set): files a command creates in the user's tree go back to "
-             "this user, and $DVFS_STATE_DIR is ignored so `sudo` and `sudo -E` share one lock"),
+             "this user"),
     Variable("SUDO_GID", "unset", "set by sudo (read, never set): the group those files go back to"),
     Variable("SUDO_USER", "unset", "set by sudo (read, never set): `clockd install` adds this user to the service's group"),
     Variable("CUDA_VISIBLE_DEVICES", "unset", "CUDA's own (read, never set): the GPUs torch sees; the nvml backend finds its "
@@ -95,14 +94,8 @@ def trace_cache_dir() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "dvfs-mlops" / "traces"
 
 
-def state_dir_override() -> Path | None:
-    """$DVFS_STATE_DIR (locks and journals for every user), or None."""
-    base = _get("DVFS_STATE_DIR")
-    return Path(base) if base else None
-
-
 def system_state_prefix() -> Path:
-    """The root of the system state folders: $DVFS_SYSTEM_STATE_PREFIX, else /."""
+    """The root the state folders and the clock service's config are under: $DVFS_SYSTEM_STATE_PREFIX, else /."""
     return Path(_get("DVFS_SYSTEM_STATE_PREFIX") or "/")
 
 

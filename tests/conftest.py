@@ -48,16 +48,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own journal/lock dir and never sees the real sysfs."""
-    state = tmp_path_factory.mktemp("state")
-    monkeypatch.setenv("DVFS_STATE_DIR", str(state))
+    """Every test gets its own state folders (locks, journals: under its own $DVFS_SYSTEM_STATE_PREFIX) and never sees
+    the real sysfs. Returns the journal folder, made private (0700) as the package wants it."""
+    from dvfs_mlops.hw.guard import journal_dir, open_private_dir
+
+    monkeypatch.setenv("DVFS_SYSTEM_STATE_PREFIX", str(tmp_path_factory.mktemp("state")))
+    os.close(open_private_dir(journal_dir()))
     for name in ("SUDO_UID", "SUDO_GID", "SUDO_USER"):  # under sudo the state dir is the invoking user's, not this one
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(tmp_path_factory.mktemp("empty-sysfs")))
     # The fake boards have no GPU: train on the CPU (the documented --torch-device override).
     # Tests of the CUDA check unset it.
     monkeypatch.setenv("DVFS_TORCH_DEVICE", "cpu")
-    return state
+    return journal_dir()
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +75,9 @@ def _trace_cache_env(trace_cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture
-def state_dir() -> Path:
-    return Path(os.environ["DVFS_STATE_DIR"])
+def state_dir(_isolated_state: Path) -> Path:
+    """This test's journal folder (its locks are in `guard.lock_dir()`, beside it under the same prefix)."""
+    return _isolated_state
 
 
 @pytest.fixture(params=[5, 6], ids=["jetpack5", "jetpack6"])
@@ -239,7 +243,7 @@ def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir
             master.mkdir()
             venv_bin = str(Path(sys.executable).parent)
             env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{master}/mlflow.db", "DVFS_CACHE_DIR": str(trace_cache_dir),
-                   "DVFS_STATE_DIR": str(master / "state"), "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
+                   "DVFS_SYSTEM_STATE_PREFIX": str(master / "state"), "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
             out = subprocess.run(SMOKE_SWEEP_CMD, env=env, capture_output=True, text=True, timeout=900, cwd=master)
             done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}))
     return master

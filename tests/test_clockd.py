@@ -1,135 +1,47 @@
 """The clock service (`dvfs-mlops clockd`) with real processes: the service as root on a fake sysfs tree (or with a
-fake NVML), its clients dropped to uid 65534 in and out of the service's group (testkit/fakes/clockd_client.py).
+fake NVML), its clients dropped to uid 65534 in and out of the service's group (testkit/clockd_rig.py).
 
-Each test has its own folder, socket and state under /tmp (readable by uid 65534; AF_UNIX paths stay short).
-The group is `users` (gid 100 on Debian-family systems): no user or group is created. Without root these skip.
+Each test has its own folder, socket, state folders and config under /tmp (readable by uid 65534; AF_UNIX paths stay
+short). The group is `users` (gid 100 on Debian-family systems): no user or group is created. Without root these skip.
 """
 from __future__ import annotations
 
-import grp
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from dvfs_mlops.hw.clockd.client import ClockdClient
 from dvfs_mlops.hw.clockd.protocol import Request
-from dvfs_mlops.hw.guard import list_journals
-from testkit.fakes.sysfs import ORIN_TABLE_HZ, FakeJetson, make_orin_tree
-from tests.conftest import REPO
+from testkit.clockd_rig import NOBODY, Rig, users_group, wait_for
+from testkit.fakes.sysfs import ORIN_TABLE_HZ
 
-NOBODY = 65534
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
                                 "to uid 65534 from root; run the suite as root (CI does)")
 
 
-def _group() -> tuple[str, int]:
-    try:
-        return "users", grp.getgrnam("users").gr_gid
-    except KeyError:
-        pytest.skip("no group 'users' to serve (tests create no groups)")
-
-
-class Rig:
-    """One service and its clients: a folder readable by uid 65534, the fake tree, the socket, the state."""
-
-    def __init__(self, base: Path):
-        self.base = base
-        self.group, self.gid = _group()
-        self.socket = base / "s.sock"
-        self.state = base / "state"
-        self.state.mkdir(mode=0o700)
-        self.home = base / "home"
-        self.home.mkdir()
-        self.home.chmod(0o1777)
-        self.fake: FakeJetson = make_orin_tree(base / "root", jetpack=6)
-        for d, dirs, files in os.walk(base / "root"):
-            for name in [*dirs, *files]:
-                p = Path(d) / name
-                if not p.is_symlink():
-                    p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
-        self.service: subprocess.Popen | None = None
-        self.log = base / "service.log"
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "DVFS_SYSFS_ROOT": str(self.base / "root"), "DVFS_STATE_DIR": str(self.state),
-                "DVFS_CLOCKD_SOCKET": str(self.socket), "HOME": str(self.home), "DVFS_CACHE_DIR": str(self.home), **extra}
-
-    def start(self, *argv: str) -> subprocess.Popen:
-        cmd = list(argv) or [sys.executable, "-m", "dvfs_mlops", "clockd", "serve", "--socket", str(self.socket),
-                             "--group", self.group]
-        self.service = subprocess.Popen(cmd, cwd=REPO, env=self.env(), stdout=subprocess.DEVNULL,
-                                        stderr=open(self.log, "a"))
-        deadline = time.monotonic() + 30
-        while not self._answers():  # a killed service's socket file stays until the new one replaces it
-            assert self.service.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "the service did not listen within 30 s"
-            time.sleep(0.02)
-        return self.service
-
-    def _answers(self) -> bool:
-        try:
-            ClockdClient(self.socket).close()
-        except Exception:  # noqa: BLE001 - not listening yet
-            return False
-        return True
-
-    def client(self, groups: str, *args: str, **env: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "testkit.fakes.clockd_client", str(NOBODY), str(NOBODY), groups, *args],
-                                cwd=REPO, env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def pinned_client(self, freq: str = "612", backend: str = "jetson", *extra: str) -> subprocess.Popen:
-        proc = self.client(str(self.gid), "session", backend, freq, "wait", *extra)
-        line = proc.stdout.readline().strip()
-        assert line == "PINNED", proc.stderr.read()
-        return proc
-
-    def cli(self, groups: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        proc = self.client(groups, "cli", *args, **env)
-        out, err = proc.communicate(timeout=60)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-    def ask(self, req: Request):
-        client = ClockdClient(self.socket)
-        try:
-            return client.request(req).raise_for_error()
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.service is not None and self.service.poll() is None:
-            self.service.send_signal(signal.SIGTERM)
-            self.service.wait(timeout=30)
-
-
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    base = Path(tempfile.mkdtemp(prefix="ckd", dir="/tmp"))
-    base.chmod(0o755)
-    r = Rig(base)
+    group = users_group()
+    if group is None:
+        pytest.skip("no group 'users' to serve (these tests create no groups)")
+    r = Rig.make(*group)
     try:
         yield r
     finally:
-        r.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        r.remove()
 
 
 def _wait_for(cond, limit_s: float) -> float:
+    import time
+
     t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > limit_s:
-            break
-        time.sleep(0.001)
+    wait_for(cond, limit_s)
     return time.monotonic() - t0
 
 
@@ -140,7 +52,7 @@ def test_a_member_pins_through_the_service_and_the_restore_is_acknowledged(rig):
     assert proc.returncode == 0, err
     assert out.split() == ["PINNED", "RESTORED"]
     assert rig.fake.range_hz == DEFAULT  # RESTORED is printed after the service acknowledged the restore
-    assert list_journals(rig.state) == []
+    assert rig.journals() == []
     log = rig.log.read_text()
     assert "uid 65534 (nobody)" in log and "pinned jetson-17000000.gpu at 612 MHz" in log and "its client asked" in log
 
@@ -166,7 +78,7 @@ def test_sigkill_of_a_client_restores_within_a_second(rig):
     rig.start()
     proc = rig.pinned_client("408")
     assert rig.fake.range_hz == (408000000, 408000000)
-    [(_, journal)] = list_journals(rig.state)
+    [journal] = rig.journals()
     assert (journal.pid, journal.uid, journal.requested) == (proc.pid, NOBODY, "408")
     status = rig.ask(Request("status"))
     assert [(p.device_key, p.uid, p.pid, p.requested) for p in status.pins] == [("jetson-17000000.gpu", NOBODY, proc.pid, "408")]
@@ -174,7 +86,7 @@ def test_sigkill_of_a_client_restores_within_a_second(rig):
     took = _wait_for(lambda: rig.fake.range_hz == DEFAULT, 5.0)
     proc.wait(timeout=10)
     assert rig.fake.range_hz == DEFAULT and took < 1.0, f"restored after {took:.3f} s"
-    assert _wait_for(lambda: not list_journals(rig.state), 2.0) < 2.0
+    assert _wait_for(lambda: not rig.journals(), 2.0) < 2.0
     assert _wait_for(lambda: "its client disconnected" in rig.log.read_text(), 2.0) < 2.0
 
 
@@ -204,7 +116,7 @@ def test_a_user_who_cannot_pin_gets_two_lines_at_most_and_nothing_is_touched(rig
     lines = out.stderr.strip().splitlines()
     assert 1 <= len(lines) <= 2 and "Traceback" not in out.stderr, out.stderr
     assert all(e in out.stderr for e in expected), out.stderr
-    assert rig.fake.range_hz == DEFAULT and list_journals(rig.state) == []
+    assert rig.fake.range_hz == DEFAULT and rig.journals() == []
     assert not any(rig.home.iterdir())  # no lock or journal of the user's own either
 
 
@@ -227,10 +139,10 @@ def test_a_killed_service_applies_its_journal_when_it_starts_again(rig):
     client.kill()
     client.wait(timeout=10)
     assert rig.fake.range_hz == (510000000, 510000000)  # nobody was left to restore
-    assert len(list_journals(rig.state)) == 1
+    assert len(rig.journals()) == 1
     rig.start()
     assert rig.fake.range_hz == DEFAULT  # applied before the socket was bound
-    assert list_journals(rig.state) == []
+    assert rig.journals() == []
     assert "on start: restored jetson-17000000.gpu" in rig.log.read_text()
 
 
@@ -257,26 +169,28 @@ def test_status_names_the_socket_and_the_owner(rig):
     out = rig.cli(str(rig.gid), "clockd", "status")
     assert out.returncode == 0, out.stderr
     assert f"{rig.socket} (group users, mode 0660)" in out.stdout
-    assert f"jetson-17000000.gpu (jetson) pinned at 612 by uid {NOBODY} (nobody), PID {client.pid}" in out.stdout
+    assert f"jetson-17000000.gpu (jetson) pinned at 612 by uid {NOBODY} (nobody), PID {client.pid} (alive)" in out.stdout
+    assert "lease left 23 h 59 min" in out.stdout and "scope:    NVML: every GPU, not assumed unlocked" in out.stdout
     client.kill()
     client.wait(timeout=10)
 
 
 def test_nvml_pins_by_uuid_through_the_service_and_a_killed_client_is_reset(rig):
     uuid = "GPU-5e7a6d1c-3b0f-4c2e-9a8d-1f2e3d4c5b6a"
-    rig.start(sys.executable, "-m", "testkit.fakes.clockd_service", str(rig.socket), rig.group, uuid)
+    rig.configure("[nvml]\nassume_unlocked = yes\n")  # the administrator's word, not the client's
+    rig.start(sys.executable, "-m", "testkit.fakes.clockd_service", str(rig.socket), rig.group, "--gpu", uuid)
     table = rig.ask(Request("table", "nvml", uuid))
     assert 1215.0 in table.frequencies_mhz and table.current_mhz == max(table.frequencies_mhz)
     client = rig.pinned_client("1215", "nvml", uuid)
     assert rig.ask(Request("table", "nvml", uuid)).current_mhz == 1215.0  # the service's GPU holds the lock
-    [(_, journal)] = list_journals(rig.state)
+    [journal] = rig.journals()
     assert journal.settings["uuid"] == uuid and journal.uid == NOBODY and journal.pid == client.pid
     client.kill()
     took = _wait_for(lambda: rig.ask(Request("table", "nvml", uuid)).current_mhz != 1215.0, 5.0)
     client.wait(timeout=10)
-    assert took < 1.0 and _wait_for(lambda: not list_journals(rig.state), 2.0) < 2.0
+    assert took < 1.0 and _wait_for(lambda: not rig.journals(), 2.0) < 2.0
     with pytest.raises(Exception, match="no GPU with UUID GPU-00000000"):  # the service's own enumeration decides
-        rig.ask(Request("pin", "nvml", "GPU-00000000-0000-0000-0000-000000000000", "1215", True))
+        rig.ask(Request("pin", "nvml", "GPU-00000000-0000-0000-0000-000000000000", "1215"))
 
 
 def test_the_service_answers_only_its_operations(rig):
@@ -294,12 +208,18 @@ def test_the_service_answers_only_its_operations(rig):
         rig.ask(Request("table", "nvml", "0"))
 
 
-def test_without_a_service_a_user_allowed_to_write_the_clock_writes_it_directly(rig):
+def test_without_a_service_a_user_whom_the_clock_files_let_write_is_refused_in_one_line(rig):
+    """The lock and journal of a system-wide clock live in root's folders: a udev rule that lets a group write the
+    devfreq files does not let its members pin around the service (a per-user lock would be a second owner)."""
     for name in ("min_freq", "max_freq"):  # as a udev rule granting the group write access would
         (rig.fake.node / name).chmod(0o666)
-    own = rig.home / "state"
-    proc = rig.client(str(rig.gid), "session", "jetson", "612", "exit", DVFS_CLOCKD_SOCKET=str(rig.base / "none.sock"),
-                      DVFS_STATE_DIR=str(own))
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and out.split() == ["PINNED", "RESTORED"], err
-    assert rig.fake.range_hz == DEFAULT and own.is_dir() and list_journals(own) == []
+    from dvfs_mlops.hw.guard import open_private_dir
+
+    os.close(open_private_dir(rig.lock_dir))  # root's state folders exist, as on a board where root or the service pinned
+    out = rig.cli(str(rig.gid), "run", "--device", "jetson", "--freq", "612", "--", "true",
+                  DVFS_CLOCKD_SOCKET=str(rig.base / "none.sock"))
+    errors = [x for x in out.stderr.strip().splitlines() if not x.startswith("device: ")]
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "is root's" in errors[0] and "clockd install" in errors[0] and "or run as root" in errors[0]
+    assert rig.fake.range_hz == DEFAULT and rig.journals() == []
+    assert not any(rig.home.iterdir())  # no lock or journal of the user's own

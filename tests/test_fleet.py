@@ -321,7 +321,7 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     The two boards are given the same sweep: they share its id, claim its points in PostgreSQL and run each once."""
     import shlex
 
-    from dvfs_mlops.hw.guard import list_journals
+    from dvfs_mlops.hw.guard import SYSTEM_JOURNAL_DIR, list_journals
     from testkit.fakes.sysfs import make_orin_tree
 
     lines = _readme_fleet_recipe()
@@ -353,14 +353,14 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
         (fake.root / "proc/device-tree/serial-number").write_text(f"14210230{i:05d}\x00")  # as the device tree has it
         boards.append((fake, tmp_path / f"state{i}"))
     procs = [subprocess.Popen(cli + shlex.split(sweep_line, comments=True)[1:] + small, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**env, "DVFS_SYSFS_ROOT": str(fake.root), "DVFS_STATE_DIR": str(state)})
+                              text=True, env={**env, "DVFS_SYSFS_ROOT": str(fake.root), "DVFS_SYSTEM_STATE_PREFIX": str(state)})
              for fake, state in boards]
     for p in procs:
         _out, err = p.communicate(timeout=400)
         assert p.returncode == 0, err[-3000:]
         assert "points claimed in postgresql" in err
     for fake, state in boards:  # every board's clocks are back where they were
-        assert fake.range_hz == (306000000, 1300500000) and list_journals(state) == []
+        assert fake.range_hz == (306000000, 1300500000) and list_journals(state / SYSTEM_JOURNAL_DIR) == []
     runs = _point_runs(fleet_server.uri, "dvfs-sweep")
     expected = sorted(f"{m}/{t}@{f}#0" for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc") for f in ("maxn", "816"))
     assert sorted(r.data.tags["dvfs.point"] for r in runs if r.info.status == "FINISHED") == expected  # each point once
@@ -388,7 +388,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     """8 workers (4 on the twin, 4 on fake AGX Orins: two device profiles, two sweeps, each shared by 4) against the
     PostgreSQL-backed server; the tracking server is restarted once and PostgreSQL once while they run. Every point ends
     FINISHED exactly once, nothing is lost, every fake board's clocks are restored."""
-    from dvfs_mlops.hw.guard import list_journals
+    from dvfs_mlops.hw.guard import SYSTEM_JOURNAL_DIR, list_journals
     from testkit.fakes.sysfs import make_orin_tree
 
     exps = [f"load-sim-{uuid.uuid4().hex[:6]}", f"load-orin-{uuid.uuid4().hex[:6]}"]
@@ -401,7 +401,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     boards, procs = [], []
     t0 = time.monotonic()
     for i in range(8):
-        wenv = {**env, "DVFS_STATE_DIR": str(tmp_path / f"state{i}")}
+        wenv = {**env, "DVFS_SYSTEM_STATE_PREFIX": str(tmp_path / f"state{i}")}
         if i % 2:
             fake = make_orin_tree(tmp_path / f"board{i}", jetpack=6)
             (fake.root / "proc/device-tree/serial-number").write_text(f"fake-orin-{i}\x00")
@@ -459,7 +459,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
         statuses.update(r.info.status for r in runs)
         assert len({r.data.tags["dvfs.sweep_id"] for r in runs}) == 1
     for fake, state in boards:  # every fake board's clocks are back where they were
-        assert fake.range_hz == (306000000, 1300500000) and list_journals(state) == []
+        assert fake.range_hz == (306000000, 1300500000) and list_journals(state / SYSTEM_JOURNAL_DIR) == []
     print(f"\nload/fault: 8 workers, {sum(map(len, expected.values()))} points in {wall:.0f} s; tracking server restarted after "
           f"{at_server} finished points (at {t_server:.0f} s, back at {t_back:.0f} s), PostgreSQL after {at_db} (at {t_db:.0f} s); "
           f"run statuses {dict(statuses)}")

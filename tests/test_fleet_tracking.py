@@ -214,7 +214,7 @@ def test_one_worker_per_gpu_splits_a_sweep_on_a_two_gpu_server(http_server, tmp_
     """A multi-GPU server runs one worker per GPU (`--gpu-index N` each, the same sweep): each point is run on one GPU
     (its run's dvfs.device_id is that GPU's UUID), the points split between the GPUs, both GPUs restored. The GPUs are
     a fake 2-GPU NVML shared by the processes through a state file (testkit/fakes/fake_pynvml.py); training on the CPU."""
-    from dvfs_mlops.hw.guard import list_journals
+    from dvfs_mlops.hw.guard import SYSTEM_JOURNAL_DIR, list_journals
     from testkit.fakes.fake_pynvml import SHARED_STATE_ENV, SHIM_DIR, FakeGPU, read_shared_state, write_shared_state
 
     state = str(tmp_path / "nvml.json")
@@ -225,7 +225,7 @@ def test_one_worker_per_gpu_splits_a_sweep_on_a_two_gpu_server(http_server, tmp_
            "--experiment", exp]
     env = {**_env(http_server.uri), SHARED_STATE_ENV: state, "PYTHONPATH": os.pathsep.join([SHIM_DIR, str(REPO)])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    procs = [subprocess.Popen([*cmd, "--gpu-index", str(i)], cwd=REPO, env={**env, "DVFS_STATE_DIR": str(tmp_path / f"state{i}")},
+    procs = [subprocess.Popen([*cmd, "--gpu-index", str(i)], cwd=REPO, env={**env, "DVFS_SYSTEM_STATE_PREFIX": str(tmp_path / f"state{i}")},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     for p in procs:
         _out, err = p.communicate(timeout=300)
@@ -233,7 +233,7 @@ def test_one_worker_per_gpu_splits_a_sweep_on_a_two_gpu_server(http_server, tmp_
     after = read_shared_state(state)
     uuids = [g["uuid"] for g in after["gpus"]]
     assert [g["locked"] for g in after["gpus"]] == [None, None]  # both GPUs restored
-    assert all(list_journals(tmp_path / f"state{i}") == [] for i in range(2))
+    assert all(list_journals(tmp_path / f"state{i}" / SYSTEM_JOURNAL_DIR) == [] for i in range(2))
     runs = _runs(http_server.uri, exp)
     finished = [r for r in runs if r.info.status == "FINISHED"]
     keys = sorted(r.data.tags["dvfs.point"] for r in finished)

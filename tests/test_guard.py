@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 
 import pytest
 
 from dvfs_mlops.errors import DeviceBusyError
-from dvfs_mlops.hw.guard import DeviceLock, list_journals
+from dvfs_mlops.hw.guard import DeviceLock, list_journals, open_private_dir
 from dvfs_mlops.hw.jetson import JetsonDevice
 from testkit.fakes.sysfs import BOOT_ID, ORIN_TABLE_HZ, reboot
 from tests.conftest import REPO, run_cli
@@ -95,11 +96,11 @@ def test_second_process_gets_busy_error_naming_owner(orin6):
     assert orin6.range_hz == DEFAULT
 
 
-def test_stale_lock_of_dead_pid_is_taken_over(orin6, state_dir):
+def test_stale_lock_of_dead_pid_is_taken_over(orin6):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    lock = DeviceLock(JetsonDevice().device_key, state_dir)
-    lock.path.parent.mkdir(parents=True, exist_ok=True)
+    lock = DeviceLock(JetsonDevice().device_key)
+    os.close(open_private_dir(lock.directory))
     lock.path.write_text(f"{dead.pid}\n")
     lock.acquire()
     assert lock.took_over_pid == dead.pid
@@ -133,7 +134,7 @@ def test_failed_restore_keeps_the_journal_and_restore_finishes_later(orin6, kern
     journal = state_dir / f"restore-{dev.device_key}.json"
     assert str(journal) in message and "dvfs-mlops restore" in message and "\n" not in message
     assert journal.exists() and orin6.range_hz == (612000000, 612000000)  # still pinned, and remembered
-    lock = DeviceLock(dev.device_key, state_dir)
+    lock = DeviceLock(dev.device_key)
     lock.acquire()  # the failed session released its lock
     lock.release()
     kernel6.fail_writes = set()  # the cause is fixed
@@ -158,26 +159,28 @@ def test_restore_command_exits_nonzero_while_the_cause_persists(orin6, state_dir
     assert r.returncode == 0 and "restored" in r.stdout and not list_journals(state_dir)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="system lock locations are used only as root")
-def test_two_root_processes_with_different_homes_share_one_owner(orin6, tmp_path):
+def test_two_processes_with_different_homes_and_state_dir_settings_share_one_owner(orin6, tmp_path):
+    """One owner per clock domain whatever HOME or the old DVFS_STATE_DIR say (a per-user folder never holds the lock
+    of a system-wide resource): both use the state folders under the one system prefix."""
     prefix = tmp_path / "system"
-    env = {k: v for k, v in os.environ.items() if k != "DVFS_STATE_DIR"}
-    env["DVFS_SYSTEM_STATE_PREFIX"] = str(prefix)
+    env = {**os.environ, "DVFS_SYSTEM_STATE_PREFIX": str(prefix)}
     first = subprocess.Popen([sys.executable, "-m", "testkit.fakes.session_child", "612", "wait"], cwd=REPO, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "HOME": str(tmp_path / "home-a")})
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**env, "HOME": str(tmp_path / "home-a"), "DVFS_STATE_DIR": str(tmp_path / "own-a")})
     try:
         assert first.stdout.readline().strip() == "PINNED", first.stderr.read()
-        assert list((prefix / "run/lock/dvfs-mlops").glob("lock-*.pid"))
+        assert list((prefix / "run/dvfs-mlops/state").glob("lock-*.pid"))
         assert list((prefix / "var/lib/dvfs-mlops").glob("restore-*.json"))
         second = subprocess.run([sys.executable, "-m", "testkit.fakes.session_child", "816", "exit"], cwd=REPO, text=True,
-                                capture_output=True, env={**env, "HOME": str(tmp_path / "home-b")}, timeout=60)
+                                capture_output=True, env={**env, "HOME": str(tmp_path / "home-b"),
+                                                          "DVFS_STATE_DIR": str(tmp_path / "own-b")}, timeout=60)
         assert second.returncode != 0 and f"in use by PID {first.pid}" in second.stderr
         assert orin6.range_hz == (612000000, 612000000)
     finally:
         first.terminate()
         first.wait(timeout=30)
     assert orin6.range_hz == DEFAULT
-    assert not (tmp_path / "home-a/.cache").exists() and not (tmp_path / "home-b/.cache").exists()
+    assert not any((tmp_path / p).exists() for p in ("home-a/.cache", "home-b/.cache", "own-a", "own-b"))
 
 
 # -- a journal from an earlier boot (issue 31, item 10) ------------------------------------------------------------------
@@ -216,3 +219,53 @@ def test_restore_removes_a_journal_of_an_earlier_boot_unapplied(orin6, state_dir
     assert orin6.range_hz == DEFAULT and list_journals(state_dir) == [] and not list(state_dir.glob("restore-*.json"))
     assert said == ["nothing to restore: no journal left by a killed run"]
     assert len([r for r in caplog.records if "earlier boot" in r.getMessage()]) == 1
+
+
+# -- state folders nobody else can redirect (issue 38, item 1) ---------------------------------------------------------
+def test_the_state_folders_are_private_and_their_files_0600(orin6, state_dir):
+    from dvfs_mlops.hw.guard import journal_dir, lock_dir
+
+    with JetsonDevice().session(612):
+        [lock] = lock_dir().glob("lock-*.pid")
+        [journal] = journal_dir().glob("restore-*.json")
+        modes = {p: stat.S_IMODE(os.lstat(p).st_mode) for p in (lock_dir(), journal_dir(), lock, journal)}
+    assert modes == {lock_dir(): 0o700, journal_dir(): 0o700, lock: 0o600, journal: 0o600}
+    assert lock_dir().parent.name == "dvfs-mlops" and lock_dir().parent.parent.name == "run"  # not /run/lock
+
+
+@pytest.mark.parametrize("attack", ["a symlink", "a symlink above it", "others may write", "another owner",
+                                    "a symlinked lock file"])
+def test_a_state_folder_that_is_not_ours_alone_is_refused_in_one_line_and_nothing_is_followed(orin6, tmp_path, attack,
+                                                                                              caplog):
+    from dvfs_mlops.errors import StateFolderError
+    from dvfs_mlops.hw.guard import lock_dir
+
+    if attack == "another owner" and os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    lock = lock_dir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    secret = elsewhere / "secret"
+    secret.write_text("root's own\n")
+    lock.parent.parent.mkdir(parents=True, exist_ok=True)
+    if attack == "a symlink above it":
+        lock.parent.parent.rename(tmp_path / "run-real")
+        lock.parent.parent.symlink_to(tmp_path / "run-real")
+    else:
+        lock.parent.mkdir(exist_ok=True)
+    if attack == "a symlink":
+        lock.symlink_to(elsewhere)
+    elif attack == "others may write":
+        lock.mkdir()
+        lock.chmod(0o777)
+    elif attack == "another owner":
+        lock.mkdir(mode=0o700)
+        os.chown(lock, 65534, 65534)
+    elif attack == "a symlinked lock file":  # a 0700 folder of ours with a link in it (made by a careless root)
+        os.close(open_private_dir(lock))
+        (lock / f"lock-{JetsonDevice().device_key}.pid").symlink_to(secret)
+    with pytest.raises(StateFolderError) as e, JetsonDevice().session(612):
+        pass
+    assert "\n" not in str(e.value) and "refusing the state folder" in str(e.value)
+    assert orin6.range_hz == DEFAULT and secret.read_text() == "root's own\n" and sorted(os.listdir(elsewhere)) == ["secret"]
+    assert any("refusing the state folder" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)

@@ -289,10 +289,10 @@ def restore() -> None:
 
 
 @main.command()
-@click.argument("action", type=click.Choice(["serve", "install", "uninstall", "status"]))
+@click.argument("action", type=click.Choice(["serve", "install", "uninstall", "status", "release"]))
 @opts.clockd_options
 def clockd(action: str, options: opts.ClockdOptions) -> None:
-    """The clock service, so members of a group pin clocks without root: serve (as root), install/uninstall (systemd), status."""
+    """The clock service, so group members pin clocks without root: serve, install/uninstall (root), status, release DEVICE (root)."""
     from dvfs_mlops.app.clockd_command import clockd_command
 
     _echo_lines(clockd_command(action, options, say=_echo_err))

@@ -290,8 +290,8 @@ calibrate_options = option_group(
 )
 
 
-clockd_options = option_group(
-    "options", ClockdOptions.from_cli,
+clockd_options = option_group("options", ClockdOptions.from_cli, click.argument("device", default=""),
     click.option("--socket", default="", help="The service's socket (default $DVFS_CLOCKD_SOCKET, else /run/dvfs-mlops/clockd.sock)."),
     click.option("--group", default="dvfs", show_default=True, help="The group whose members may pin clocks through it."),
-    click.option("--unit-dir", default="", help="Where install writes the systemd unit (default /etc/systemd/system)."))
+    click.option("--unit-dir", default="", help="Where install writes the systemd unit (default /etc/systemd/system)."),
+    click.option("--max-lease", default="24h", show_default=True, help="serve, install: the longest a pin lasts, renewals included."))

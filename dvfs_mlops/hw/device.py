@@ -11,6 +11,7 @@ import abc
 import contextlib
 import dataclasses
 import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -109,6 +110,8 @@ class FreqSession(abc.ABC):
         self._signals = TerminationGuard()
         self._open_windows: dict[str, Any] = {}
         self._window_marks: list[tuple[str, Any, Any]] = []
+        self._spans: dict[str, tuple[float, float]] = {}  # each window's (begin, end), monotonic; "" the whole session
+        self._opened_at: dict[str, float] = {}
         self.windows: dict[str, EnergyReport] = {}
         self.pins: list[float] = []  # clocks pinned inside the session by repin(), in order
         # What the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode,
@@ -212,6 +215,7 @@ class FreqSession(abc.ABC):
         if name in self._open_windows or any(w == name for w, _, _ in self._window_marks):
             raise ValueError(f"window {name!r} was already metered in this session")
         self._open_windows[name] = self._mark()
+        self._opened_at[name] = time.monotonic()
 
     def end_window(self, name: str) -> None:
         """End window `name`; a no-op when it is not open. A window still open at the session's exit ends there.
@@ -220,7 +224,9 @@ class FreqSession(abc.ABC):
             name: the window's name, as given to `begin_window`.
         """
         if name in self._open_windows:
+            self._confirm_held(recover=True)
             self._window_marks.append((name, self._open_windows.pop(name), self._mark()))
+            self._spans[name] = (self._opened_at.pop(name), time.monotonic())
 
     def window_report(self, name: str) -> EnergyReport:
         """The report of a window that has ended, readable while the session is still open (refine's probes).
@@ -236,7 +242,7 @@ class FreqSession(abc.ABC):
         """
         for w, a, b in self._window_marks:
             if w == name:
-                return self._finish(self._window_report(a, b))
+                return self._finish(self._window_report(a, b), name)
         raise KeyError(f"window {name!r} has not ended in this session")
 
     def report(self) -> EnergyReport:
@@ -268,13 +274,31 @@ class FreqSession(abc.ABC):
     def _snapshot(self) -> EnergyReport:
         raise RuntimeError("report() is available after the session has exited")
 
-    def _finish(self, report: EnergyReport) -> EnergyReport:
-        """Judge whether the clock held (None where nothing was pinned)."""
+    def _finish(self, report: EnergyReport, window: str = "") -> EnergyReport:
+        """Judge whether the clock held (None where nothing was pinned): never where the pin was lost during `window`
+        (`_unheld`), else from the clock read back."""
         if self.pinned_mhz is None:
             report.clock_held = None
+        elif self._lost_during(window):
+            report.clock_held = False
         elif report.clock_held is None and report.clock_mhz_measured is not None:
             report.clock_held = self._held(report)
         return report
+
+    def _lost_during(self, window: str) -> bool:
+        begin, end = self._spans.get(window, (-math.inf, math.inf))
+        return any(a <= end and (b is None or b >= begin) for a, b in self._unheld())
+
+    def _unheld(self) -> list[tuple[float, float | None]]:
+        """Spans (monotonic; an end of None: never held again) in which the pinned clock was not held; none by default."""
+        return []
+
+    def _clock_failure(self) -> BaseException | None:
+        """The error that ends a session whose clock was lost for good (None by default: a backend's own pin cannot be)."""
+        return None
+
+    def _confirm_held(self, recover: bool) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Before a window's report: make sure whoever holds the pin still does (nothing to ask by default)."""
 
     def _held(self, report: EnergyReport) -> bool | None:
         """Backends with per-sample clocks judge each sample (`meter.clock_held`); the default judges the mean: held
@@ -284,6 +308,7 @@ class FreqSession(abc.ABC):
 
     def __enter__(self) -> FreqSession:
         self._signals.install()
+        self._opened_at[""] = time.monotonic()
         try:
             with self._signals.deferring():
                 if not self.observe:
@@ -304,19 +329,28 @@ class FreqSession(abc.ABC):
                 try:
                     for name in list(self._open_windows):
                         self.end_window(name)
+                    self._confirm_held(recover=False)
+                    self._spans[""] = (self._opened_at.pop(""), time.monotonic())
                     self._report = self._finish(self._stop_meter())
-                    self.windows = {name: self._finish(self._window_report(a, b)) for name, a, b in self._window_marks}
+                    self.windows = {name: self._finish(self._window_report(a, b), name) for name, a, b in self._window_marks}
                 finally:
                     self._restore()
         finally:
             self._signals.uninstall()
+        lost = self._clock_failure()
+        if lost is not None and exc_type is None:
+            raise lost
         return False
 
 
 class PinnedSession(FreqSession):
     """A hardware session whose clock writes all go through one pin object (`_new_pin`): the backend's own writer as
     root (`JetsonPin`, `NvmlPin`), else the clock service's client (`clockd.client.route_pin`); metering stays in this
-    process either way."""
+    process either way.
+
+    A pin through the service can be lost while the session runs (`clockd.client.ServicePin`): where it was pinned
+    again, every window that overlaps the gap is judged not held and `context` says so (`clock_lost`,
+    `clock_unheld_s`); where it was lost for good, the next `step` (or the exit) raises its `ClockLostError`."""
 
     def __init__(self, device: Any, freq: FreqRequest, observe: bool = False):
         super().__init__(device, freq, observe=observe)
@@ -337,6 +371,47 @@ class PinnedSession(FreqSession):
     def _restore(self) -> None:
         if self._pin is not None:
             self._pin.restore()
+        self._say_lost()
+
+    # a pin through the clock service can be lost while the session runs (`clockd.client.ServicePin`) --------------
+    def step(self, profile: Any = None) -> None:
+        """Once per training step: end the job at once where the clock service lost the pin for good.
+
+        Raises:
+            ClockLostError: the clock was not held from some moment on (the line says why and since when).
+        """
+        failure = self._clock_failure()
+        if failure is not None:
+            self._say_lost()
+            raise failure
+
+    def _unheld(self) -> list[tuple[float, float | None]]:
+        return list(getattr(self._pin, "lost_windows", []))
+
+    def _clock_failure(self) -> BaseException | None:
+        return getattr(self._pin, "failure", None)
+
+    def _confirm_held(self, recover: bool) -> None:
+        confirm = None if self.observe else getattr(self._pin, "confirm", None)
+        if confirm is not None:
+            confirm(recover)
+
+    def _say_lost(self) -> None:
+        """Put in `context` that (and for how long) the clock was not held, where it was not."""
+        spans = self._unheld()
+        if not spans:
+            return
+        now = time.monotonic()
+        self.context["clock_unheld_s"] = round(sum((b if b is not None else now) - a for a, b in spans), 3)
+        failure = self._clock_failure()
+        self.context["clock_lost"] = str(failure) if failure is not None else (
+            f"the clock service lost the pin {len(spans)} time(s); pinned again each time")
+
+    def _relayed_clock_reader(self) -> Any:
+        """The clock the clock service measures for this session (`ServicePin.measured_clock_reader`), None where the
+        pin is this process's own or the service cannot measure it."""
+        reader = getattr(self._pin, "measured_clock_reader", None)
+        return reader() if reader is not None else None
 
 
 @runtime_checkable

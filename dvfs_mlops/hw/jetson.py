@@ -555,7 +555,7 @@ class JetsonSession(PinnedSession):
             raise DvfsError(f"no INA3221 power rails under {dev.root}sys/bus/i2c/drivers; cannot meter energy")
         readers = [r.watts for r in self._rails]
         load_fd = _open_or_none(dev.node / "device/load")
-        measured = gpc_clock_reader(dev.root)  # root only: the clock the GPCs ran at
+        measured = gpc_clock_reader(dev.root) or self._relayed_clock_reader()  # BPMP's GPC clock: as root, or the service's
         clock_fd = _open_or_none(dev.node / "cur_freq") if measured is None else None
         self._fds = [fd for fd in (load_fd, clock_fd) if fd is not None]
 

@@ -495,7 +495,7 @@ class NvmlSession(PinnedSession):
         from dvfs_mlops.hw.clockd.client import route_pin
 
         dev = self.device
-        return route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id, assume_unlocked=dev.assume_unlocked)
+        return route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id)
 
     def _start_meter(self) -> None:
         dev = self.device

@@ -1,24 +1,40 @@
-"""The clock service's client side: one connection per session, the pin living as long as the connection.
+"""The clock service's client side: one connection per session, the pin renewed while the session runs.
 
 `route_pin` decides who writes a session's clock, before anything is touched: root writes itself (the backend's own
 pin); anyone else goes through the service where its socket exists ($DVFS_CLOCKD_SOCKET, else the default); with no
-service, a user who cannot write the clock gets one line naming both ways out.
+service, a user who cannot write the clock gets one line naming both ways out (the lock and journal folders are root's,
+so a user whom a udev rule lets write the clock files cannot pin them directly either).
+
+While a pin holds, a thread renews its lease every few seconds (the service restores a pin whose client goes silent).
+A renew that finds the connection gone (the service stopped, crashed or restarted) marks the moment the clock was last
+known held and pins the same clock again through the service as soon as it answers; the gap is kept
+(`ServicePin.lost_windows`) so the session judges every window it touches as not held. Where the pin cannot be taken
+again (the service stays away, someone else holds the GPU now) or root released it or its maximum lease ran out, the
+pin fails for good (`ServicePin.failure`): the session raises that `ClockLostError` at its next step, and no run is
+labelled with a clock it did not run at.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dvfs_mlops import settings
 from dvfs_mlops.clocks import freq_label
-from dvfs_mlops.errors import DevicePermissionError, DvfsError, RestoreFailedError
-from dvfs_mlops.hw.clockd.protocol import MAX_LINE, Reply, Request, group_name, user_name
+from dvfs_mlops.errors import ClockLostError, ClockServiceGoneError, DevicePermissionError, DvfsError, RestoreFailedError
+from dvfs_mlops.hw.clockd.protocol import FINAL_KINDS, MAX_LINE, Reply, Request, group_name, user_name
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install the clock service once (sudo dvfs-mlops clockd install)"
+REPIN_WITHIN_S = 30.0  # how long a client waits for a restarted service (systemd restarts it after 1 s)
+REPIN_POLL_S = 0.25
 
 
 def _group_of(path: Path) -> str:
@@ -34,7 +50,8 @@ def _me() -> str:
 
 
 class ClockdClient:
-    """One connection to the service; `request` sends a `Request` and waits for its `Reply`.
+    """One connection to the service; `request` sends a `Request` and waits for its `Reply` (one at a time: the
+    session's threads share it).
 
     Args:
         path: the service's socket.
@@ -42,11 +59,12 @@ class ClockdClient:
 
     Raises:
         DevicePermissionError: the kernel or the service refused this user (not in the socket's group).
-        DvfsError: no service answers at `path`.
+        ClockServiceGoneError: no service answers at `path`.
     """
 
     def __init__(self, path: Path, timeout: float = 30.0):
         self.path = Path(path)
+        self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -56,7 +74,7 @@ class ClockdClient:
             raise DevicePermissionError(refused(self.path)) from None
         except OSError as e:
             self._sock.close()
-            raise DvfsError(f"the clock service at {self.path} does not answer ({e.strerror or e}): start it "
+            raise ClockServiceGoneError(f"the clock service at {self.path} does not answer ({e.strerror or e}): start it "
                             "(sudo systemctl start dvfs-clockd, or sudo dvfs-mlops clockd install), or run as root") from None
         self._reader = self._sock.makefile("rb")
 
@@ -64,19 +82,20 @@ class ClockdClient:
         """Send `req`, return the service's reply (errors are in the reply; `Reply.raise_for_error` raises them).
 
         Raises:
-            DvfsError: the connection broke (the service stopped).
+            ClockServiceGoneError: the connection broke (the service stopped).
         """
-        broken: OSError | None = None
-        try:
-            self._sock.sendall(req.encode())
-        except OSError as e:
-            broken = e  # a service that refused this user answered and closed before reading: its line is still there
-        line = b""
-        with contextlib.suppress(OSError):
-            line = self._reader.readline(MAX_LINE * 64)
+        with self._lock:
+            broken: OSError | None = None
+            try:
+                self._sock.sendall(req.encode())
+            except OSError as e:
+                broken = e  # a service that refused this connection answered and closed before reading: its line is there
+            line = b""
+            with contextlib.suppress(OSError, ValueError):
+                line = self._reader.readline(MAX_LINE * 64)
         if not line:
             why = f" ({broken.strerror or broken})" if broken is not None else ""
-            raise DvfsError(f"the clock service at {self.path} closed the connection{why}")
+            raise ClockServiceGoneError(f"the clock service at {self.path} closed the connection{why}")
         return Reply.decode(line)
 
     def close(self) -> None:
@@ -100,36 +119,45 @@ def no_service(path: Path) -> str:
 
 
 class ServicePin:
-    """A pin the clock service holds for this process for as long as the connection lives.
+    """A pin the clock service holds for this process while the connection lives and this process renews it.
 
-    Same calls as a backend's own pin (`JetsonPin`, `NvmlPin`): `pin`, `repin`, `restore`, `held`. Should this process
-    die, the service sees the connection close and restores at once.
+    Same calls as a backend's own pin (`JetsonPin`, `NvmlPin`): `pin`, `repin`, `restore`, `held`; and what only a
+    pin through the service has: `check` (raise if the clock was lost for good), `lost_windows` (when it was not held)
+    and `measured_clock_reader` (the clock the service measures as root). Should this process die, the service sees
+    the connection close and restores at once.
 
     Args:
         backend: "jetson" or "nvml".
         path: the service's socket.
         gpu_uuid: nvml: the GPU's UUID.
-        assume_unlocked: nvml: the caller vouches nobody locked the clocks.
     """
 
-    def __init__(self, backend: str, path: Path, gpu_uuid: str = "", assume_unlocked: bool = False):
+    def __init__(self, backend: str, path: Path, gpu_uuid: str = ""):
         self.backend = backend
         self.path = Path(path)
         self.gpu_uuid = gpu_uuid
-        self.assume_unlocked = assume_unlocked
         self._client: ClockdClient | None = None
+        self._generation = 0  # which connection `_client` is: a recovery replaces it once, however many noticed
+        self._recovering = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._freq = ""
+        self._renew_every_s = 5.0
+        self._measured = False
+        self._last_held = 0.0  # monotonic: the last moment the service said the pin holds
         self.pinned_mhz: float | None = None
+        self.lost_windows: list[tuple[float, float | None]] = []  # monotonic (from, to); to None: never held again
+        self.failure: ClockLostError | None = None
 
     @property
     def held(self) -> bool:
-        return self._client is not None
+        return self._client is not None and self.failure is None
 
-    def _ask(self, op: str, freq: str = "") -> Reply:
-        assert self._client is not None
-        return self._client.request(Request(op, self.backend, self.gpu_uuid, freq, self.assume_unlocked)).raise_for_error()
+    def _ask_on(self, client: ClockdClient, op: str, freq: str = "") -> Reply:
+        return client.request(Request(op, self.backend, self.gpu_uuid, freq)).raise_for_error()
 
     def pin(self, freq: Any) -> dict[str, Any]:
-        """Connect and ask the service to pin `freq` (a clock of the table, or "maxn").
+        """Connect, ask the service to pin `freq` (a clock of the table, or "maxn"), and start renewing it.
 
         Returns:
             What the session logs besides energy, as a pin written directly says it: {"above_mode_cap": True} where
@@ -139,42 +167,197 @@ class ServicePin:
             DeviceBusyError: another client or process holds the GPU (the line names its uid and PID).
             DevicePermissionError: this user is not in the service's group. DvfsError: the service cannot pin.
         """
-        self._client = ClockdClient(self.path)
+        self._freq = freq_label(freq)
+        client = ClockdClient(self.path)
         try:
-            reply = self._ask("pin", freq_label(freq))
+            reply = self._ask_on(client, "pin", self._freq)
+        except ClockServiceGoneError as e:
+            client.close()
+            raise ClockServiceGoneError(f"{e} before answering the pin; a restarted service restores what it wrote from its "
+                                        "journal") from None
         except BaseException:
-            self._client.close()
-            self._client = None
+            client.close()
             raise
-        self.pinned_mhz = reply.pinned_mhz
+        self._take(client, reply)
+        self._renew_every_s = reply.renew_every_s or self._renew_every_s
+        self._measured = reply.measured_clock
+        self._beat = threading.Thread(target=self._renew_loop, daemon=True, name="clockd-renew")
+        self._beat.start()
         return {"above_mode_cap": True} if reply.above_mode_cap else {}
 
+    def _take(self, client: ClockdClient, reply: Reply) -> None:
+        old, self._client = self._client, client
+        self._generation += 1
+        self.pinned_mhz = reply.pinned_mhz
+        self._last_held = time.monotonic()
+        if old is not None:
+            old.close()
+
     def repin(self, mhz: float) -> None:
-        """Ask the service to move the pin to `mhz` (the service's journal keeps the settings found first)."""
-        self.pinned_mhz = self._ask("repin", freq_label(mhz)).pinned_mhz
+        """Ask the service to move the pin to `mhz` (its journal keeps the settings found first); where the connection is
+        gone, the pin is taken again at `mhz`.
+
+        Raises:
+            ClockLostError: the pin was lost for good. DvfsError: the service refused the clock.
+        """
+        self.check()
+        self._freq = freq_label(mhz)
+        client, generation = self._client, self._generation
+        assert client is not None
+        try:
+            self.pinned_mhz = self._ask_on(client, "repin", self._freq).pinned_mhz
+        except ClockLostError as e:
+            self._fail(str(e))
+            raise self.failure from None  # type: ignore[misc]
+        except ClockServiceGoneError as e:
+            if not self._recover(str(e), generation):
+                raise self.failure from None  # type: ignore[misc]
+        self._last_held = time.monotonic()
 
     def restore(self) -> None:
-        """Ask for the restore and wait for its acknowledgement, then close the connection.
+        """Stop renewing, ask for the restore and wait for its acknowledgement, then close the connection (nothing to ask
+        where the pin was lost for good: the service restored it when it ended).
 
         Raises:
             RestoreFailedError: the service could not restore (its journal is kept), or went away before answering
                 (it restores what it journalled when it starts again).
         """
-        if self._client is None:
-            return
+        self._stop.set()
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=REPIN_WITHIN_S + 5)
         client, self._client = self._client, None
+        if client is None:
+            return
         try:
-            self._ask_on(client)
+            if self.failure is None:
+                self._restore_on(client)
         finally:
             client.close()
 
-    def _ask_on(self, client: ClockdClient) -> None:
+    def _restore_on(self, client: ClockdClient) -> None:
         try:
             reply = client.request(Request("restore", self.backend, self.gpu_uuid))
         except DvfsError as e:
             raise RestoreFailedError(f"{e} before acknowledging the restore; it restores from its journal when it "
                                      "starts again (sudo systemctl restart dvfs-clockd)") from None
         reply.raise_for_error()
+
+    # while it holds --------------------------------------------------------------------------------------------------
+    def confirm(self, recover: bool = True) -> None:
+        """Ask the service now whether the pin still holds (a renew, as the renew thread sends), so a window that ends
+        here is judged on what the service says at its end, not at the last periodic renew.
+
+        Args:
+            recover: where the connection is gone, pin the clock again (a window in the middle of a job); False: mark it
+                lost for good (the session is ending).
+        """
+        client, generation = self._client, self._generation
+        if client is None or self.failure is not None:
+            return
+        try:
+            self._ask_on(client, "renew")
+            self._last_held = time.monotonic()
+        except ClockLostError as e:
+            self._fail(str(e))
+        except ClockServiceGoneError as e:
+            if recover:
+                self._recover(str(e), generation)
+            else:
+                self._fail(f"the clock service went away ({' '.join(str(e).split())})")
+
+    def check(self) -> None:
+        """Raise the `ClockLostError` of a pin lost for good (nothing where it holds, or was taken again)."""
+        if self.failure is not None:
+            raise self.failure
+
+    def measured_clock_reader(self) -> Callable[[], float | None] | None:
+        """A reader of the GPU clock the service measures (BPMP's counters on a Jetson, read as root), None where the
+        service cannot measure it on this device. The reader answers None while the pin is lost."""
+        if not self._measured:
+            return None
+
+        def read() -> float | None:
+            client = self._client
+            if client is None or self.failure is not None:
+                return None
+            try:
+                reply = client.request(Request("clock"))
+            except DvfsError:
+                return None  # the renew thread finds the lost connection and deals with it
+            return reply.measured_mhz if reply.ok else None
+
+        return read
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self._renew_every_s):
+            client, generation = self._client, self._generation
+            if client is None:
+                return
+            try:
+                self._ask_on(client, "renew")
+                self._last_held = time.monotonic()
+            except ClockLostError as e:  # root released it, or its lease ran out: never pinned again from here
+                self._fail(str(e))
+                return
+            except ClockServiceGoneError as e:
+                if not self._recover(str(e), generation):
+                    return
+            except DvfsError as e:  # any other refusal of a renew: the service no longer holds it for us
+                self._fail(str(e))
+                return
+
+    def _recover(self, reason: str, generation: int) -> bool:
+        """Pin the clock again through the service after connection `generation` broke; False: lost for good."""
+        with self._recovering:
+            if self._generation != generation or self.failure is not None:
+                return self.failure is None  # another thread already took it again (or gave up)
+            lost_at = self._last_held
+            log.warning("the clock service stopped holding %s (%s): pinning it again through the service", self._freq,
+                        " ".join(reason.split()))
+            deadline = time.monotonic() + REPIN_WITHIN_S
+            last = reason
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                try:
+                    client = ClockdClient(self.path)
+                except DevicePermissionError as e:
+                    last = str(e)
+                    break
+                except ClockServiceGoneError as e:
+                    last = str(e)
+                    self._stop.wait(REPIN_POLL_S)
+                    continue
+                try:
+                    reply = client.request(Request("pin", self.backend, self.gpu_uuid, self._freq))
+                except ClockServiceGoneError as e:
+                    reply = Reply(False, str(e), "error")
+                if reply.ok:
+                    self._take(client, reply)
+                    self.lost_windows.append((lost_at, self._last_held))
+                    log.warning("pinned %s again through the clock service after %.1f s", self._freq, self._last_held - lost_at)
+                    return True
+                client.close()
+                last = reply.error
+                if reply.error_kind in FINAL_KINDS:
+                    break
+                self._stop.wait(REPIN_POLL_S)
+            if self._stop.is_set():  # the session is ending: the gap stays marked, its restore finds the service gone
+                self.lost_windows.append((lost_at, None))
+                return True
+            self._fail(f"the clock service stopped holding it ({' '.join(reason.split())}) and it could not be pinned "
+                       f"again within {REPIN_WITHIN_S:.0f} s: {' '.join(last.split())}")
+            return False
+
+    def _fail(self, why: str) -> None:
+        """The pin is lost for good: from the last moment it was known held on, the clock is not this run's."""
+        if self.failure is None:
+            self.lost_windows.append((self._last_held, None))
+            since = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - self._last_held)))
+            self.failure = ClockLostError(f"the GPU clock {self._freq} MHz was not held from {since} on: {why}; this run "
+                                          "is not a measurement at that clock")
+            log.error("%s", self.failure)
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 def service_socket() -> Path | None:
@@ -188,17 +371,16 @@ def use_service() -> Path | None:
     return None if os.geteuid() == 0 else service_socket()
 
 
-def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], bool] | None = None, gpu_uuid: str = "",
-              assume_unlocked: bool = False) -> Any:
+def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], bool] | None = None, gpu_uuid: str = "") -> Any:
     """Who pins a session's clock: root itself; others the clock service; refused in one line when neither can.
 
     Args:
         backend: "jetson" or "nvml".
         local: makes the backend's own pin (`JetsonPin`, `NvmlPin`).
         writable: whether this process may write the clock itself without root (a udev rule, a fake tree); None: it
-            may not (NVML's clock locks need root).
+            may not (NVML's clock locks need root). Such a writer still needs the state folders' lock and journal,
+            which only their owner reaches (`guard.open_private_dir`): root's on a real machine.
         gpu_uuid: nvml: the GPU's UUID, for the service.
-        assume_unlocked: nvml: passed on to the service.
 
     Returns:
         A pin with `pin`, `repin`, `restore` and `held`, nothing written yet.
@@ -210,7 +392,7 @@ def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], boo
         return local()
     path = service_socket()
     if path is not None:
-        return ServicePin(backend, path, gpu_uuid, assume_unlocked)
+        return ServicePin(backend, path, gpu_uuid)
     if writable is not None and writable():
         return local()
     raise DevicePermissionError(no_service(settings.clockd_socket()))

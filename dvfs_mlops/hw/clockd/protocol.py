@@ -1,9 +1,11 @@
 """The clock service's wire format: one JSON object per line each way, over an AF_UNIX stream socket.
 
 A client sends a `Request`, the service answers one `Reply`. The operations are the only things a client can ask:
-the clock table, the status, pin a clock of the table (or "maxn"), move the pin, restore. A request names no path
-and no raw value: a clock is a label of the device's own table, and the device is the service's choice (the
-devfreq node it found; for NVML, the GPU whose UUID it enumerates itself).
+the clock table, the status, pin a clock of the table (or "maxn"), renew the pin's lease, move the pin, read the
+measured clock, restore; root alone may release another client's pin. A request names no path and no raw value: a
+clock is a label of the device's own table, and the device is the service's choice (the devfreq node it found; for
+NVML, a GPU of its administrator's list whose UUID it enumerates itself). Whether an NVML GPU may be assumed unlocked
+is the administrator's word in the service's config, never the client's.
 """
 from __future__ import annotations
 
@@ -11,11 +13,19 @@ import dataclasses
 import grp
 import json
 import pwd
+import time
 from typing import Any
 
-from dvfs_mlops.errors import DeviceBusyError, DevicePermissionError, DvfsError, RestoreFailedError, UnknownNameError
+from dvfs_mlops.errors import (
+    ClockLostError,
+    DeviceBusyError,
+    DevicePermissionError,
+    DvfsError,
+    RestoreFailedError,
+    UnknownNameError,
+)
 
-OPS = ("table", "status", "pin", "repin", "restore")
+OPS = ("table", "status", "pin", "renew", "repin", "clock", "restore", "release")
 BACKENDS = ("jetson", "nvml")
 MAX_LINE = 4096  # a request is a few dozen bytes; anything longer is refused
 
@@ -25,8 +35,11 @@ ERROR_KINDS: dict[str, type[DvfsError]] = {
     "permission": DevicePermissionError,
     "restore_failed": RestoreFailedError,
     "unknown": UnknownNameError,
+    "lease_ended": ClockLostError,
     "error": DvfsError,
 }
+# Kinds that say the service answered and will not pin this (a client stops trying again); others may pass.
+FINAL_KINDS = ("busy", "permission", "unknown", "lease_ended")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +51,14 @@ class Request:
         backend: "jetson" or "nvml" (table, pin).
         gpu_uuid: nvml: the GPU's UUID, matched against the GPUs the service enumerates itself.
         freq: pin, repin: a clock of the table in MHz as text, or "maxn" (pin only).
-        assume_unlocked: nvml pin: the client vouches that nobody locked the clocks (`NvmlDevice.assume_unlocked`).
+        device: release: the device key whose pin root releases (as `status` names it).
     """
 
     op: str
     backend: str = ""
     gpu_uuid: str = ""
     freq: str = ""
-    assume_unlocked: bool = False
+    device: str = ""
 
     def encode(self) -> bytes:
         return (json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n").encode()
@@ -55,24 +68,35 @@ class Request:
         """Parse one line.
 
         Raises:
-            DvfsError: not a JSON object of known keys and types, or an unknown op or backend.
+            DvfsError: not a JSON object of known keys and string values, or an unknown op or backend.
         """
         data = _object(line)
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        known = [f.name for f in dataclasses.fields(cls)]
         if set(data) - set(known) or "op" not in data:
             raise DvfsError(f"a request holds op and {', '.join(k for k in known if k != 'op')} only")
+        if not all(isinstance(v, str) for v in data.values()):
+            raise DvfsError("a request's fields are strings")
         req = cls(**data)
         if req.op not in OPS or (req.backend and req.backend not in BACKENDS):
             raise DvfsError(f"unknown op {req.op!r} or backend {req.backend!r}; ops: {', '.join(OPS)}")
-        if not all(isinstance(getattr(req, k), str) for k in ("op", "backend", "gpu_uuid", "freq")) or \
-                not isinstance(req.assume_unlocked, bool):
-            raise DvfsError("a request's fields are strings, and assume_unlocked a boolean")
         return req
 
 
 @dataclasses.dataclass(frozen=True)
 class PinStatus:
-    """One GPU the service holds for a client: which, at what clock, for whom."""
+    """One GPU the service holds for a client: which, at what clock, for whom, and for how much longer.
+
+    Attributes:
+        backend: "jetson" or "nvml".
+        device_key: the clock domain (`release` takes it).
+        requested: the clock pinned ("maxn", or MHz as text).
+        uid: the client's uid (SO_PEERCRED). user: its name.
+        pid: the PID that pinned. last_pid: the PID whose message the service read last (SCM_CREDENTIALS: the kernel's
+            word, so a forked child that renews is named, not its exited parent).
+        alive: whether `last_pid` runs now.
+        since: when it was pinned (seconds since the epoch).
+        lease_left_s: until the maximum lease ends it. idle_left_s: until the idle timeout ends it without a renew.
+    """
 
     backend: str
     device_key: str
@@ -81,9 +105,19 @@ class PinStatus:
     pid: int
     user: str
     since: float
+    last_pid: int = 0
+    alive: bool = True
+    lease_left_s: float = 0.0
+    idle_left_s: float = 0.0
 
     def line(self) -> str:
-        return f"{self.device_key} ({self.backend}) pinned at {self.requested} by uid {self.uid} ({self.user}), PID {self.pid}"
+        pid = self.last_pid or self.pid
+        state = "alive" if self.alive else "exited"
+        first = "" if pid == self.pid else f", pinned by PID {self.pid}"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        return (f"{self.device_key} ({self.backend}) pinned at {self.requested} by uid {self.uid} ({self.user}), PID {pid} "
+                f"({state}){first}, since {when}, lease left {duration(self.lease_left_s)}, ends in "
+                f"{duration(self.idle_left_s)} without a renew")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +130,15 @@ class Reply:
         error_kind: which `ERROR_KINDS` class the error is.
         frequencies_mhz: table: the device's clock table.
         pinned_mhz: pin, repin: the clock pinned (None for maxn).
-        current_mhz: table, pin, repin, status: the clock the device reports now, read by the service.
+        current_mhz: table, pin, repin: the clock the device reports now, read by the service.
+        measured_mhz: clock: the GPU clock BPMP measures (Jetson, read as root), None where the service cannot read it.
+        measured_clock: pin: whether `clock` answers with a measured clock on this device.
+        renew_every_s: pin: how often the client renews (a connection silent for `idle_timeout_s` is ended).
+        idle_timeout_s: pin: how long the service waits for a renew before it restores.
+        lease_left_s: pin, renew: how long the pin may still last (the service's maximum lease).
         pins: status: every GPU held, with its owner.
-        lines: restore without a pin: what the service restored from journals of dead runs.
+        scope: status: which NVML GPUs members may lock, and whether they are assumed unlocked (the config's word).
+        lines: restore without a pin: what the service restored from journals of dead runs; status: its limits.
         above_mode_cap: pin: the clock is above the GPU cap of the board's nvpmodel mode (the board may not hold it;
             the client's run records it as a pin written directly would).
     """
@@ -109,14 +149,20 @@ class Reply:
     frequencies_mhz: list[float] = dataclasses.field(default_factory=list)
     pinned_mhz: float | None = None
     current_mhz: float | None = None
+    measured_mhz: float | None = None
+    measured_clock: bool = False
+    renew_every_s: float = 0.0
+    idle_timeout_s: float = 0.0
+    lease_left_s: float = 0.0
     pins: list[PinStatus] = dataclasses.field(default_factory=list)
+    scope: str = ""
     lines: list[str] = dataclasses.field(default_factory=list)
     above_mode_cap: bool = False
 
     @classmethod
-    def failure(cls, err: BaseException) -> Reply:
-        """The reply for an error: a DvfsError's own class and line; anything else as a plain error."""
-        kind = next((k for k, c in ERROR_KINDS.items() if type(err) is c), "error")
+    def failure(cls, err: BaseException, kind: str = "") -> Reply:
+        """The reply for an error: a DvfsError's own class and line (or `kind`); anything else as a plain error."""
+        kind = kind or next((k for k, c in ERROR_KINDS.items() if type(err) is c), "error")
         text = " ".join(str(err).split()) or type(err).__name__
         return cls(False, text, kind)
 
@@ -128,7 +174,8 @@ class Reply:
         data = _object(line)
         known = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
-        data["pins"] = [PinStatus(**p) for p in data.get("pins", [])]
+        pin_fields = {f.name for f in dataclasses.fields(PinStatus)}
+        data["pins"] = [PinStatus(**{k: v for k, v in p.items() if k in pin_fields}) for p in data.get("pins", [])]
         return cls(**data)
 
     def raise_for_error(self) -> Reply:
@@ -148,6 +195,17 @@ def _object(line: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DvfsError("not a JSON object")
     return data
+
+
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: 45 s, 12 min, 3 h 20 min."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60} min" if rest >= 60 else f"{hours} h"
 
 
 def user_name(uid: int) -> str:

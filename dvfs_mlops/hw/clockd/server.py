@@ -1,19 +1,27 @@
 """The clock service: a root process that pins GPU clocks for the members of one group, one pin per connection.
 
-Who may ask: the socket file is root:GROUP mode 0660, so the kernel refuses connect() to anyone else; the service
-also reads each client's credentials from the socket (SO_PEERCRED: pid, uid, gid; SO_PEERGROUPS, Linux >= 4.13, for
-the supplementary groups, else /proc/PID/status "Groups:"; socket(7)) and refuses, with one line and a log line,
-a client outside the group even where the file's mode was loosened. Root is always served.
+Who may ask: the socket file is root:GROUP 0660 in a folder only root controls (`listener`), so the kernel refuses
+connect() to anyone else; the service also reads each client's credentials from the socket (`connection.peer_of`) and
+refuses, with one line and a log line, a client outside the group even where the file's mode was loosened. Root is
+always served. A uid may hold `connections_per_uid` connections and all uids `connections_total` (the root-owned
+config, `config.RootConfig`): one more is accepted, answered in one line and closed, never left queued.
 
 What it does: the operations of `protocol` only. The device is its own choice: the Jetson devfreq node it finds
-under $DVFS_SYSFS_ROOT, or the NVML GPU whose UUID the client names, looked up among the GPUs NVML enumerates here.
-It pins with the backends' own code (`JetsonPin`, `NvmlPin`): the lock (one owner per GPU, across users) and the
-journal (naming the client's PID and uid) are the same as a root session's, in the root state folders.
+under $DVFS_SYSFS_ROOT, or an NVML GPU of the config's list whose UUID the client names, looked up among the GPUs NVML
+enumerates here; whether NVML GPUs may be assumed unlocked is the config's word. It pins with the backends' own code
+(`JetsonPin`, `NvmlPin`): the lock (one owner per GPU, across users) and the journal (naming the client's PID and
+uid) are a root session's, in the root state folders.
 
-A pin lives as long as its connection: when a client closes it, exits or is killed, the kernel closes its end, the
-connection's thread reads end-of-file at once and restores. A client that wants the acknowledgement asks "restore"
-first. On start the service applies any journal a dead run (or a killed service) left, before it listens; on
-SIGTERM/SIGINT it restores every pin it holds, then exits.
+How long a pin lives: while its connection is open and its client renews it. End of file on the connection (the
+client exited or was killed) restores at once; so does a connection silent for the idle timeout (a client that stopped
+renewing: a forked child holding an exited parent's socket); and a pin older than the maximum lease (`--max-lease`)
+is restored, its client told on its next call. Root releases any pin (`clockd release DEVICE`). Whatever ended a pin,
+every later operation on it is refused with that reason: nothing is written for a pin that ended.
+
+Start and stop: on start the service applies the journals a dead run (or a killed service) left, before it listens; a
+journal it cannot apply is logged and kept, and that device refused until it is, while the rest is served. SIGTERM
+and SIGINT stop it: no new pin is taken, a pin in progress is finished and then restored with every other, and a repeat
+signal is logged and ignored. SIGHUP re-reads the config file (NVML scope, limits) and keeps every pin.
 """
 from __future__ import annotations
 
@@ -22,79 +30,78 @@ import dataclasses
 import grp
 import logging
 import os
+import resource
+import selectors
 import signal
 import socket
-import struct
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from dvfs_mlops.errors import DeviceBusyError, DevicePermissionError, DvfsError
-from dvfs_mlops.hw.clockd.protocol import MAX_LINE, PinStatus, Reply, Request, user_name
+from dvfs_mlops.errors import (
+    ClockLostError,
+    DeviceBusyError,
+    DeviceNotFoundError,
+    DevicePermissionError,
+    DvfsError,
+    RestoreFailedError,
+    unknown,
+)
+from dvfs_mlops.hw.clockd.config import RENEWS_PER_TIMEOUT, RootConfig, ServiceConfig, config_path, load_root_config
+from dvfs_mlops.hw.clockd.connection import LineReader, Peer, peer_of, pid_alive
+from dvfs_mlops.hw.clockd.listener import Listener
+from dvfs_mlops.hw.clockd.protocol import PinStatus, Reply, Request, duration
 from dvfs_mlops.hw.device import MAXN, parse_freq
 
 log = logging.getLogger(__name__)
 
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # asm-generic/socket.h; Python does not name it
-_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7), SO_PEERCRED)
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    """A client, as the kernel tells it (not as it says)."""
-
-    pid: int
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @property
-    def user(self) -> str:
-        return user_name(self.uid)
-
-
-def peer_of(conn: socket.socket) -> Peer:
-    """The connected client's pid, uid, gid (SO_PEERCRED) and supplementary groups (SO_PEERGROUPS, else /proc)."""
-    pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    groups: tuple[int, ...] | None = None
-    with contextlib.suppress(OSError):
-        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 65536)
-        groups = struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
-    if groups is None:
-        groups = ()
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("Groups:"):
-                    groups = tuple(int(g) for g in line.split()[1:])
-    return Peer(pid, uid, gid, tuple(groups))
-
-
-@dataclasses.dataclass(frozen=True)
-class ServiceConfig:
-    """How the service runs.
-
-    Attributes:
-        socket_path: where it listens.
-        group: the group whose members it serves (the socket file's group).
-        nvml_module: a `pynvml`-compatible module (None: nvidia-ml-py where installed; tests pass a fake).
-    """
-
-    socket_path: Path
-    group: str
-    nvml_module: Any = None
+STOP_WAIT_S = 60.0  # how long stop() waits for pins in progress before restoring what it holds
+# Descriptors kept free of connections, whatever the config allows: a restore opens sysfs files, a journal and its
+# folder, NVML its device nodes. Clients that hold every descriptor must never make a restore fail.
+FD_RESERVE = 64
 
 
 @dataclasses.dataclass
 class Lease:
-    """One GPU pinned for one connection."""
+    """One GPU pinned for one connection.
+
+    Attributes:
+        key: the device key. pin: the backend's pin (`JetsonPin`, `NvmlPin`). device: its device.
+        status: who pinned what, when. deadline: when the maximum lease ends it (monotonic).
+        last_seen: the last message on its connection (monotonic). last_pid: the PID that sent it.
+        idle_timeout_s: how long its connection may stay silent.
+        measured: reads the GPU clock the hardware measures (None where the service cannot).
+        ended: why it ended ("" while it holds).
+    """
 
     key: str
-    pin: Any  # JetsonPin or NvmlPin
+    pin: Any
     device: Any
     status: PinStatus
+    deadline: float
+    last_seen: float
+    last_pid: int
+    idle_timeout_s: float
+    measured: Callable[[], float | None] | None = None
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    ended: bool = False
+    ended: str = ""
+
+    def snapshot(self) -> PinStatus:
+        now = time.monotonic()
+        return dataclasses.replace(self.status, last_pid=self.last_pid, alive=pid_alive(self.last_pid),
+                                   lease_left_s=self.deadline - now, idle_left_s=self.last_seen + self.idle_timeout_s - now)
+
+
+@dataclasses.dataclass
+class _Client:
+    """One connection's state: who, its pin, when it last spoke, and the idle timeout it was told (a reload that
+    shortens the timeout applies to later connections: a client renews at the period its pin's reply gave)."""
+
+    peer: Peer
+    last_seen: float
+    idle_timeout_s: float
+    lease: Lease | None = None
 
 
 def group_id(name: str) -> int:
@@ -115,159 +122,348 @@ class ClockService:
     """The service: `start()` (journals first, then the socket), `serve_forever()`, `stop()` (restores every pin).
 
     Args:
-        config: where it listens and for whom.
+        config: where it listens, for whom, the maximum lease.
     """
 
     def __init__(self, config: ServiceConfig):
         self.config = config
         self.gid = group_id(config.group)
-        self._sock: socket.socket | None = None
+        self.config_file = config.config_file or config_path()
+        self.root_config = RootConfig()
+        self._listener = Listener(config.socket_path, self.gid)
         self._leases: dict[str, Lease] = {}
         self._reserved: dict[str, PinStatus] = {}
+        self._connections: dict[int, int] = {}  # uid -> open connections
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when a pin in progress ends
+        self._in_progress = 0
         self._jetson: Any = None
         self._stopping = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._reload_asked = False
 
     # lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Apply dead runs' journals, then bind the socket root:GROUP 0660 and listen.
+        """Read the config, apply dead runs' journals, then bind the socket root:GROUP 0660 and listen.
 
         Raises:
-            DvfsError: not root, another service answers on the socket, or a journal could not be applied.
+            DvfsError: not root, the config or the socket's folder is not root's alone, or another service answers on
+                the socket (a journal that cannot be applied is logged and kept instead: its device is refused).
         """
         if os.geteuid() != 0:
             raise DvfsError("the clock service writes clocks, so it runs as root (sudo dvfs-mlops clockd install runs it "
                             "under systemd)")
+        self.root_config = load_root_config(self.config_file)
         from dvfs_mlops.hw import restore_journals
 
-        restore_journals(announce=lambda m: log.info("clockd: on start: %s", m), nvml_module=self.config.nvml_module)
-        path = self.config.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._clear_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # created 0600: nobody else can connect before the group and mode are set
         try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        os.chown(path, 0, self.gid)
-        os.chmod(path, 0o660)
-        sock.listen(64)
-        self._sock = sock
-        log.info("clockd: listening on %s (group %s, gid %d, mode 0660); sysfs root %s", path, self.config.group, self.gid,
-                 _sysfs_root())
+            restore_journals(announce=lambda m: log.info("clockd: on start: %s", m), nvml_module=self.config.nvml_module)
+        except DvfsError as e:
+            log.error("clockd: on start: %s; that device is refused until its journal is applied, every other is served", e)
+        self._listener.open()
+        if self.connections_total() < self.root_config.connections_total:
+            log.warning("clockd: connections_total %d leaves too few of the %d file descriptors this process may open; "
+                        "serving %d connections at most", self.root_config.connections_total,
+                        resource.getrlimit(resource.RLIMIT_NOFILE)[0], self.connections_total())
+        from dvfs_mlops.hw.sysfs import sysfs_root
 
-    @staticmethod
-    def _clear_stale(path: Path) -> None:
-        if not (path.exists() or path.is_symlink()):
+        log.info("clockd: listening on %s (group %s, gid %d, mode 0660); sysfs root %s; max lease %s; config: %s; %s",
+                 self._listener.path, self.config.group, self.gid, sysfs_root(), duration(self.config.max_lease_s),
+                 self.root_config.source, self.root_config.nvml.describe())
+
+    def request_stop(self, signum: int) -> None:
+        """Ask `serve_forever` to return (a signal handler's call: it never raises). A repeat is logged and ignored."""
+        if self._stopping:
+            log.warning("clockd: signal %d while stopping: ignored, every pin is still being restored", signum)
             return
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        log.info("clockd: stopping (signal %d): no new pins; restoring every pin", signum)
+        self._stopping = True
+        self._wake()
+
+    def request_reload(self) -> None:
+        """Ask `serve_forever` to re-read the config file (SIGHUP's call); pins are kept."""
+        self._reload_asked = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def reload(self) -> None:
+        """Re-read the config file; one that cannot be read is logged and the one in force kept."""
         try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # a socket file nobody listens on: a service that died
+            self.root_config = load_root_config(self.config_file)
+        except DvfsError as e:
+            log.error("clockd: reload: %s; keeping the config in force", e)
             return
-        finally:
-            probe.close()
-        raise DvfsError(f"a clock service already listens on {path}; stop it first (sudo systemctl stop dvfs-clockd)")
+        log.info("clockd: reloaded %s: %s; every pin kept", self.root_config.source, self.root_config.nvml.describe())
 
     def serve_forever(self) -> None:
-        """Accept clients until `stop()` (or a signal's SystemExit), one thread each."""
-        assert self._sock is not None
-        while not self._stopping:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                if self._stopping:
-                    return
-                raise
-            threading.Thread(target=self._serve_client, args=(conn,), daemon=True, name="clockd-client").start()
+        """Accept clients, one thread each, until `request_stop` (or `stop`)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener.fileno(), selectors.EVENT_READ, "accept")
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            while not self._stopping:
+                for key, _ in sel.select(timeout=1.0):
+                    if key.data == "wake":
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 512)
+                        if self._reload_asked:
+                            self._reload_asked = False
+                            self.reload()
+                    elif not self._stopping:
+                        try:
+                            self._accept_one()
+                        except OSError as e:  # whatever accept or a peer's credentials failed with: log, back off, go on
+                            log.error("clockd: accepting a connection failed: %s", e)
+                            time.sleep(0.1)
 
     def stop(self) -> None:
-        """Stop listening, restore every pin held, remove the socket file."""
-        self._stopping = True
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            with contextlib.suppress(OSError):
-                self.config.socket_path.unlink()
+        """Stop listening, finish a pin in progress, restore every pin held, remove the socket file."""
+        with self._lock:
+            self._stopping = True
+        self._listener.close()
+        with self._lock:
+            if not self._settled.wait_for(lambda: self._in_progress == 0, timeout=STOP_WAIT_S):
+                log.error("clockd: a pin was still in progress after %.0f s; restoring what is held", STOP_WAIT_S)
         for lease in list(self._leases.values()):
             with contextlib.suppress(DvfsError):  # logged by _end; the journal is kept for the next start
                 self._end(lease, "the service stopped")
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
-    # one client ----------------------------------------------------------------------------------
-    def _serve_client(self, conn: socket.socket) -> None:
-        lease: Lease | None = None
+    # connections -----------------------------------------------------------------------------------
+    def _accept_one(self) -> None:
+        conn = self._listener.accept(self._refuse)
+        if conn is None:
+            return
         try:
             peer = peer_of(conn)
-            if not self._allowed(peer):
-                log.warning("clockd: refused uid %d (%s) PID %d: not in group %s", peer.uid, peer.user, peer.pid, self.config.group)
-                conn.sendall(Reply.failure(DevicePermissionError(
-                    f"uid {peer.uid} ({peer.user}) is not in group {self.config.group!r}: ask an administrator to run "
-                    f"'sudo usermod -aG {self.config.group} {peer.user}' (then log in again), or run as root")).encode())
-                return
-            reader = conn.makefile("rb")
-            while True:
-                line = reader.readline(MAX_LINE + 1)
-                if not line:
-                    break  # end of file: the client closed, exited or was killed
-                try:
-                    reply, lease = self._do(Request.decode(line), peer, lease)
-                except Exception as e:  # noqa: BLE001 - every error is a reply, the service goes on
-                    reply = Reply.failure(e)
-                conn.sendall(reply.encode())
         except OSError:
-            pass  # ECONNRESET and the like: the client is gone
-        finally:
-            if lease is not None:
-                with contextlib.suppress(DvfsError):  # logged by _end; the journal is kept for the next start
-                    self._end(lease, "its client disconnected")
-            with contextlib.suppress(OSError):
-                conn.close()
+            conn.close()
+            return
+        if not self._allowed(peer):
+            log.warning("clockd: refused uid %d (%s) PID %d: not in group %s", peer.uid, peer.user, peer.pid, self.config.group)
+            self._refuse(conn, DevicePermissionError(
+                f"uid {peer.uid} ({peer.user}) is not in group {self.config.group!r}: ask an administrator to run "
+                f"'sudo usermod -aG {self.config.group} {peer.user}' (then log in again), or run as root"))
+            return
+        over = self._count_in(peer)
+        if over:
+            log.warning("clockd: refused a connection of uid %d (%s) PID %d: %s", peer.uid, peer.user, peer.pid, over)
+            self._refuse(conn, over)
+            return
+        try:
+            threading.Thread(target=self._serve_client, args=(conn, peer), daemon=True, name="clockd-client").start()
+        except RuntimeError as e:  # the system is out of threads: answer, back off, keep serving
+            self._count_out(peer)
+            log.error("clockd: cannot start a thread for uid %d PID %d (%s); refused it", peer.uid, peer.pid, e)
+            self._refuse(conn, "the clock service cannot take another client now; retry in a moment")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _refuse(conn: socket.socket, why: str | DvfsError) -> None:
+        """Answer a connection the service does not take in one line, then close it."""
+        err = why if isinstance(why, DvfsError) else DvfsError(why)
+        with contextlib.suppress(OSError):
+            conn.settimeout(1.0)
+            conn.sendall(Reply.failure(err).encode())
+        with contextlib.suppress(OSError):
+            conn.close()
 
     def _allowed(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.gid == self.gid or self.gid in peer.groups
 
-    def _do(self, req: Request, peer: Peer, lease: Lease | None) -> tuple[Reply, Lease | None]:
-        if req.op == "status":
-            return Reply(True, pins=[x.status for x in list(self._leases.values())]), lease
-        if req.op == "restore":
-            if lease is not None:
-                self._end(lease, "its client asked")
-                return Reply(True), None
-            lines: list[str] = []
-            from dvfs_mlops.hw import restore_journals
+    def connections_total(self) -> int:
+        """The config's total, lowered to leave `FD_RESERVE` of this process's descriptors free (RLIMIT_NOFILE)."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = soft - FD_RESERVE if soft != resource.RLIM_INFINITY else self.root_config.connections_total
+        return max(1, min(self.root_config.connections_total, room))
 
-            restore_journals(announce=lines.append, nvml_module=self.config.nvml_module)
-            log.info("clockd: uid %d (%s) PID %d asked to restore journals: %s", peer.uid, peer.user, peer.pid, "; ".join(lines))
-            return Reply(True, lines=lines), None
-        if req.op == "table":
-            dev = self._device(req)
-            try:
-                return Reply(True, frequencies_mhz=dev.frequencies_mhz, current_mhz=dev.current_mhz()), lease
-            finally:
-                self._close(dev)
-        if req.op == "repin":
-            if lease is None:
-                raise DvfsError("nothing pinned on this connection: pin first")
-            mhz = parse_freq(req.freq, lease.device.frequencies_mhz)
-            if mhz == MAXN:
-                raise DvfsError("repin needs a clock of the table, not maxn")
-            with lease.guard:
-                lease.pin.repin(float(mhz))
+    def _count_in(self, peer: Peer) -> str:
+        """Count a new connection of `peer`, or say which limit it is over ('' where it fits; root is not counted)."""
+        if peer.uid == 0:
+            return ""
+        limits = self.root_config
+        with self._lock:
+            mine, total = self._connections.get(peer.uid, 0), sum(self._connections.values())
+            if mine >= limits.connections_per_uid:
+                return (f"uid {peer.uid} ({peer.user}) already has {mine} connections open, the most the clock service "
+                        "allows one user: close some sessions and retry")
+            if total >= self.connections_total():
+                return f"the clock service has {total} connections open, the most it allows: retry in a moment"
+            self._connections[peer.uid] = mine + 1
+        return ""
+
+    def _count_out(self, peer: Peer) -> None:
+        if peer.uid == 0:
+            return
+        with self._lock:
+            left = self._connections.get(peer.uid, 0) - 1
+            if left > 0:
+                self._connections[peer.uid] = left
+            else:
+                self._connections.pop(peer.uid, None)
+
+    def _serve_client(self, conn: socket.socket, peer: Peer) -> None:
+        client = _Client(peer, time.monotonic(), self.root_config.idle_timeout_s)
+        reader = LineReader(conn)
+        why = "its client disconnected"
+        try:
+            while True:
+                try:
+                    got = reader.readline(self._wait_s(client))
+                except TimeoutError:
+                    if self._lease_ran_out(client):
+                        continue  # the connection stays until its client hears why, or goes silent
+                    why = f"its client sent nothing for {duration(client.idle_timeout_s)} (no renew)"
+                    break
+                if got is None:
+                    break  # end of file: the client closed, exited or was killed
+                line, sender = got
+                self._heard(client, sender)
+                try:
+                    reply = self._do(Request.decode(line), client)
+                except Exception as e:  # noqa: BLE001 - every error is a reply, the service goes on
+                    reply = Reply.failure(e)
+                conn.sendall(reply.encode())
+        except DvfsError as e:  # a line too long
+            with contextlib.suppress(OSError):
+                conn.sendall(Reply.failure(e).encode())
+        except OSError:
+            pass  # ECONNRESET and the like: the client is gone
+        finally:
+            if client.lease is not None and not client.lease.ended:
+                with contextlib.suppress(DvfsError):  # logged by _end; the journal is kept for the next start
+                    self._end(client.lease, why)
+            with contextlib.suppress(OSError):
+                conn.close()
+            self._count_out(peer)
+
+    def _wait_s(self, client: _Client) -> float:
+        """How long to wait for the next line: until the idle timeout, or the lease's end if sooner."""
+        until = client.last_seen + client.idle_timeout_s
+        lease = client.lease
+        if lease is not None and not lease.ended:
+            until = min(until, lease.deadline)
+        return max(0.01, until - time.monotonic())
+
+    def _lease_ran_out(self, client: _Client) -> bool:
+        lease = client.lease
+        if lease is None or lease.ended or time.monotonic() < lease.deadline:
+            return False
+        with contextlib.suppress(DvfsError):
+            self._end(lease, f"its lease ran out (the service's maximum, {duration(self.config.max_lease_s)})")
+        return True
+
+    @staticmethod
+    def _heard(client: _Client, sender: int | None) -> None:
+        client.last_seen = time.monotonic()
+        lease = client.lease
+        if lease is not None and not lease.ended:
+            lease.last_seen = client.last_seen
+            lease.last_pid = sender or lease.last_pid
+
+    # operations ------------------------------------------------------------------------------------
+    def _do(self, req: Request, client: _Client) -> Reply:
+        handlers: dict[str, Callable[[Request, _Client], Reply]] = {
+            "status": self._status, "restore": self._restore, "table": self._table, "pin": self._pin_op,
+            "renew": self._renew, "repin": self._repin, "clock": self._clock, "release": self._release}
+        return handlers[req.op](req, client)
+
+    def _status(self, _req: Request, _client: _Client) -> Reply:
+        idle = self.root_config.idle_timeout_s
+        limits = (f"limits: max lease {duration(self.config.max_lease_s)}, idle timeout {duration(idle)}, "
+                  f"{self.root_config.connections_per_uid} connections per user, {self.connections_total()} in "
+                  f"all; config: {self.root_config.source}")
+        return Reply(True, pins=[x.snapshot() for x in list(self._leases.values())],
+                     scope=self.root_config.nvml.describe(), lines=[limits])
+
+    def _held(self, client: _Client) -> Lease:
+        lease = client.lease
+        if lease is None:
+            raise DvfsError("nothing pinned on this connection: pin first")
+        if lease.ended:
+            raise ClockLostError(f"the pin of {lease.key} at {lease.status.requested} ended: {lease.ended}")
+        return lease
+
+    def _renew(self, _req: Request, client: _Client) -> Reply:
+        lease = self._held(client)
+        return Reply(True, lease_left_s=lease.deadline - time.monotonic())
+
+    def _clock(self, _req: Request, client: _Client) -> Reply:
+        lease = self._held(client)
+        return Reply(True, measured_mhz=lease.measured() if lease.measured is not None else None)
+
+    def _repin(self, req: Request, client: _Client) -> Reply:
+        lease = self._held(client)
+        mhz = parse_freq(req.freq, lease.device.frequencies_mhz)
+        if mhz == MAXN:
+            raise DvfsError("repin needs a clock of the table, not maxn")
+        with lease.guard:
+            if lease.ended:  # ended (released, restored, ran out) while this request waited: write nothing
+                raise ClockLostError(f"the pin of {lease.key} ended: {lease.ended}")
+            lease.pin.repin(float(mhz))
             lease.status = dataclasses.replace(lease.status, requested=f"{float(mhz):g}")
-            log.info("clockd: uid %d (%s) PID %d moved %s to %g MHz", peer.uid, peer.user, peer.pid, lease.key, mhz)
-            return Reply(True, pinned_mhz=float(mhz), current_mhz=lease.device.current_mhz()), lease
-        if lease is not None:
-            raise DvfsError(f"this connection already pins {lease.key}; repin to move it, restore to end it")
-        new = self._pin(req, peer)
-        return Reply(True, pinned_mhz=new.pin_mhz, current_mhz=new.lease.device.current_mhz(),
-                     above_mode_cap=new.above_mode_cap), new.lease
+        log.info("clockd: uid %d (%s) PID %d moved %s to %g MHz", client.peer.uid, client.peer.user, lease.last_pid,
+                 lease.key, mhz)
+        return Reply(True, pinned_mhz=float(mhz), current_mhz=lease.device.current_mhz())
 
-    def _pin(self, req: Request, peer: Peer) -> _Pinned:
+    def _restore(self, _req: Request, client: _Client) -> Reply:
+        lease = client.lease
+        if lease is not None:
+            if lease.ended:
+                client.lease = None
+                return Reply(True, lines=[f"the pin of {lease.key} had already ended: {lease.ended}"])
+            self._end(lease, "its client asked")  # a failed restore keeps the ended lease: later operations hear why
+            client.lease = None
+            return Reply(True)
+        lines: list[str] = []
+        from dvfs_mlops.hw import restore_journals
+
+        peer = client.peer
+        try:
+            restore_journals(announce=lines.append, nvml_module=self.config.nvml_module)
+        finally:
+            log.info("clockd: uid %d (%s) PID %d asked to restore journals: %s", peer.uid, peer.user, peer.pid, "; ".join(lines))
+        return Reply(True, lines=lines)
+
+    def _release(self, req: Request, client: _Client) -> Reply:
+        peer = client.peer
+        if peer.uid != 0:
+            raise DevicePermissionError("only root releases another client's pin (sudo dvfs-mlops clockd release DEVICE)")
+        lease = self._leases.get(req.device)
+        if lease is None:
+            raise unknown("pinned device", req.device, sorted(self._leases) or ["(none pinned)"])
+        self._end(lease, f"root released it (PID {peer.pid})")
+        said = (f"released {lease.key} (pinned at {lease.status.requested} by uid {lease.status.uid} ({lease.status.user}), "
+                f"PID {lease.last_pid}): restored")
+        return Reply(True, lines=[said])
+
+    def _table(self, req: Request, _client: _Client) -> Reply:
+        dev = self._device(req)
+        try:
+            return Reply(True, frequencies_mhz=dev.frequencies_mhz, current_mhz=dev.current_mhz())
+        finally:
+            self._close(dev)
+
+    def _pin_op(self, req: Request, client: _Client) -> Reply:
+        if client.lease is not None and not client.lease.ended:
+            raise DvfsError(f"this connection already pins {client.lease.key}; repin to move it, restore to end it")
+        lease, pinned, context = self._pin(req, client.peer, client.idle_timeout_s)
+        client.lease = lease
+        return Reply(True, pinned_mhz=pinned, current_mhz=lease.device.current_mhz(),
+                     above_mode_cap=bool(context.get("above_mode_cap")), measured_clock=lease.measured is not None,
+                     renew_every_s=client.idle_timeout_s / RENEWS_PER_TIMEOUT, idle_timeout_s=client.idle_timeout_s,
+                     lease_left_s=lease.deadline - time.monotonic())
+
+    def _pin(self, req: Request, peer: Peer, idle_timeout_s: float) -> tuple[Lease, float | None, dict[str, Any]]:
         dev = self._device(req)
         try:
             freq = parse_freq(req.freq, dev.frequencies_mhz)
+            if dev.name == "nvml" and freq != MAXN:
+                self._check_nvml_unlocked(dev)
             key = dev.device_key
             label = "maxn" if freq == MAXN else f"{float(freq):g}"
             status = PinStatus(dev.name, key, label, peer.uid, peer.pid, peer.user, time.time())
@@ -275,52 +471,70 @@ class ClockService:
         except BaseException:
             self._close(dev)
             raise
-        pin = self._pin_for(dev, peer)
         try:
-            context = pin.pin(freq)
-        except BaseException:
+            pin = self._pin_for(dev, peer)
             try:
+                context = pin.pin(freq)
+            except BaseException:
                 pin.restore()
-            finally:
-                self._release(key)
-                self._close(dev)
+                raise
+            now = time.monotonic()
+            lease = Lease(key, pin, dev, status, now + self.config.max_lease_s, now, peer.pid, idle_timeout_s,
+                          self._measured_reader(dev))
+            with self._lock:
+                stopping = self._stopping
+                if not stopping:
+                    self._leases[key] = lease
+            if stopping:  # stop() began while the clock was written: undo it here, stop() does not know this pin
+                self._end(lease, "the service stopped while pinning")
+                raise DvfsError("the clock service stopped while pinning; the clock is restored: retry when it is back")
+        except BaseException:
+            with self._lock:
+                self._reserved.pop(key, None)
+                self._leases.pop(key, None)
+            self._close(dev)
             raise
-        lease = Lease(key, pin, dev, status)
-        with self._lock:
-            self._reserved.pop(key, None)
-            self._leases[key] = lease
+        finally:
+            with self._lock:
+                self._reserved.pop(key, None)
+                self._in_progress -= 1
+                self._settled.notify_all()
         log.info("clockd: uid %d (%s) PID %d pinned %s at %s", peer.uid, peer.user, peer.pid, key,
                  "maxn (nothing written)" if freq == MAXN else f"{float(freq):g} MHz")
-        return _Pinned(lease, None if freq == MAXN else float(freq), bool(context.get("above_mode_cap")))
+        return lease, None if freq == MAXN else float(freq), context
 
     def _reserve(self, key: str, status: PinStatus) -> None:
         with self._lock:
-            owner = (self._leases[key].status if key in self._leases else None) or self._reserved.get(key)
+            if self._stopping:
+                raise DvfsError("the clock service is stopping; retry when it is back")
+            lease = self._leases.get(key)
+            owner = (lease.status if lease is not None else None) or self._reserved.get(key)
             if owner is not None:
+                pid = lease.last_pid if lease is not None else owner.pid
                 raise DeviceBusyError(f"the GPU clocks of {key} are in use by uid {owner.uid} ({owner.user}), PID "
-                                      f"{owner.pid}, through the clock service; wait for it to finish, then retry")
+                                      f"{pid}, through the clock service; wait for it to finish, then retry")
             self._reserved[key] = status
-
-    def _release(self, key: str) -> None:
-        with self._lock:
-            self._reserved.pop(key, None)
-            self._leases.pop(key, None)
+            self._in_progress += 1
 
     def _end(self, lease: Lease, why: str) -> None:
-        """Restore `lease` once (the connection's thread and `stop` may both try); a failure is logged, the journal kept."""
+        """Restore `lease` once (its connection, root's release, a timeout and `stop` may all try); every later operation
+        on it is refused with `why`. A failed restore is logged and raised, the journal kept."""
         with lease.guard:
             if lease.ended:
                 return
-            lease.ended = True
+            lease.ended = why
             try:
                 lease.pin.restore()
                 log.info("clockd: restored %s (pinned at %s for uid %d, PID %d): %s", lease.key, lease.status.requested,
-                         lease.status.uid, lease.status.pid, why)
-            except DvfsError as e:
+                         lease.status.uid, lease.last_pid, why)
+            except RestoreFailedError as e:
+                lease.ended = f"{why}, and its restore failed: {e}"
                 log.error("clockd: %s", e)
                 raise
             finally:
-                self._release(lease.key)
+                with self._lock:
+                    if self._leases.get(lease.key) is lease:
+                        del self._leases[lease.key]
                 self._close(lease.device)
 
     # devices -------------------------------------------------------------------------------------
@@ -333,12 +547,43 @@ class ClockService:
                 self._jetson = JetsonDevice()
             return self._jetson
         if req.backend == "nvml":
-            from dvfs_mlops.hw.nvml import NvmlDevice
-
-            if not req.gpu_uuid.startswith("GPU-"):
-                raise DvfsError("an nvml request names its GPU by UUID (GPU-...)")
-            return NvmlDevice(nvml=self.config.nvml_module, uuid=req.gpu_uuid, assume_unlocked=req.assume_unlocked)
+            return self._nvml_device(req.gpu_uuid)
         raise DvfsError("a request names its backend: jetson or nvml")
+
+    def _nvml_device(self, uuid: str) -> Any:
+        from dvfs_mlops.hw.nvml import NvmlDevice
+
+        scope = self.root_config.nvml
+        if not uuid.startswith("GPU-"):
+            raise DvfsError("an nvml request names its GPU by UUID (GPU-...)")
+        allowed = "any GPU of this machine" if scope.gpus is None else (", ".join(scope.gpus) or "none")
+        if not scope.allows(uuid):
+            raise DevicePermissionError(f"GPU {uuid} is not one group {self.config.group} may lock through this clock "
+                                        f"service; it may lock: {allowed} (the administrator's {self.config_file})")
+        try:
+            return NvmlDevice(nvml=self.config.nvml_module, uuid=uuid, assume_unlocked=scope.assume_unlocked)
+        except DeviceNotFoundError:
+            if scope.gpus is None:
+                raise
+            raise DeviceNotFoundError(f"GPU {uuid} is not on this machine now; group {self.config.group} may lock: "
+                                      f"{allowed}") from None
+
+    def _check_nvml_unlocked(self, dev: Any) -> None:
+        if not self.root_config.nvml.assume_unlocked:
+            raise DevicePermissionError(
+                f"the clock service's administrator has not said that nobody locks the clocks of GPU {dev.device_id} by "
+                "hand (nvidia-smi -lgc), and a pin's restore would remove such a lock: ask them to set assume_unlocked = "
+                f"yes under [nvml] in {self.config_file} (then systemctl reload dvfs-clockd), or meter only with --observe")
+
+    @staticmethod
+    def _measured_reader(dev: Any) -> Callable[[], float | None] | None:
+        """How the service reads the clock the GPU runs at: BPMP's GPC counters on a Jetson (debugfs, root only); NVML's
+        graphics clock, itself a measurement."""
+        if dev.name == "jetson":
+            from dvfs_mlops.hw.jetson import gpc_clock_reader
+
+            return gpc_clock_reader(dev.root)
+        return dev.current_mhz
 
     @staticmethod
     def _pin_for(dev: Any, peer: Peer) -> Any:
@@ -356,37 +601,26 @@ class ClockService:
             dev.close()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Pinned:
-    lease: Lease
-    pin_mhz: float | None
-    above_mode_cap: bool = False
-
-
-def _sysfs_root() -> Path:
-    from dvfs_mlops.hw.sysfs import sysfs_root
-
-    return sysfs_root()
-
-
 def serve(config: ServiceConfig) -> None:
-    """Run the service in the foreground until SIGTERM or SIGINT, then restore every pin and return.
+    """Run the service in the foreground until SIGTERM or SIGINT, then restore every pin and return; SIGHUP re-reads
+    the config file and keeps every pin.
 
     Raises:
-        DvfsError: it cannot start (not root, no such group, a service already on the socket, a journal that fails).
+        DvfsError: it cannot start (not root, no such group, an unsafe folder or config, a service already on the socket).
     """
     service = ClockService(config)
     service.start()
 
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
+    def on_signal(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            service.request_reload()
+        else:
+            service.request_stop(signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         service.serve_forever()
-    except SystemExit as e:
-        log.info("clockd: stopping (signal %d)", int(e.code or 0) - 128)
     finally:
+        service.stop()  # the handlers stay: a repeat signal is logged and ignored, never cuts a restore short
         for s, h in previous.items():
             signal.signal(s, h)
-        service.stop()
