@@ -504,3 +504,15 @@ def test_the_cli_pins_an_nvml_gpu_only_with_assume_unlocked(state_dir, monkeypat
     pinned = CliRunner().invoke(main, [*command[:5], "--assume-unlocked", *command[5:]])
     assert pinned.exit_code == 0, pinned.output
     assert gpu.calls == [("lock", 900, 900), ("reset",)] and gpu.locked is None
+
+
+def test_a_limiting_clock_reason_at_the_start_is_recorded():
+    gpu = FakeGPU()
+    gpu.power_cap_mhz, gpu.cap_mhz = 1200, 1100  # a power cap and thermal slowdown hold the clock below its top
+    m = make_module([gpu])
+    with NvmlDevice(nvml=m, sample_hz=100).session("maxn") as s:
+        pass
+    assert s.context["clock_limits_at_start"] == "sw_power_cap,sw_thermal_slowdown"
+    with NvmlDevice(nvml=make_module([FakeGPU()]), sample_hz=100).session("maxn") as s:
+        pass
+    assert "clock_limits_at_start" not in s.context

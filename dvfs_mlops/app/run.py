@@ -31,7 +31,7 @@ from dvfs_mlops.hw.multi import GpuEnergy
 ATTACH_POLL_S = 0.1
 # What a session observed that `run --json` carries (absent keys are null).
 CONTEXT_KEYS = ("nvpmodel_mode", "nvpmodel_gpu_max_mhz", "nvpmodel_tpc_pg_mask", "cap_at_start_mhz", "above_mode_cap",
-                "energy_counter_period_s", "power_source")
+                "clock_limits_at_start", "energy_counter_period_s", "power_source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +105,9 @@ def _context_lines(context: Mapping[str, Any]) -> list[str]:
     if context.get("cap_at_start_mhz") is not None:
         out.append(f"the GPU was capped at {context['cap_at_start_mhz']:g} MHz when the session started (max_freq read below "
                    "the power mode's range): a thermal or other cap; a maxn run under it is not the board's MAXN")
+    if context.get("clock_limits_at_start"):
+        out.append(f"the GPU's clock was held down when the session started ({context['clock_limits_at_start']}, NVML's clock "
+                   "event reasons): a maxn run under it is not the GPU's own default")
     if context.get("above_mode_cap"):
         out.append("pinned above the power mode's GPU cap (--above-mode-cap): the board ran outside the mode's power budget")
     return out

@@ -78,6 +78,11 @@ NVML_FI_DEV_POWER_INSTANT = 186  # "Current GPU power, supported on all architec
 NVML_DEVICE_ARCH_AMPERE = 7
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_ERROR_NOT_FOUND = 6
+# The clocks event reasons that hold the clock below where it would run: someone else's cap (NVML "ClocksEventReasons":
+# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80), by the
+# name a session records them under (`context["clock_limits_at_start"]`).
+LIMITING_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                    0x80: "hw_power_brake_slowdown"}
 # nvmlFieldValue_t.valueType -> the member of its value union that holds the value (nvml.h, nvmlValueType_t)
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 POWER_INSTANT = "instant"
@@ -282,6 +287,11 @@ class NvmlDevice:
             with contextlib.suppress(self.nvml.NVMLError):
                 return int(fn(self.handle))
         return None
+
+    def clock_limits(self) -> list[str]:
+        """The limiting clocks event reasons in force now (`LIMITING_REASONS`), by name; [] where none (or unreadable)."""
+        reasons = self.clocks_event_reasons() or 0
+        return [name for bit, name in LIMITING_REASONS.items() if reasons & bit]
 
     def application_clocks_set(self) -> bool:
         """Whether someone set application clocks (`nvidia-smi -ac`), by what NVML documents: an applications clock ("the
@@ -555,6 +565,9 @@ class NvmlSession(PinnedSession):
         if temp is not None:
             self.context["gpu_temp_c"] = temp
         self.context["power_source"] = dev.power_source  # "instant" or "average_1s" (module doc, Power)
+        limits = dev.clock_limits()
+        if limits:  # a cap someone else holds as the session starts (thermal, power): the NVML side of cap_at_start_mhz
+            self.context["clock_limits_at_start"] = ",".join(limits)
         if dev.mig_enabled():  # NVML meters the physical GPU: every MIG tenant's draw is in it
             self.context["mig_mode"] = "enabled"
             self.context["energy_scope"] = "whole_gpu"
