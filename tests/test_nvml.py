@@ -508,7 +508,7 @@ def test_the_cli_pins_an_nvml_gpu_only_with_assume_unlocked(state_dir, monkeypat
 
 def test_a_limiting_clock_reason_at_the_start_is_recorded():
     gpu = FakeGPU()
-    gpu.power_cap_mhz, gpu.cap_mhz = 1200, 1100  # a power cap and thermal slowdown hold the clock below its top
+    gpu.cap_mhz, gpu.power_cap_mhz = 1200, 1100  # thermal slowdown, then a lower power cap, hold the clock below its top
     m = make_module([gpu])
     with NvmlDevice(nvml=m, sample_hz=100).session("maxn") as s:
         pass

@@ -109,24 +109,16 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
 @opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
-@click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default with CUDA_VISIBLE_DEVICES "
-              "unset: only the GPUs COMMAND's processes use).")
-@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU cap (refused otherwise; "
-              "recorded).")
+@click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default: the GPUs COMMAND uses).")
+@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU cap (recorded).")
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(freq: str, device: DeviceChoice, observe: bool, all_gpus: bool, above_mode_cap: bool, as_json: bool,
-        command: tuple[str, ...]) -> None:
+def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...], **gpus: bool) -> int:
     """Pin the clock (nvml: of the GPUs COMMAND uses, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
     from dvfs_mlops.app.run import run_command
-
-    given = click.get_current_context().get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT
-    outcome = run_command(freq, observe, device, command, say=_echo_err, gpu_index_given=given, all_gpus=all_gpus,
-                          above_mode_cap=above_mode_cap)
-    if as_json:
-        _echo_lines(outcome.notes(), err=True)
-    _echo_lines([json.dumps(outcome.to_json(), indent=2)] if as_json else outcome.lines(), err=not as_json)
-    sys.exit(outcome.returncode)
+    outcome = run_command(freq, observe, device, command, say=_echo_err, **gpus, gpu_index_given=click.get_current_context()
+                          .get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT)
+    return outcome.emit(as_json, click.echo)
 
 
 @main.command()

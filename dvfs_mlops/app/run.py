@@ -14,6 +14,7 @@ What the outcome carries besides energy: the power mode a Jetson ran in, a cap h
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import signal
 import subprocess
@@ -67,6 +68,19 @@ class RunOutcome:
         return {"freq": self.freq, "observe": self.observe, "device": self.device, "device_profile": self.device_profile,
                 "device_id": self.device_id, "returncode": self.returncode, **self.report.to_dict(),
                 **{k: self.context.get(k) for k in CONTEXT_KEYS}, "power_mode": self.power_mode, **several}
+
+    def emit(self, as_json: bool, echo: Callable[..., Any]) -> int:
+        """Print the outcome through `echo` (click.echo's signature): `notes` on stderr, then the `--json` object on
+        stdout, or the `lines` on stderr.
+
+        Returns:
+            The command's exit code (the `run` command's own).
+        """
+        for line in self.notes() if as_json else self.lines():
+            echo(line, err=True)
+        if as_json:
+            echo(json.dumps(self.to_json(), indent=2))
+        return self.returncode
 
     def notes(self) -> list[str]:
         """What the session found that a reader must see (the power mode, a cap held at the start, a pin above the

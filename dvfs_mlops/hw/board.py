@@ -236,7 +236,7 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
         rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
-        mode = device.power_mode() if device.name == "jetson" else None
+        mode = device.power_mode() if device.name == "jetson" and hasattr(device, "power_mode") else None
         return Board(**common, rails=rails, min_window_s=_min_window_s(device), power_average_s=_power_average_s(device),
                      power_mode=mode)
     from dvfs_mlops.hw.twin.profiles import rail_names, twin_digest

@@ -327,10 +327,9 @@ def build_report(
     table_mhz: Sequence[float] = (),
     clock_source: str | None = None,
     emc_mhz: Sequence[float | None] = (),
-    energy_source: str | None = None,
 ) -> EnergyReport:
-    """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter; `energy_source` says
-    which: None takes "counter" with an override and "samples" without).
+    """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter, `energy_source` "counter";
+    without it the samples integrated, "samples").
 
     With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample. The total power of a sample
     (peak, series) is the sum of the plan's total rails, like `energy_total_j`.
@@ -363,7 +362,7 @@ def build_report(
         cpu_gpu_combined=plan.combined,
         clock_source=clock_source if clocks_known else None,
         emc_mhz=time_weighted_mean(times_s, emc_mhz) if emc_mhz else None,
-        energy_source=energy_source or (ENERGY_COUNTER if energy_override_j is not None else ENERGY_SAMPLES),
+        energy_source=ENERGY_COUNTER if energy_override_j is not None else ENERGY_SAMPLES,
     )
 
 
@@ -502,7 +501,7 @@ class PowerSampler:
             self._sample()
 
     def report(self, start: int = 0, end: int | None = None, energy_override_j: Mapping[str, float] | None = None,
-               pinned_mhz: float | None = None, table_mhz: Sequence[float] = (), energy_source: str | None = None) -> EnergyReport:
+               pinned_mhz: float | None = None, table_mhz: Sequence[float] = ()) -> EnergyReport:
         """The report of samples `start..end`, both included.
 
         Args:
@@ -511,7 +510,6 @@ class PowerSampler:
             energy_override_j: joules per rail from a hardware energy counter, used instead of the integral.
             pinned_mhz: the clock pinned, so `clock_held` is judged sample by sample (None: not judged).
             table_mhz: the clock table: half the gap from the pin to its neighbour is the tolerance of that judgement.
-            energy_source: where the energy comes from (None: "counter" with an override, else "samples").
 
         Returns:
             The interval's `EnergyReport`, failed samples inside it counted in `samples_failed`.
@@ -525,8 +523,7 @@ class PowerSampler:
                             clocks_mhz=[s.clock_mhz for s in window] if self._read_clock is not None else (),
                             samples_failed=failed, energy_override_j=energy_override_j,
                             pinned_mhz=pinned_mhz, table_mhz=table_mhz, clock_source=self.clock_source,
-                            emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else (),
-                            energy_source=energy_source)
+                            emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else ())
 
     def span_s(self, start: int, end: int) -> float:
         """Seconds between samples `start` and `end` (two `mark()`s)."""

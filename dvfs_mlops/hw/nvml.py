@@ -61,14 +61,7 @@ from dvfs_mlops.hw.device import (
     parse_freq,
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
-from dvfs_mlops.hw.meter import (
-    CLOCK_MEASURED,
-    ENERGY_COUNTER,
-    ENERGY_SAMPLES,
-    EnergyReport,
-    PowerSampler,
-    infer_update_period,
-)
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler, infer_update_period
 from dvfs_mlops.hw.placement import UUID_PREFIXES, bare_uuid, cuda_device_of
 
 log = logging.getLogger(__name__)
@@ -186,7 +179,8 @@ class NvmlDevice:
         self.assume_unlocked = assume_unlocked
         self._power_source: str | None = None
         self._field_power = False  # the instantaneous power field answered when power_source probed it
-        self._counter_period: tuple[float | None] | None = None  # (period,) once inferred; (None,): it did not advance
+        self._counter_period: float | None = None  # the energy counter's update period once probed (None: no counter)
+        self._counter_probed = False
 
     def _index_of_uuid(self, uuid: str, count: int) -> int:
         """NVML's index of the GPU with `uuid` now (nvmlDeviceGetHandleByUUID, then nvmlDeviceGetIndex); closes and raises
@@ -368,15 +362,14 @@ class NvmlDevice:
     def counter_period_s(self) -> float | None:
         """The energy counter's update period, inferred once per device (`meter.infer_update_period`); None where there
         is no counter or it did not advance while it was watched."""
-        if self._counter_period is None:
-            period = None
+        if not self._counter_probed:
+            self._counter_probed = True
             if self.energy_mj() is not None:
-                period = infer_update_period(self.energy_mj, limit_s=COUNTER_PROBE_S)
-                if period is None:
+                self._counter_period = infer_update_period(self.energy_mj, limit_s=COUNTER_PROBE_S)
+                if self._counter_period is None:
                     log.warning("GPU %d's energy counter did not advance in %g s: its windows are metered from the power "
                                 "samples", self.index, COUNTER_PROBE_S)
-            self._counter_period = (period,)
-        return self._counter_period[0]
+        return self._counter_period
 
     def running_pids(self) -> set[int] | None:
         """The PIDs with a compute context on this GPU now (nvmlDeviceGetComputeRunningProcesses); None where NVML cannot
@@ -586,20 +579,19 @@ class NvmlSession(PinnedSession):
         assert self._sampler is not None
         return (self._sampler.mark(), self.device.energy_mj())
 
-    def _energy(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> tuple[dict[str, float] | None, str]:
-        """A window's energy: the counter's difference where it advanced over at least `COUNTER_MIN_PERIODS` update
-        periods, else None (the samples integrated); and which it is."""
+    def _counter_j(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> dict[str, float] | None:
+        """A window's energy from the counter's difference where it advanced over at least `COUNTER_MIN_PERIODS` update
+        periods; None (the samples integrated: `energy_source` "samples") where it did not."""
         (i0, e0), (i1, e1) = start, end
         if e0 is None or e1 is None or self._period is None or self._sampler is None:
-            return None, ENERGY_SAMPLES
+            return None
         if e1 <= e0 or self._sampler.span_s(i0, i1) < COUNTER_MIN_PERIODS * self._period:
-            return None, ENERGY_SAMPLES
-        return {"gpu": (e1 - e0) / 1000.0}, ENERGY_COUNTER
+            return None
+        return {"gpu": (e1 - e0) / 1000.0}
 
     def _energy_report(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> EnergyReport:
         assert self._sampler is not None
-        joules, source = self._energy(start, end)
-        return self._sampler.report(start[0], end[0], energy_override_j=joules, energy_source=source, **self._judge())
+        return self._sampler.report(start[0], end[0], energy_override_j=self._counter_j(start, end), **self._judge())
 
     def _stop_meter(self) -> EnergyReport:
         assert self._sampler is not None
