@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from dvfs_mlops.hw.guard import list_journals
-from dvfs_mlops.hw.multi import host_name
 from testkit.fakes.fake_pynvml import FakeGPU, read_shared_state, shared_module, write_shared_state
 from tests.conftest import REPO, run_cli
 
@@ -62,6 +61,12 @@ def _run(state: str, tmp_path: Path, *options: str, env: dict | None = None, use
 
 def _uuids(module) -> list[str]:
     return [g.uuid for g in module._gpus]
+
+
+def host_name() -> str:
+    from dvfs_mlops.hw.multi import host_name
+
+    return host_name()
 
 
 def test_all_gpus_pins_meters_and_restores_every_gpu(two_gpus, tmp_path):
