@@ -191,12 +191,52 @@ def test_maxn_leaves_a_power_modes_cap_alone(orin6):
     assert s.context["nvpmodel_mode"] == "2:MODE_30W" and s.context["nvpmodel_gpu_max_mhz"] == 612
 
 
-def test_pin_above_the_modes_cap_says_so(orin6, caplog):
+def test_pin_above_the_modes_cap_is_refused_unless_allowed_and_then_says_so(orin6, caplog, state_dir):
+    from dvfs_mlops.errors import DvfsError
+
     _nvpmodel(orin6, 2, "MODE_30W", 612000000)
-    with caplog.at_level("WARNING"), JetsonDevice(sample_hz=200).session(1020) as s:
+    before = _files(orin6)
+    with pytest.raises(DvfsError, match="above the 612 MHz GPU cap of power mode 2:MODE_30W"), \
+            JetsonDevice(sample_hz=200).session(1020):
+        pass
+    assert _files(orin6) == before and not list(state_dir.iterdir())
+    with caplog.at_level("WARNING"), JetsonDevice(sample_hz=200, above_mode_cap=True).session(1020) as s:
         pass
     assert s.context.get("above_mode_cap") is True
-    assert any("above the 612 MHz GPU cap" in m for m in caplog.messages)
+    assert any("above the 612 MHz GPU cap of power mode 2:MODE_30W" in m for m in caplog.messages)
+
+
+def test_run_refuses_a_clock_above_the_modes_cap_and_records_it_with_above_mode_cap(orin6, state_dir):
+    import json
+    import sys
+
+    _nvpmodel(orin6, 2, "MODE_30W", 612000000)
+    (orin6.node / "max_freq").write_text("612000000\n")
+    env = {"DVFS_SYSFS_ROOT": str(orin6.root)}
+    child = ["--", sys.executable, "-c", "pass"]
+    refused = run_cli("run", "--device", "jetson", "--freq", "1020", *child, env=env)
+    assert refused.returncode == 2 and "--above-mode-cap" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and orin6.range_hz == (ORIN_TABLE_HZ[0], 612000000)
+    r = run_cli("run", "--device", "jetson", "--freq", "1020", "--above-mode-cap", "--json", *child, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["above_mode_cap"] is True and out["nvpmodel_mode"] == "2:MODE_30W" and out["cap_at_start_mhz"] is None
+    assert out["power_mode"] == {"mode_id": 2, "name": "MODE_30W", "gpu_max_mhz": 612.0, "gpu_min_mhz": None, "tpc_pg_mask": None}
+    assert "pinned above the power mode's GPU cap" in r.stderr
+    assert orin6.range_hz == (ORIN_TABLE_HZ[0], 612000000)  # the mode's range, put back
+
+
+def test_run_json_says_a_cap_held_at_the_start(orin6, state_dir):
+    import json
+    import sys
+
+    (orin6.node / "max_freq").write_text("918000000\n")  # max_freq reads 918 MHz under MAXN: someone else's cap
+    r = run_cli("run", "--device", "jetson", "--freq", "maxn", "--json", "--", sys.executable, "-c", "pass",
+                env={"DVFS_SYSFS_ROOT": str(orin6.root)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["cap_at_start_mhz"] == pytest.approx(918) and out["nvpmodel_mode"] == "0:MAXN"
+    assert "capped at 918 MHz when the session started" in r.stderr
 
 
 def test_conditions_are_read_where_present(orin6):

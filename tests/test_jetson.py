@@ -56,13 +56,14 @@ def test_pin_lowering_writes_min_first_and_restores(orin_kernel):
 def test_pin_raising_writes_max_first(orin_kernel):
     k = orin_kernel
     dev = JetsonDevice()
-    dev.write_range(306000000, 408000000)  # someone capped the GPU low
+    dev.write_range(306000000, 408000000)  # someone capped the GPU low, by hand (not through a power mode)
     k.log.clear()
     with dev.session(1020):
         assert k.range_hz == (1020000000, 1020000000)
     assert k.writes[:2] == [("max_freq", 1020000000), ("min_freq", 1020000000)]
-    assert k.range_hz == (306000000, 408000000)  # restored exactly what it found
-    assert k.writes[2:] == [("min_freq", 306000000), ("max_freq", 408000000)]
+    # restored to the user-level range of the power mode in force (MAXN: the whole table), never to a read
+    assert k.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
+    assert k.writes[2:] == [("min_freq", ORIN_TABLE_HZ[0]), ("max_freq", ORIN_TABLE_HZ[-1])]
     assert all(err == 0 for _, _, err in k.log)
 
 
@@ -105,18 +106,107 @@ def test_throttled_clock_does_not_hold(orin_kernel):
     k = orin_kernel
     k.set_throttle_cap_hz(510000000)  # thermal throttling: QoS max below the pin wins
     with JetsonDevice(sample_hz=200).session(918) as s:
-        assert k.range_hz == (918000000, 918000000) and k.read("cur_freq") == "510000000"
+        # the reads are get_freq_range()'s: the cap, not the 918 MHz the session wrote
+        assert k.range_hz == (510000000, 510000000) and k.read("cur_freq") == "510000000"
         time.sleep(0.1)
     assert s.report().clock_held is False and s.report().clock_mhz_measured == pytest.approx(510)
+    assert s.context["cap_at_start_mhz"] == pytest.approx(510)  # the cap was there before the pin
 
 
-def test_nvpmodel_mode_cap_holds_the_clock_below_the_pin(orin6_kernel):
+# -- the power mode (issue 42 items 1 and 2): nvpmodel's GPU cap is devfreq's own max_freq ---------------------------
+def test_a_pin_above_the_modes_cap_is_refused_in_one_line_and_nothing_is_written(orin6_kernel, state_dir):
     k = orin6_kernel
-    k.set_nvpmodel_mode(2)  # MODE_30W caps the GPU at 612 MHz
-    with JetsonDevice(sample_hz=200).session(918) as s:
+    k.set_nvpmodel_mode(2)  # MODE_30W: GPU MAX_FREQ 612 MHz, written into max_freq as nvpmodel does
+    k.clear_log()
+    with pytest.raises(DvfsError) as e, JetsonDevice(sample_hz=200).session(918):
+        pass
+    message = str(e.value)
+    assert "above the 612 MHz GPU cap of power mode 2:MODE_30W" in message and "--above-mode-cap" in message
+    assert "\n" not in message and k.log == [] and not list(state_dir.iterdir())  # nothing written, no lock, no journal
+    assert k.range_hz == (ORIN_TABLE_HZ[0], 612000000)
+
+
+def test_a_pin_above_the_modes_cap_runs_there_when_allowed_and_restore_puts_the_mode_back(orin6_kernel):
+    k = orin6_kernel
+    k.set_nvpmodel_mode(2)
+    with JetsonDevice(sample_hz=200, above_mode_cap=True).session(918) as s:
         time.sleep(0.1)
-    assert s.context.get("above_mode_cap") is True
-    assert s.report().clock_held is False and s.report().clock_mhz_measured == pytest.approx(612)
+        assert k.read("cur_freq") == "918000000"  # the mode's cap is the file just written: the GPU runs at 918 MHz
+    assert s.context.get("above_mode_cap") is True and s.context["nvpmodel_mode"] == "2:MODE_30W"
+    assert s.report().clock_held is True and s.report().clock_mhz_measured == pytest.approx(918)
+    assert k.range_hz == (ORIN_TABLE_HZ[0], 612000000)  # the mode's range again
+    assert "cap_at_start_mhz" not in s.context  # 612 MHz is the mode's own top: no cap beyond the mode
+
+
+def test_restore_never_writes_back_a_thermal_cap_read_at_the_start(orin_kernel):
+    """A point started under a thermal cap must not keep the cap for good: the cap reads back in max_freq
+    (get_freq_range), and writing that read back would make it the user's own limit."""
+    k = orin_kernel
+    k.set_throttle_cap_hz(816000000)
+    with JetsonDevice(sample_hz=200).session(612) as s:
+        pass
+    assert s.context["cap_at_start_mhz"] == pytest.approx(816)
+    k.set_throttle_cap_hz(None)  # the board cooled down
+    assert k.range_hz == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1]) and k.read("cur_freq") == str(ORIN_TABLE_HZ[-1])
+    with JetsonDevice(sample_hz=200).session("maxn") as s:  # the next MAXN baseline runs uncapped
+        pass
+    assert "cap_at_start_mhz" not in s.context and s.report().clock_mhz_measured == pytest.approx(1300.5)
+
+
+def test_a_maxn_point_under_a_cap_is_marked_and_writes_nothing(orin6_kernel):
+    k = orin6_kernel
+    k.set_throttle_cap_hz(918000000)
+    k.clear_log()
+    with JetsonDevice(sample_hz=200).session("maxn") as s:
+        time.sleep(0.05)
+    assert k.log == [] and s.context["cap_at_start_mhz"] == pytest.approx(918)
+    with JetsonDevice(sample_hz=200).session(510, observe=True) as s:  # observe says so too
+        pass
+    assert s.context["cap_at_start_mhz"] == pytest.approx(918)
+
+
+def test_nvpmodel_run_during_a_session_stands_after_the_restore(orin6_kernel):
+    k = orin6_kernel
+    with JetsonDevice(sample_hz=200).session(816):
+        k.set_nvpmodel_mode(1)  # the administrator switches to MODE_15W while the point runs
+    assert k.range_hz == (ORIN_TABLE_HZ[0], 408000000)  # the restore honours the mode in force, not the one found
+
+
+def test_the_restore_range_is_the_modes_min_and_max(tmp_path, monkeypatch):
+    from testkit.fakes.sysfs import FakeKernel
+
+    fake = make_orin_tree(tmp_path / "root")
+    conf = fake.root / "etc/nvpmodel.conf"
+    conf.write_text(conf.read_text().replace("< POWER_MODEL ID=3 NAME=MODE_50W >", "< POWER_MODEL ID=3 NAME=MODE_50W >\n"
+                                             "GPU MIN_FREQ 408000000").replace("GPU MIN_FREQ 0\nGPU MAX_FREQ 816000000",
+                                                                               "GPU MAX_FREQ 816000000"))
+    kernel = FakeKernel(fake)
+    kernel.set_nvpmodel_mode(3)
+    dev = JetsonDevice(root=fake.root, writer=kernel.write)
+    assert dev.power_mode().gpu_min_mhz == 408 and dev.user_range_hz() == (408000000, 816000000)
+    with dev.session(612):
+        assert fake.range_hz == (612000000, 612000000)
+    assert fake.range_hz == (408000000, 816000000)
+    (fake.root / "etc/nvpmodel.conf").unlink()  # no mode readable: the table's ends
+    assert dev.user_range_hz() == (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
+
+
+def test_the_power_mode_is_one_record_on_the_board_and_in_the_session(orin6_kernel):
+    from dvfs_mlops.hw.board import Board, PowerMode, board_of
+
+    k = orin6_kernel
+    k.set_nvpmodel_mode(1)
+    dev = JetsonDevice(sample_hz=200)
+    mode = dev.power_mode()
+    assert mode == PowerMode(1, "MODE_15W", gpu_max_mhz=408.0, gpu_min_mhz=None, tpc_pg_mask=0xC)
+    board = board_of(dev, "cpu")
+    assert board.power_mode == mode and Board.from_json(board.to_json()).power_mode == mode
+    assert board.power_mode_key == "nvpmodel 1:MODE_15W gpu_max_mhz=408 tpc_pg_mask=12"
+    with dev.session(306) as s:
+        pass
+    assert s.power_mode == mode and s.context["nvpmodel_tpc_pg_mask"] == 0xC
+    k.set_nvpmodel_mode(0)
+    assert JetsonDevice().power_mode().identity() == "" and board_of(JetsonDevice(), "cpu").power_mode_key == ""
 
 
 def test_read_only_devfreq_is_a_permission_error_and_nothing_changes(orin_kernel, state_dir):
@@ -160,10 +250,13 @@ def test_energy_of_constant_rails_within_2_percent(orin):
     # VDD_GPU_SOC 5 V * 2.4 A = 12 W, VDD_CPU_CV 6.5 W: the study's CPU+GPU energy
     assert r.energy_j == pytest.approx(18.5 * r.duration_s, rel=0.02)
     assert r.energy_by_rail_j["VDD_GPU_SOC"] == pytest.approx(12.0 * r.duration_s, rel=0.02)
-    assert r.energy_total_j == pytest.approx((12.0 + 6.5 + 2.5 + 1.5) * r.duration_s, rel=0.02)
+    # VIN_SYS_5V0 feeds VDDQ_VDD2_1V8AO: the DRAM rail (1.5 W) is read and logged, not added again
+    assert r.energy_total_j == pytest.approx((12.0 + 6.5 + 2.5) * r.duration_s, rel=0.02)
+    assert r.energy_by_rail_j["VDDQ_VDD2_1V8AO"] == pytest.approx(1.5 * r.duration_s, rel=0.02)
+    assert r.energy_source == "samples" and s.context["energy_source"] == "samples"
     assert 40 <= r.samples <= 60 and r.simulated is False
     assert r.gpu_util_pct == pytest.approx(52.3)
-    assert r.peak_power_w == pytest.approx(22.5)
+    assert r.peak_power_w == pytest.approx(21.0)
 
 
 def test_energy_tracks_changing_power(orin):
@@ -253,14 +346,15 @@ def test_agx_orin_energy_is_gpu_soc_plus_cpu_cv_and_says_so(orin6):
         time.sleep(0.3)
     r = s.report()
     assert r.energy_rails == ("VDD_GPU_SOC", "VDD_CPU_CV") and not r.cpu_gpu_combined
-    assert r.total_rails == ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")  # no input rail: the sum
+    # no input rail: the rails no other rail feeds (VIN_SYS_5V0 feeds VDDQ_VDD2_1V8AO: energymon JetsonPowerRails.md)
+    assert r.total_rails == ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0")
     assert r.energy_gpu_j == pytest.approx(12.0 * r.duration_s, rel=0.03)
     assert r.energy_cpu_j == pytest.approx(6.5 * r.duration_s, rel=0.03)
     assert r.to_dict()["energy_rails"] == ("VDD_GPU_SOC", "VDD_CPU_CV")
 
 
 @pytest.mark.parametrize("module", ["p3767-0000", "p3767-0003"])
-def test_orin_nx_and_nano_energy_is_the_combined_rail_and_the_total_is_vdd_in(tmp_path, monkeypatch, module):
+def test_orin_nx_and_nano_energy_is_cpu_gpu_cv_plus_soc_and_the_total_is_vdd_in(tmp_path, monkeypatch, module):
     fake = make_orin_tree(tmp_path / "root", module=module)
     monkeypatch.setenv("DVFS_SYSFS_ROOT", str(fake.root))
     assert sorted(r.name for r in find_rails()) == ["VDD_CPU_GPU_CV", "VDD_IN", "VDD_SOC"]
@@ -268,14 +362,15 @@ def test_orin_nx_and_nano_energy_is_the_combined_rail_and_the_total_is_vdd_in(tm
         time.sleep(0.4)
     r = s.report()
     d = r.duration_s
-    assert r.energy_j == pytest.approx(NX_RAILS_W["VDD_CPU_GPU_CV"] * d, rel=0.03)
+    # CPU, GPU, CV and SoC on every family: VDD_SOC joins the combined rail (the AGX Orin's VDD_GPU_SOC carries it)
+    assert r.energy_j == pytest.approx((NX_RAILS_W["VDD_CPU_GPU_CV"] + NX_RAILS_W["VDD_SOC"]) * d, rel=0.03)
     # VDD_IN feeds the other two: the total is VDD_IN alone, never VDD_IN + its sub-rails
     assert r.energy_total_j == pytest.approx(NX_RAILS_W["VDD_IN"] * d, rel=0.03)
     assert r.peak_power_w == pytest.approx(NX_RAILS_W["VDD_IN"]) and r.avg_power_w == pytest.approx(NX_RAILS_W["VDD_IN"], rel=0.03)
-    assert r.energy_rails == ("VDD_CPU_GPU_CV",) and r.total_rails == ("VDD_IN",)
+    assert r.energy_rails == ("VDD_CPU_GPU_CV", "VDD_SOC") and r.total_rails == ("VDD_IN",)
     assert r.cpu_gpu_combined and r.energy_gpu_j is None and r.energy_cpu_j is None  # one rail: not separable
     out = r.to_dict()
-    assert out["energy_rails"] == ("VDD_CPU_GPU_CV",) and out["cpu_gpu_combined"] is True
+    assert out["energy_rails"] == ("VDD_CPU_GPU_CV", "VDD_SOC") and out["cpu_gpu_combined"] is True
 
 
 def test_the_kernel_trees_measured_clock_is_read_and_judged(orin6_kernel):

@@ -18,6 +18,7 @@ from testkit.fakes.sysfs import (
     GPC_CLOCK_FILES,
     NVPMODEL_MODES,
     ORIN_TABLE_HZ,
+    TPC_PG_MASK_FILE,
     make_orin_tree,
     set_gpc_clock_hz,
 )
@@ -94,7 +95,7 @@ def test_cur_freq_is_the_top_of_the_range_under_the_caps(orin6_kernel):
     write(k.node / "max_freq", "612000000")
     assert k.read("cur_freq") == "612000000"
     k.set_throttle_cap_hz(510000000)  # below the user's min: the cap wins
-    assert k.read("cur_freq") == "510000000" and k.range_hz == (612000000, 612000000)
+    assert k.read("cur_freq") == "510000000"
     k.set_throttle_cap_hz(None)
     write(k.node / "max_freq", "700000000")  # not a table entry: the GPU runs at the one below
     assert k.read("cur_freq") == "612000000"
@@ -102,16 +103,40 @@ def test_cur_freq_is_the_top_of_the_range_under_the_caps(orin6_kernel):
     assert k.read("cur_freq") == str(TMIN)
 
 
-def test_nvpmodel_mode_caps_cur_freq(orin6_kernel):
+def test_reads_are_get_freq_range_not_the_users_request(orin6_kernel):
+    """devfreq.c: min_freq_show/max_freq_show print get_freq_range() (every QoS request together, min never above max);
+    a thermal cap (devfreq_cooling's QoS max request) reads back in max_freq, and lifting it brings the request back."""
+    k = orin6_kernel
+    write(k.node / "min_freq", "612000000")
+    write(k.node / "max_freq", "1020000000")
+    k.set_throttle_cap_hz(816000000)
+    assert k.range_hz == (612000000, 816000000)
+    assert (k.backing.node / "max_freq").read_text() == "1020000000\n"  # the request itself is kept as written
+    k.set_throttle_cap_hz(510000000)  # below the user's min: min reads as max
+    assert k.range_hz == (510000000, 510000000)
+    k.set_throttle_cap_hz(None)
+    assert k.range_hz == (612000000, 1020000000)
+
+
+def test_max_freq_requests_are_rounded_up_to_khz_like_pm_qos(orin6_kernel):
+    k = orin6_kernel
+    write(k.node / "max_freq", "612000001")  # DIV_ROUND_UP(value, HZ_PER_KHZ): 612001 kHz
+    write(k.node / "min_freq", "408000999")  # value / HZ_PER_KHZ: 408000 kHz
+    assert k.range_hz == (408000000, 612001000)
+
+
+def test_nvpmodel_writes_the_modes_range_into_the_same_files(orin6_kernel):
+    """NVIDIA's nvpmodel template maps GPU MAX_FREQ/MIN_FREQ onto devfreq's max_freq/min_freq: the mode's cap is the
+    user's max_freq request, no second cap. A later write of max_freq replaces it."""
     k = orin6_kernel
     k.set_nvpmodel_mode(1)  # MODE_15W: GPU MAX_FREQ 408 MHz
     assert (k.root / "var/lib/nvpmodel/status").read_text() == "pmode:0001 fmode:quiet\n"
-    assert k.read("cur_freq") == "408000000" and k.range_hz == (TMIN, TMAX)
-    k.set_nvpmodel_cap_hz(816000000)  # override the mode's cap
+    assert k.range_hz == (TMIN, 408000000) and k.read("cur_freq") == "408000000"
+    assert (k.root / TPC_PG_MASK_FILE).read_text() == "12\n"
+    write(k.node / "max_freq", "816000000")  # a user's write replaces the mode's cap: the GPU runs above it
     assert k.read("cur_freq") == "816000000"
-    k.set_nvpmodel_cap_hz(None)
-    assert k.read("cur_freq") == str(TMAX)
-    k.set_nvpmodel_mode(0)  # MAXN: no cap, back to following the files
+    k.set_nvpmodel_mode(0)  # MAXN: GPU MAX_FREQ -1, no cap
+    assert k.range_hz == (TMIN, TMAX) and (k.root / TPC_PG_MASK_FILE).read_text() == "0\n"
     k.set_throttle_cap_hz(918000000)
     assert k.read("cur_freq") == "918000000"
 
@@ -122,8 +147,8 @@ def test_tree_built_in_a_capped_mode(tmp_path):
         pytest.skip(why)
     with kernelfs.mount_orin(tmp_path, jetpack=5, nvpmodel_mode=2) as k:  # MODE_30W
         assert k.range_hz == (TMIN, 612000000) and k.read("cur_freq") == "612000000"
-        write(k.node / "max_freq", str(TMAX))  # raising max does not lift the mode's cap
-        assert k.read("cur_freq") == "612000000"
+        write(k.node / "max_freq", str(TMAX))  # the mode's cap is this very file: raising it lifts the cap
+        assert k.read("cur_freq") == str(TMAX)
 
 
 def test_bpmp_gpc_counters_read_the_clock_the_gpu_runs_at(orin6_kernel):
@@ -316,9 +341,12 @@ def test_plain_tree_has_thermal_zones_emc_and_nvpmodel(tmp_path, jetpack, gpu_ty
     assert (tmp_path / "var/lib/nvpmodel/status").read_text() == "pmode:0000 fmode:quiet\n"
     conf = (tmp_path / "etc/nvpmodel.conf").read_text()
     heads = re.findall(r"< POWER_MODEL ID=(\d+) NAME=(\S+) >", conf)
-    assert [(int(i), n) for i, n in heads] == [(m, n) for m, n, _ in NVPMODEL_MODES]
+    assert [(int(i), n) for i, n in heads] == [(m, n) for m, n, _, _ in NVPMODEL_MODES]
     assert re.findall(r"GPU MAX_FREQ (-?\d+)", conf) == ["-1", "408000000", "612000000", "816000000"]
-    assert fake.range_hz == (TMIN, TMAX)
+    assert re.findall(r"TPC_POWER_GATING TPC_PG_MASK (\d+)", conf) == ["0", "12", "8", "0"]
+    # the PARAM section names each knob's file: the GPU's clock is this tree's devfreq node
+    assert f"MAX_FREQ /{fake.node.relative_to(tmp_path)}/max_freq" in conf and f"TPC_PG_MASK /{TPC_PG_MASK_FILE}" in conf
+    assert fake.range_hz == (TMIN, TMAX) and (tmp_path / TPC_PG_MASK_FILE).read_text() == "0\n"
 
 
 def test_plain_tree_in_a_capped_mode(tmp_path):

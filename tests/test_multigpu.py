@@ -1,4 +1,5 @@
-"""Several GPUs of one job: `dvfs-mlops run` pins, meters and restores every GPU the command can see, and DvfsCallback
+"""Several GPUs of one job: `dvfs-mlops run` pins, meters and restores the GPUs the command uses (CUDA_VISIBLE_DEVICES's,
+--all-gpus every one, else those NVML lists its processes on), and DvfsCallback
 under `torchrun` runs every rank at one clock on its own GPU and logs one MLflow run (tests on a fake 2-GPU NVML shared
 by the processes through a state file: testkit/fakes/fake_pynvml.py, `shared_module`)."""
 from __future__ import annotations
@@ -29,11 +30,30 @@ def two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, obje
     return path, module
 
 
-def _run(state: str, tmp_path: Path, *options: str, env: dict | None = None):
-    """`dvfs-mlops run --device nvml --freq 900 --assume-unlocked OPTIONS -- python (copy the fake's state now)`: the
-    CLI's result and the state file as the command saw it while it ran."""
+# The command `run` starts: it opens a compute context on each GPU of USES in turn (the fake NVML then lists its PID
+# there) and waits until `run` pinned that GPU, copies the fake's state as it sees it, and ends a little later.
+_CHILD = """
+import json, shutil, sys, time
+sys.path.insert(0, sys.argv[4])
+from testkit.fakes.fake_pynvml import read_shared_state, use_gpu
+state, seen, uses = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+time.sleep(0.05)
+for index in uses:
+    use_gpu(state, index)
+    t0 = time.monotonic()
+    while read_shared_state(state)["gpus"][index]["locked"] is None and time.monotonic() - t0 < 20:
+        time.sleep(0.01)
+time.sleep(0.3)
+shutil.copy(state, seen)
+time.sleep(0.1)
+"""
+
+
+def _run(state: str, tmp_path: Path, *options: str, env: dict | None = None, uses: tuple[int, ...] = ()):
+    """`dvfs-mlops run --device nvml --freq 900 --assume-unlocked OPTIONS -- python (open a context on each GPU of
+    `uses`, then copy the fake's state)`: the CLI's result and the state file as the command saw it while it ran."""
     seen = tmp_path / "seen.json"
-    child = [sys.executable, "-c", "import shutil, sys, time; time.sleep(0.3); shutil.copy(sys.argv[1], sys.argv[2])", state, str(seen)]
+    child = [sys.executable, "-c", _CHILD, state, str(seen), json.dumps(list(uses)), str(REPO)]
     r = run_cli("run", "--device", "nvml", "--freq", str(FREQ), "--assume-unlocked", "--sample-hz", "20", *options, "--", *child,
                 env=env)
     return r, (json.loads(seen.read_text()) if seen.exists() else None)
@@ -43,9 +63,15 @@ def _uuids(module) -> list[str]:
     return [g.uuid for g in module._gpus]
 
 
-def test_run_pins_meters_and_restores_every_gpu_without_cuda_visible_devices(two_gpus, tmp_path):
+def host_name() -> str:
+    from dvfs_mlops.hw.multi import host_name
+
+    return host_name()
+
+
+def test_all_gpus_pins_meters_and_restores_every_gpu(two_gpus, tmp_path):
     state, module = two_gpus
-    r, seen = _run(state, tmp_path)
+    r, seen = _run(state, tmp_path, "--all-gpus")
     assert r.returncode == 0, r.stderr
     assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]  # both pinned while the command ran
     after = read_shared_state(state)
@@ -53,9 +79,10 @@ def test_run_pins_meters_and_restores_every_gpu_without_cuda_visible_devices(two
     assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(0, "lock"), (1, "lock"), (1, "reset"), (0, "reset")]
     lines = r.stderr.strip().splitlines()
     uuids = _uuids(module)
-    assert lines[-3].startswith(f"GPU 0 ({uuids[0]}): ") and lines[-2].startswith(f"GPU 1 ({uuids[1]}): ")
+    host = host_name()
+    assert lines[-3].startswith(f"GPU 0 ({host}/{uuids[0]}): ") and lines[-2].startswith(f"GPU 1 ({host}/{uuids[1]}): ")
     assert lines[-1].startswith("sum of 2 GPUs: energy: ") and lines[-1].endswith("exit code 0")
-    per_gpu = [float(line.split(": ", 1)[1].split(" J")[0]) for line in lines[-3:-1]]
+    per_gpu = [float(line.split("): ", 1)[1].split(" J")[0]) for line in lines[-3:-1]]
     total = float(lines[-1].split("energy: ")[1].split(" J")[0])
     watts = [float(line.split("avg ")[1].split(" W")[0]) for line in lines[-3:-1]]
     assert total == pytest.approx(sum(per_gpu), abs=0.02) and watts == pytest.approx([100, 200], rel=0.05)  # each GPU's own draw
@@ -63,14 +90,62 @@ def test_run_pins_meters_and_restores_every_gpu_without_cuda_visible_devices(two
 
 def test_run_json_holds_each_gpu_and_the_sum(two_gpus, tmp_path):
     state, module = two_gpus
-    r, _ = _run(state, tmp_path, "--json")
+    r, _ = _run(state, tmp_path, "--all-gpus", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["gpu_count"] == 2 and [g["index"] for g in out["gpus"]] == [0, 1] and [g["uuid"] for g in out["gpus"]] == _uuids(module)
+    assert [g["key"] for g in out["gpus"]] == [f"{host_name()}/{u}" for u in _uuids(module)]
     assert out["energy_j"] == pytest.approx(sum(g["energy_j"] for g in out["gpus"]))
     assert out["energy_total_j"] == pytest.approx(sum(g["energy_total_j"] for g in out["gpus"]))
     assert out["duration_s"] == pytest.approx(max(g["duration_s"] for g in out["gpus"]))
     assert all(g["energy_j"] > 0 and g["clock_held"] is True for g in out["gpus"]) and out["clock_held"] is True
+
+
+# -- CUDA_VISIBLE_DEVICES unset (issue 42 item 3): only the GPUs the command's processes use -----------------------------
+def test_without_cuda_visible_devices_only_the_gpu_the_command_uses_is_pinned_and_metered(two_gpus, tmp_path):
+    state, module = two_gpus
+    r, seen = _run(state, tmp_path, "--json", uses=(1,))
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [None, [FREQ, FREQ]]  # GPU 0 (another user's) untouched
+    after = read_shared_state(state)
+    assert [(c["gpu"], c["call"][0]) for c in after["calls"]] == [(1, "lock"), (1, "reset")]
+    assert [g["locked"] for g in after["gpus"]] == [None, None]
+    out = json.loads(r.stdout)
+    assert out["gpu_count"] == 1 and out["gpus"][0]["index"] == 1 and out["device_id"] == _uuids(module)[1]
+    assert out["gpus"][0]["attached_after_s"] > 0 and out["gpus"][0]["key"] == f"{host_name()}/{_uuids(module)[1]}"
+    # the idle 100 W GPU never enters energy_j: the sum is the 200 W GPU's alone
+    assert out["energy_j"] == pytest.approx(out["gpus"][0]["energy_j"]) and out["avg_power_w"] == pytest.approx(200, rel=0.05)
+
+
+def test_a_gpu_the_command_takes_later_is_pinned_when_it_does(two_gpus, tmp_path):
+    state, _module = two_gpus
+    r, seen = _run(state, tmp_path, "--json", uses=(0, 1))
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]
+    out = json.loads(r.stdout)
+    first, second = out["gpus"]
+    assert (first["index"], second["index"]) == (0, 1) and second["attached_after_s"] > first["attached_after_s"]
+    assert [g["locked"] for g in read_shared_state(state)["gpus"]] == [None, None]
+
+
+def test_a_command_that_uses_no_gpu_pins_and_meters_none(two_gpus, tmp_path):
+    state, _module = two_gpus
+    r, seen = _run(state, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [g["locked"] for g in seen["gpus"]] == [None, None] and read_shared_state(state)["calls"] == []
+    assert "the command used no GPU" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("energy: 0.00 J")
+
+
+def test_where_nvml_cannot_list_processes_run_refuses_in_one_line_before_anything(two_gpus, tmp_path):
+    state, module = two_gpus
+    module._gpus[1].process_list_api = False
+    r, seen = _run(state, tmp_path, uses=(1,))
+    assert r.returncode == 2 and seen is None and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert all(name in line for name in ("--gpu-index", "CUDA_VISIBLE_DEVICES", "--all-gpus"))
+    assert read_shared_state(state)["calls"] == []
+    refused = run_cli("run", "--device", "nvml", "--freq", "900", "--gpu-index", "1", "--all-gpus", "--", "true")
+    assert refused.returncode == 2 and "give one of them" in refused.stderr
 
 
 def test_run_pins_only_the_gpu_cuda_visible_devices_names_by_uuid(two_gpus, tmp_path):
@@ -88,7 +163,7 @@ def test_run_pins_only_the_gpu_cuda_visible_devices_names_by_uuid(two_gpus, tmp_
 
 def test_run_with_every_gpu_by_index_pins_both_and_a_subset_by_index_is_refused(two_gpus, tmp_path):
     state, _module = two_gpus
-    r, seen = _run(state, tmp_path, env={"CUDA_VISIBLE_DEVICES": "1,0"})
+    r, seen = _run(state, tmp_path, env={"CUDA_VISIBLE_DEVICES": "1,0"}, uses=(0, 1))
     assert r.returncode == 0, r.stderr
     assert [g["locked"] for g in seen["gpus"]] == [[FREQ, FREQ], [FREQ, FREQ]]
     calls = len(read_shared_state(state)["calls"])
@@ -108,7 +183,7 @@ def test_run_gpu_index_pins_that_gpu_alone(two_gpus, tmp_path):
 def test_a_refused_pin_on_the_second_gpu_restores_the_first(two_gpus, tmp_path):
     state, module = two_gpus
     module._gpus[1].permission = False  # NVML refuses this process the second GPU's lock
-    r, seen = _run(state, tmp_path)
+    r, seen = _run(state, tmp_path, "--all-gpus")
     assert r.returncode == 2 and "no permission" in r.stderr and seen is None  # the command never ran
     after = read_shared_state(state)
     assert [g["locked"] for g in after["gpus"]] == [None, None]
@@ -279,3 +354,20 @@ def test_a_rank_killed_under_torchrun_leaves_a_journal_that_restore_puts_back(tm
     r = run_cli("restore")
     assert r.returncode == 0, r.stderr
     assert [g["locked"] for g in read_shared_state(state)["gpus"]] == [None, None] and list_journals(state_dir) == []
+
+
+# -- per-GPU figures keyed by node and GPU (issue 42 item 9) ------------------------------------------------------------
+def test_per_gpu_figures_are_keyed_by_node_and_uuid_never_by_index_alone(monkeypatch):
+    import pickle
+    import socket
+
+    from dvfs_mlops.hw.meter import EnergyReport
+    from dvfs_mlops.hw.multi import GpuEnergy
+
+    report = EnergyReport(1.0, 10.0, 10.0, {"gpu": 10.0}, 10.0, 10.0, None, 5, False)
+    a, b = GpuEnergy(0, "GPU-aaaa", report, 0, host="node-a"), GpuEnergy(0, "GPU-aaaa", report, 1, host="node-b")
+    assert a.key == "node-a/GPU-aaaa" != b.key == "node-b/GPU-aaaa"  # GPU 0 of two nodes: two keys
+    assert a.to_dict()["key"] == "node-a/GPU-aaaa" and a.to_dict()["host"] == "node-a"
+    assert pickle.loads(pickle.dumps(b)).key == b.key  # what torch.distributed's all_gather_object carries to rank 0
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu node #7")
+    assert GpuEnergy(3, "GPU-cccc", report).key == "gpu-node--7/GPU-cccc"  # a name MLflow takes in metric and tag names

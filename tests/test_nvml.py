@@ -45,12 +45,13 @@ def test_restore_after_exception():
 
 
 def test_energy_counter_used():
-    m = make_module([FakeGPU(power_mw=200_000)])
+    m = make_module([FakeGPU(power_mw=200_000, energy_period_s=0.01)])
     with NvmlDevice(nvml=m, sample_hz=20, assume_unlocked=True).session(1200) as s:
         time.sleep(0.5)
     r = s.report()
     assert r.energy_j == pytest.approx(200 * r.duration_s, rel=0.05)
     assert r.energy_by_rail_j.keys() == {"gpu"} and r.gpu_util_pct == 87
+    assert r.energy_source == "counter" and s.context["energy_source"] == "counter"  # 0.5 s is 50 counter periods
 
 
 def test_power_sampling_when_counter_unsupported():
@@ -140,16 +141,67 @@ def test_capped_clock_does_not_hold():
 
 
 def test_windows_use_the_energy_counter_difference():
-    m = make_module([FakeGPU(power_mw=100_000)])
+    m = make_module([FakeGPU(power_mw=100_000, energy_period_s=0.005)])
     with NvmlDevice(nvml=m, sample_hz=100, assume_unlocked=True).session(900) as s:
         time.sleep(0.02)
         with s.window("train"):
             time.sleep(0.2)
         time.sleep(0.05)
     train, whole = s.report(), s.session_report()
-    assert train is s.windows["train"]
+    assert train is s.windows["train"] and train.energy_source == "counter"
     assert train.energy_j == pytest.approx(100.0 * train.duration_s, rel=0.1)  # 100 W for the window only
     assert whole.energy_j > train.energy_j
+
+
+# -- a counter that advances in steps (issue 42 item 5; Zeus: NVML counters "can update as slow as 10 Hz") --------------
+def test_the_counters_update_period_is_inferred_once_as_zeus_does():
+    from dvfs_mlops.hw.meter import infer_update_period
+
+    gpu = FakeGPU(energy_period_s=0.05)
+    m = make_module([gpu])
+    dev = NvmlDevice(nvml=m)
+    assert dev.counter_period_s() == pytest.approx(0.05, abs=0.012)
+    gpu.energy_period_s = 0.2  # inferred once per device: a later session does not wait for it again
+    assert dev.counter_period_s() == pytest.approx(0.05, abs=0.012)
+    assert infer_update_period(lambda: 7, limit_s=0.05) is None  # a value that never changes: no period
+    once = time.monotonic() + 0.02
+    assert infer_update_period(lambda: time.monotonic() > once, limit_s=0.05) == 0.05  # one change: at least the limit
+
+
+def test_a_window_shorter_than_a_few_counter_periods_is_integrated_from_the_power_samples():
+    """A 100 ms counter step over a 0.25 s window: its difference reads 20 or 30 J for 25 J, so the samples are used."""
+    m = make_module([FakeGPU(power_mw=100_000, energy_period_s=0.1)])
+    with NvmlDevice(nvml=m, sample_hz=100, assume_unlocked=True).session(900) as s:
+        with s.window("warmup"):
+            time.sleep(0.25)
+        with s.window("train"):
+            time.sleep(0.25)
+    for name in ("warmup", "train"):
+        r = s.windows[name]
+        assert r.energy_source == "samples" and r.energy_j == pytest.approx(100.0 * r.duration_s, rel=0.03)
+    assert s.context["energy_source"] == "samples" and s.context["energy_counter_period_s"] == pytest.approx(0.1, abs=0.02)
+
+
+def test_a_counter_that_does_not_advance_is_not_trusted():
+    gpu = FakeGPU(power_mw=150_000, energy_period_s=0.01)
+    gpu.energy_stalled = True
+    m = make_module([gpu])
+    with NvmlDevice(nvml=m, sample_hz=100, assume_unlocked=True).session(900) as s:
+        time.sleep(0.4)
+    r = s.report()
+    assert r.energy_source == "samples" and r.energy_j == pytest.approx(150.0 * r.duration_s, rel=0.03)
+    assert "energy_counter_period_s" not in s.context
+
+
+def test_a_counter_that_stops_mid_run_falls_back_to_the_samples():
+    gpu = FakeGPU(power_mw=150_000, energy_period_s=0.01)
+    m = make_module([gpu])
+    with NvmlDevice(nvml=m, sample_hz=100, assume_unlocked=True).session(900) as s:
+        gpu.energy_stalled = True  # after the period was inferred
+        with s.window("train"):
+            time.sleep(0.3)
+    r = s.report()
+    assert r.energy_source == "samples" and r.energy_j == pytest.approx(150.0 * r.duration_s, rel=0.03)
 
 
 def test_close_shuts_nvml_down_once_and_uuid_names_the_gpu():
@@ -452,3 +504,15 @@ def test_the_cli_pins_an_nvml_gpu_only_with_assume_unlocked(state_dir, monkeypat
     pinned = CliRunner().invoke(main, [*command[:5], "--assume-unlocked", *command[5:]])
     assert pinned.exit_code == 0, pinned.output
     assert gpu.calls == [("lock", 900, 900), ("reset",)] and gpu.locked is None
+
+
+def test_a_limiting_clock_reason_at_the_start_is_recorded():
+    gpu = FakeGPU()
+    gpu.cap_mhz, gpu.power_cap_mhz = 1200, 1100  # thermal slowdown, then a lower power cap, hold the clock below its top
+    m = make_module([gpu])
+    with NvmlDevice(nvml=m, sample_hz=100).session("maxn") as s:
+        pass
+    assert s.context["clock_limits_at_start"] == "sw_power_cap,sw_thermal_slowdown"
+    with NvmlDevice(nvml=make_module([FakeGPU()]), sample_hz=100).session("maxn") as s:
+        pass
+    assert "clock_limits_at_start" not in s.context

@@ -96,3 +96,48 @@ def test_study_workloads_run_on_every_module(module_reports, name):
     assert 0 < s["bert_large_maxn_power_w"] <= _MODULES[name].max_power_w
     assert s["bert_large_maxn_power_w"] < agx.summary()["bert_large_maxn_power_w"]
     assert s["compute_bound_time_ratio"] > 1.0  # time still falls with the clock on the module's own table
+
+
+# -- the twin's rails follow the real module's rail plan (issue 42 item 6) -----------------------------------------------
+def _one_point(profile: str, freq: str = "816"):
+    from dvfs_mlops.hw.twin.physics import energy_curve, estimate_maxn
+    from dvfs_mlops.hw.twin.trace import capture_step_trace
+    from dvfs_mlops.job.workloads.zoo import resolve_model
+
+    trace = capture_step_trace(resolve_model("bert-tiny").config, batch_size=4, seq_len=32)
+    dev = SimDevice(builtin_profile(profile))
+    with dev.session(freq, label="rails") as s:
+        for _ in range(3):
+            s.step(trace)
+    curve = energy_curve(trace, dev.params)
+    est = estimate_maxn(trace, dev.params, curve) if freq == "maxn" else curve[float(freq)]
+    return s, est
+
+
+@pytest.mark.parametrize("profile", ["sim-orin", "sim-orin-measured", "sim-orin-32gb"])
+def test_agx_orin_twins_keep_every_figure_and_count_no_rail_twice(profile):
+    """energy_j and energy_total_j are what the twin's physics gives (its four terms), so no figure of an AGX Orin twin
+    changes; the total is VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 with the DRAM inside VIN_SYS_5V0, which feeds it."""
+    for freq in ("816", "maxn"):
+        s, est = _one_point(profile, freq)
+        r, scale = s.report(), 3 * s.time_factor * s.power_factor
+        assert r.energy_rails == ("VDD_GPU_SOC", "VDD_CPU_CV") and r.total_rails == ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0")
+        assert r.energy_j == pytest.approx(est.energy_j * scale, rel=1e-12)
+        assert r.energy_total_j == pytest.approx(est.energy_total_j * scale, rel=1e-12)
+        rails = r.energy_by_rail_j
+        assert rails["VIN_SYS_5V0"] > rails["VDDQ_VDD2_1V8AO"] > 0
+        assert r.energy_gpu_j == pytest.approx(rails["VDD_GPU_SOC"]) and r.energy_cpu_j == pytest.approx(rails["VDD_CPU_CV"])
+
+
+@pytest.mark.parametrize("profile", ["sim-orin-nx-16gb", "sim-orin-nx-8gb", "sim-orin-nano-8gb", "sim-orin-nano-8gb-super"])
+def test_orin_nx_and_nano_twins_report_their_modules_rails(profile):
+    s, est = _one_point(profile, "612")
+    r, scale = s.report(), 3 * s.time_factor * s.power_factor
+    assert set(r.energy_by_rail_j) == {"VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"}
+    assert r.energy_rails == ("VDD_CPU_GPU_CV", "VDD_SOC") and r.total_rails == ("VDD_IN",) and r.cpu_gpu_combined
+    # CPU, GPU, CV and SoC, as on the AGX Orin twin; the total is the module's input rail alone
+    assert r.energy_j == pytest.approx(est.energy_j * scale, rel=1e-12)
+    assert r.energy_total_j == pytest.approx(est.energy_total_j * scale, rel=1e-12) == pytest.approx(r.energy_by_rail_j["VDD_IN"])
+    assert r.energy_gpu_j is None and r.energy_cpu_j is None
+    assert board_of(SimDevice(builtin_profile(profile))).rails == ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")
+    assert SimDevice(builtin_profile(profile)).info().rails == ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"]

@@ -109,16 +109,16 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
 @opts.device_options("backend", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
+@click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default: the GPUs COMMAND uses).")
+@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU cap (recorded).")
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...]) -> None:
-    """Pin the clock (nvml: of every GPU COMMAND sees, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
+def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...], **gpus: bool) -> int:
+    """Pin the clock (nvml: of the GPUs COMMAND uses, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
     from dvfs_mlops.app.run import run_command
-
-    outcome = run_command(freq, observe, device, command, say=_echo_err,
-                          all_gpus=click.get_current_context().get_parameter_source("gpu_index") is click.core.ParameterSource.DEFAULT)
-    _echo_lines([json.dumps(outcome.to_json(), indent=2)] if as_json else outcome.lines(), err=not as_json)
-    sys.exit(outcome.returncode)
+    outcome = run_command(freq, observe, device, command, say=_echo_err, **gpus, gpu_index_given=click.get_current_context()
+                          .get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT)
+    return outcome.emit(as_json, click.echo)
 
 
 @main.command()

@@ -10,6 +10,10 @@ its parent run (`board.json`), and whatever later works on the sweep (`train`'s 
 On the twin every constant is the profile's own (`twin/params.py`). A real board's voltage curve and noise are not
 readable from the hardware, so they are the JetPack 6 AGX Orin's curve and the twin's default noise, marked as
 assumed (`voltage_shape_known=False`): the governor's fill-ins then fit the shape across the sweep instead.
+
+A Jetson's power mode (`PowerMode`: nvpmodel's id and name, its GPU range, its TPC power-gating mask) is read once
+into the record: a mode caps the GPU clock and power-gates GPU units, so the same clock gives other throughput per mode
+(`Board.power_mode_key` tells sweeps of different modes apart).
 """
 from __future__ import annotations
 
@@ -30,6 +34,63 @@ ORIN_VOLTAGE_SHAPE = _ORIN.volt_v1 / _ORIN.volt_v0
 DEFAULT_NOISE = (_ORIN.noise_time, _ORIN.noise_power)
 FORMAT = "dvfs-board/1"
 ARTIFACT = "board.json"
+# nvpmodel's names of the modes that restrict nothing (AGX Orin "MAXN", JetPack 6.2's "MAXN_SUPER"): their sweeps keep
+# the identity of a board without a power mode.
+UNRESTRICTED_MODE_PREFIX = "MAXN"
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerMode:
+    """A Jetson's power mode as nvpmodel set it (etc/nvpmodel.conf, var/lib/nvpmodel/status).
+
+    nvpmodel writes a mode's `GPU MIN_FREQ`/`GPU MAX_FREQ` into the GPU devfreq node's min_freq/max_freq (there is no
+    other GPU cap) and its `TPC_POWER_GATING TPC_PG_MASK` into the GPU's TPC power-gating mask (NVIDIA's Orin nvpmodel
+    template: mlcommons/inference_results_v3.0 closed/Neuchips/code/common/nvpmodel_orin.py).
+
+    Attributes:
+        mode_id: nvpmodel's mode id.
+        name: its name (MAXN, MODE_30W, ...).
+        gpu_min_mhz: the mode's GPU MIN_FREQ (None: no lower limit, `GPU MIN_FREQ 0`).
+        gpu_max_mhz: the mode's GPU MAX_FREQ, its GPU cap (None: none, `GPU MAX_FREQ -1`).
+        tpc_pg_mask: the GPU TPCs power-gated (a bit per TPC): the live value where readable, else the mode's; None
+            where neither says.
+    """
+
+    mode_id: int
+    name: str
+    gpu_max_mhz: float | None = None
+    gpu_min_mhz: float | None = None
+    tpc_pg_mask: int | None = None
+
+    @property
+    def label(self) -> str:
+        """"<id>:<name>", as runs log it (param `nvpmodel_mode`)."""
+        return f"{self.mode_id}:{self.name}"
+
+    @property
+    def unrestricted(self) -> bool:
+        """MAXN (or MAXN_SUPER): the mode that caps nothing, whose sweeps keep the ids of boards without a mode."""
+        return self.name.upper().startswith(UNRESTRICTED_MODE_PREFIX)
+
+    def identity(self) -> str:
+        """What a sweep's identity takes from the mode: '' for MAXN, else the mode, its GPU cap and its TPC mask."""
+        if self.unrestricted:
+            return ""
+        cap = "none" if self.gpu_max_mhz is None else f"{self.gpu_max_mhz:g}"
+        tpc = "unknown" if self.tpc_pg_mask is None else str(self.tpc_pg_mask)
+        return f"nvpmodel {self.label} gpu_max_mhz={cap} tpc_pg_mask={tpc}"
+
+    def above_cap(self, mhz: float) -> bool:
+        """Whether a clock is above the mode's GPU cap (more than half a MHz: the table's own rounding)."""
+        return self.gpu_max_mhz is not None and mhz > self.gpu_max_mhz + 0.5
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PowerMode:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +114,7 @@ class Board:
         min_window_s: the shortest window the meter tells apart (`board_of`); 0 on the twin, exact per step.
         power_average_s: the period each power sample is already an average over (NVML's ~1 s from Ampere on); 0 where
             samples are instantaneous. Samples closer than this are not independent.
+        power_mode: the Jetson's power mode when the command started (None: no nvpmodel, NVML, the twin).
     """
 
     backend: str
@@ -70,6 +132,12 @@ class Board:
     twin_digest: str = ""
     min_window_s: float = 0.0
     power_average_s: float = 0.0
+    power_mode: PowerMode | None = None
+
+    @property
+    def power_mode_key(self) -> str:
+        """What the power mode adds to a sweep's identity: '' without a mode or in MAXN (`PowerMode.identity`)."""
+        return self.power_mode.identity() if self.power_mode is not None else ""
 
     @property
     def f_max_mhz(self) -> float:
@@ -103,6 +171,8 @@ class Board:
             fields = {k: v for k, v in data.items() if k in known}
             fields["frequencies_mhz"] = tuple(float(f) for f in fields["frequencies_mhz"])
             fields["rails"] = tuple(str(r) for r in fields.get("rails", ()))
+            if isinstance(fields.get("power_mode"), dict):
+                fields["power_mode"] = PowerMode.from_dict(fields["power_mode"])
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as e:
             raise DvfsError(f"a board record is malformed ({e}); re-run the sweep to log it again") from None
@@ -166,11 +236,12 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
         rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
-        return Board(**common, rails=rails, min_window_s=_min_window_s(device), power_average_s=_power_average_s(device))
-    from dvfs_mlops.hw.twin.physics import RAILS
-    from dvfs_mlops.hw.twin.profiles import twin_digest
+        mode = device.power_mode() if device.name == "jetson" and hasattr(device, "power_mode") else None
+        return Board(**common, rails=rails, min_window_s=_min_window_s(device), power_average_s=_power_average_s(device),
+                     power_mode=mode)
+    from dvfs_mlops.hw.twin.profiles import rail_names, twin_digest
 
-    return Board(**common, **_twin_constants(params), rails=tuple(RAILS), twin_digest=twin_digest(params))
+    return Board(**common, **_twin_constants(params), rails=rail_names(params), twin_digest=twin_digest(params))
 
 
 # The shortest window a meter tells apart. Jetson: the sampler integrates the INA3221 rails at `sample_hz`; 20 samples
@@ -196,11 +267,10 @@ def _power_average_s(device: Any) -> float:
 def legacy_board(profile: str, frequencies_mhz: list[float] | tuple[float, ...]) -> Board:
     """The board of a sweep logged before sweeps carried board.json: rebuilt from its device profile (a built-in twin
     profile's constants, else a real board's assumed ones) and the clocks it measured."""
-    from dvfs_mlops.hw.twin.physics import RAILS
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
+    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, rail_names
 
     params = BUILTIN_PROFILES.get(profile)
     if params is None:
         return Board("unknown", profile, board_family(profile), "", False, tuple(sorted(float(f) for f in frequencies_mhz)) or (1.0,))
     return Board("sim", profile, board_family(profile, params), "", True, tuple(params.frequencies_mhz), **_twin_constants(params),
-                 rails=tuple(RAILS))
+                 rails=rail_names(params))

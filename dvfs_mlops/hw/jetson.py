@@ -8,11 +8,22 @@ Which board: the module's P-number in the device tree's `compatible` names the p
 What the meter samples besides the rails: the GPU clock (BPMP's measured GPC clock where readable, as root, else
 devfreq cur_freq, the clock requested), the GPU load and the EMC clock; at window edges, the board's over-current
 throttling counters.
+
+What a read of min_freq/max_freq says. devfreq's min_freq_show/max_freq_show print get_freq_range(): the table's
+range narrowed by every PM QoS request on the GPU, the user's and a thermal cap's alike (torvalds/linux
+drivers/devfreq/devfreq.c; nvgpu registers the GPU's devfreq as a cooling device, and drivers/thermal/
+devfreq_cooling.c caps it through dev_pm_qos_update_request). So a read is never "the user's setting": restore writes
+back the user-level range nvpmodel set, the current power mode's GPU MIN_FREQ/MAX_FREQ from etc/nvpmodel.conf (the
+table's lowest and highest clock where no mode can be read), read at restore time, so `nvpmodel -m` during a session
+stands. A max_freq read below that range's top when a session starts is a cap someone else holds (thermal, PM QoS,
+an administrator): the session records it (`context["cap_at_start_mhz"]`). nvpmodel's GPU cap is that same max_freq
+(NVIDIA's Orin nvpmodel template, mlcommons/inference_results_v3.0 closed/Neuchips/code/common/nvpmodel_orin.py,
+maps `GPU MAX_FREQ` onto devfreq max_freq): a pin above it really runs above it, so it is refused unless the caller
+allows it (`JetsonDevice(above_mode_cap=True)`, recorded as `context["above_mode_cap"]`).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import logging
 import os
@@ -22,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
+from dvfs_mlops.hw.board import PowerMode
 from dvfs_mlops.hw.device import (
     MAXN,
     DeviceInfo,
@@ -32,7 +44,7 @@ from dvfs_mlops.hw.device import (
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
 from dvfs_mlops.hw.ina3221 import Rail, find_rails
-from dvfs_mlops.hw.meter import CLOCK_MEASURED, CLOCK_REQUESTED, EnergyReport, PowerSampler
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, CLOCK_REQUESTED, ENERGY_SAMPLES, EnergyReport, PowerSampler
 from dvfs_mlops.hw.sysfs import read_sysfs as _read
 from dvfs_mlops.hw.sysfs import sysfs_root
 
@@ -84,43 +96,63 @@ def _pread_int(fd: int | None, size: int = 32) -> int | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class PowerMode:
-    """The board's nvpmodel mode and the GPU clock cap it sets (None: no cap)."""
-
-    mode_id: int
-    name: str
-    gpu_max_mhz: float | None
+NVPMODEL_CONF = "etc/nvpmodel.conf"
+NVPMODEL_STATUS = "var/lib/nvpmodel/status"
+_MODE_HEAD = re.compile(r"\s*<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>")
+_SECTION_HEAD = re.compile(r"\s*<\s*(\w+)")
+_PARAM_HEAD = re.compile(r"\s*<\s*PARAM\s+TYPE=\w+\s+NAME=(\w+)\s*>")
 
 
 def read_power_mode(root: Path) -> PowerMode | None:
-    """nvpmodel's current mode (var/lib/nvpmodel/status) and its GPU MAX_FREQ in etc/nvpmodel.conf.
+    """nvpmodel's current mode (var/lib/nvpmodel/status) and its GPU range and TPC mask in etc/nvpmodel.conf.
 
-    Read from the files nvpmodel itself keeps, so neither jtop nor the nvpmodel binary is needed.
+    Read from the files nvpmodel itself keeps, so neither jtop nor the nvpmodel binary is needed. A mode's values come
+    from its own `< POWER_MODEL ... >` block only (the PARAM section above the modes holds bare `MAX_FREQ /sys/...`
+    lines too). The TPC mask is the live one where the PARAM section's TPC_POWER_GATING file is readable under `root`,
+    else the mode's `TPC_POWER_GATING TPC_PG_MASK` (jetson-stats reads the same key: rbonghi/jetson_stats
+    jtop/core/nvpmodel.py, TPC_POWER_GATING_RE).
+
+    Returns:
+        The mode; None where either file is missing or the status names no mode.
     """
     try:
-        status = (root / "var/lib/nvpmodel/status").read_text()
-        conf = (root / "etc/nvpmodel.conf").read_text()
+        status = (root / NVPMODEL_STATUS).read_text()
+        conf = (root / NVPMODEL_CONF).read_text()
     except OSError:
         return None
     m = re.search(r"pmode:(\d+)", status)
     if not m:
         return None
     mode_id = int(m.group(1))
-    name, cap = f"mode {mode_id}", None
-    current = None
+    name, found = f"mode {mode_id}", {}
+    tpc_file, param, current = None, None, None
     for line in conf.splitlines():
-        head = re.match(r"\s*<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>", line)
-        if head:
-            current = int(head.group(1))
-            if current == mode_id:
+        if _SECTION_HEAD.match(line):
+            head, param_head = _MODE_HEAD.match(line), _PARAM_HEAD.match(line)
+            current = int(head.group(1)) if head else None
+            if head and current == mode_id:
                 name = head.group(2)
+            param = param_head.group(1) if param_head else None
             continue
-        if current == mode_id:
-            gpu = re.match(r"\s*GPU\s+MAX_FREQ\s+(-?\d+)", line)
-            if gpu and int(gpu.group(1)) > 0:
-                cap = int(gpu.group(1)) / 1e6
-    return PowerMode(mode_id, name, cap)
+        words = line.split()
+        if param == "TPC_POWER_GATING" and len(words) == 2 and words[0] == "TPC_PG_MASK":
+            tpc_file = words[1]
+        if current == mode_id and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
+            found[(words[0], words[1])] = int(words[2])
+    gpu_max, gpu_min = found.get(("GPU", "MAX_FREQ"), -1), found.get(("GPU", "MIN_FREQ"), 0)
+    live = _live_tpc_mask(root, tpc_file)
+    return PowerMode(mode_id, name, gpu_max / 1e6 if gpu_max > 0 else None, gpu_min / 1e6 if gpu_min > 0 else None,
+                     live if live is not None else found.get(("TPC_POWER_GATING", "TPC_PG_MASK")))
+
+
+def _live_tpc_mask(root: Path, rel: str | None) -> int | None:
+    """The TPC power-gating mask the GPU holds now (the PARAM section's file, under `root`); None where unreadable."""
+    if not rel:
+        return None
+    try:
+        return int(_read(root / rel.lstrip("/")), 0)
+    except (OSError, ValueError):
+        return None
 
 
 def read_gpu_temp_c(root: Path) -> float | None:
@@ -169,12 +201,37 @@ def read_emc_mhz(root: Path) -> float | None:
     return None
 
 
-def emc_reader(root: Path) -> Callable[[], float | None] | None:
-    """A reader of the EMC clock (MHz) from the first `EMC_RATE_FILES` entry readable now; None where none is."""
+class HeldFile:
+    """A file of one number in Hz held open and read with pread at offset 0, in MHz: a sampler's cheap read.
+
+    A read at offset 0 shows the value now on sysfs attributes and on debugfs seq_files alike: seq_read_iter resets a
+    seq_file for a read "from zero offset" (torvalds/linux fs/seq_file.c), and BPMP's debugfs files are seq_files
+    (drivers/firmware/tegra/bpmp-debugfs.c, bpmp_debug_fops: single_open_size, seq_read), so each pread asks BPMP anew.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+
+    def __call__(self) -> float | None:
+        value = _pread_int(self.fd)
+        return value / 1e6 if value is not None else None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def emc_reader(root: Path) -> HeldFile | None:
+    """A reader of the EMC clock (MHz) from the first `EMC_RATE_FILES` entry readable now, held open; None where none
+    is. Close it when done."""
     for rel in EMC_RATE_FILES:
         path = root / rel
         if _read_hz_mhz(path) is not None:
-            return lambda: _read_hz_mhz(path)
+            with contextlib.suppress(OSError):
+                return HeldFile(path)
     return None
 
 
@@ -214,14 +271,34 @@ def oc_throttle_reader(root: Path) -> Callable[[], int | None] | None:
     return None
 
 
+class KernelRefusedError(DvfsError):
+    """The kernel refused a value written to the devfreq node (`errno` says why)."""
+
+    def __init__(self, message: str, errno_: int | None):
+        super().__init__(message)
+        self.errno = errno_
+
+
 class JetsonDevice:
+    """A Jetson's GPU through its devfreq node (clock) and INA3221 rails (power).
+
+    Args:
+        node: the GPU's devfreq node (None: found under `root`).
+        root: the sysfs root every path is read under (None: `$DVFS_SYSFS_ROOT`, default `/`).
+        sample_hz: the meter thread's sampling rate.
+        writer: performs each sysfs write (default: a plain write); tests pass a fake kernel's.
+        above_mode_cap: allow a pin above the power mode's GPU cap (refused otherwise; recorded in the session's context).
+
+    Raises:
+        DeviceNotFoundError: no GPU devfreq node under `root`.
+    """
+
     name = "jetson"
     simulated = False
     torch_device = "cuda"  # the Orin's integrated GPU is CUDA device 0
 
     def __init__(self, node: Path | None = None, root: Path | None = None, sample_hz: float = 50.0,
-                 writer: Callable[[Path, str], None] | None = None):
-        """`writer` performs each sysfs write (default: a plain write); tests pass a fake kernel's."""
+                 writer: Callable[[Path, str], None] | None = None, above_mode_cap: bool = False):
         self.root = root or sysfs_root()
         self._writer = writer or write_sysfs
         found = node or find_gpu_devfreq(self.root)
@@ -230,6 +307,7 @@ class JetsonDevice:
         self.node = Path(found)
         self._node_real = Path(os.path.realpath(self.node))
         self.sample_hz = sample_hz
+        self.above_mode_cap = above_mode_cap
         self.module = module_part_number(self.root)  # e.g. "p3701-0005"; None where the device tree does not say
         self.profile = board_profile(self.root)
         self.device_key = f"jetson-{self.node.name}"
@@ -246,8 +324,37 @@ class JetsonDevice:
     def frequencies_mhz(self) -> list[float]:
         return sorted(int(x) / 1e6 for x in self.read("available_frequencies").split())
 
+    def _table_hz(self) -> list[int]:
+        return sorted(int(x) for x in self.read("available_frequencies").split())
+
     def current_range_hz(self) -> tuple[int, int]:
+        """min_freq and max_freq as devfreq shows them: every limit on the GPU together (module doc), not the user's."""
         return int(self.read("min_freq")), int(self.read("max_freq"))
+
+    def user_range_hz(self, mode: PowerMode | None = None) -> tuple[int, int]:
+        """The user-level range restore puts back: the power mode's GPU MIN_FREQ/MAX_FREQ within the table (no limit: the
+        table's end), or the table's lowest and highest clock where no mode can be read.
+
+        Args:
+            mode: the power mode (None: read it now).
+        """
+        table = self._table_hz()
+        mode = mode or self.power_mode()
+        lo, hi = table[0], table[-1]
+        if mode is not None and mode.gpu_min_mhz is not None:
+            lo = min(max(round(mode.gpu_min_mhz * 1e6), table[0]), table[-1])
+        if mode is not None and mode.gpu_max_mhz is not None:
+            hi = min(max(round(mode.gpu_max_mhz * 1e6), table[0]), table[-1])
+        return min(lo, hi), hi
+
+    def cap_at_start_mhz(self, mode: PowerMode | None = None) -> float | None:
+        """A cap someone else holds now: max_freq read below the top of `user_range_hz` (a thermal or PM QoS cap, an
+        administrator's limit), in MHz; None where the read is the range's top (or unreadable)."""
+        try:
+            read = int(self.read("max_freq"))
+        except (OSError, ValueError):
+            return None
+        return read / 1e6 if read < self.user_range_hz(mode)[1] - 500_000 else None
 
     def current_mhz(self) -> float | None:
         """The clock the GPU runs at now (devfreq cur_freq), not the one requested."""
@@ -257,7 +364,11 @@ class JetsonDevice:
             return None
 
     def settings(self) -> dict[str, Any]:
-        s: dict[str, Any] = {"node": str(self.node), "min_freq": self.read("min_freq"), "max_freq": self.read("max_freq")}
+        """What a journal records: the node, the user-level range restore writes (`user_range_hz`), the governor, and the
+        range as read (`read_min_freq`, `read_max_freq`: every limit together, for the record only)."""
+        lo, hi = self.user_range_hz()
+        s: dict[str, Any] = {"node": str(self.node), "min_freq": str(lo), "max_freq": str(hi),
+                             "read_min_freq": self.read("min_freq"), "read_max_freq": self.read("max_freq")}
         with contextlib.suppress(OSError):
             s["governor"] = self.read("governor")
         return s
@@ -269,10 +380,11 @@ class JetsonDevice:
             return None
 
     def power_mode(self) -> PowerMode | None:
+        """The power mode nvpmodel set (`read_power_mode`); None where the board has no nvpmodel files."""
         return read_power_mode(self.root)
 
     def conditions(self) -> dict[str, Any]:
-        """What else sets the speed: GPU temperature, EMC clock, nvpmodel mode (each where present)."""
+        """What else sets the speed: GPU temperature and EMC clock (each where present)."""
         out: dict[str, Any] = {}
         temp = read_gpu_temp_c(self.root)
         if temp is not None:
@@ -280,12 +392,40 @@ class JetsonDevice:
         emc = read_emc_mhz(self.root)
         if emc is not None:
             out["emc_mhz"] = emc
-        mode = self.power_mode()
+        return out
+
+    def start_context(self, mode: PowerMode | None) -> dict[str, Any]:
+        """What a session records before anything is written: the power mode and a cap held at the start."""
+        out: dict[str, Any] = {}
         if mode is not None:
-            out["nvpmodel_mode"] = f"{mode.mode_id}:{mode.name}"
+            out["nvpmodel_mode"] = mode.label
             if mode.gpu_max_mhz is not None:
                 out["nvpmodel_gpu_max_mhz"] = mode.gpu_max_mhz
+            if mode.tpc_pg_mask is not None:
+                out["nvpmodel_tpc_pg_mask"] = mode.tpc_pg_mask
+        cap = self.cap_at_start_mhz(mode)
+        if cap is not None:
+            out["cap_at_start_mhz"] = cap
         return out
+
+    def check_mode_cap(self, mhz: float, mode: PowerMode | None) -> bool:
+        """Whether a pin at `mhz` is above the power mode's GPU cap, refused unless `above_mode_cap` allows it.
+
+        Returns:
+            True where it is above the cap and allowed (the session records it); False where it is not above.
+
+        Raises:
+            DvfsError: above the cap and not allowed, in one line, before anything is written.
+        """
+        if mode is None or not mode.above_cap(mhz):
+            return False
+        if not self.above_mode_cap:
+            raise DvfsError(f"{mhz:g} MHz is above the {mode.gpu_max_mhz:g} MHz GPU cap of power mode {mode.label}; pin "
+                            f"{mode.gpu_max_mhz:g} MHz or less, switch the mode (sudo nvpmodel -m <id>), or pass "
+                            "--above-mode-cap to run above the mode's power budget on purpose")
+        log.warning("pinning %g MHz above the %g MHz GPU cap of power mode %s (--above-mode-cap): the board leaves the "
+                    "mode's power budget", mhz, mode.gpu_max_mhz, mode.label)
+        return True
 
     # writing -----------------------------------------------------------------------------------
     def _write(self, name: str, value: str) -> None:
@@ -301,24 +441,46 @@ class JetsonDevice:
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise DevicePermissionError(f"no permission to write {path}; run as root, or use --observe") from None
-            raise DvfsError(f"the kernel refused {value} for {path}: {e.strerror or e}") from None
+            raise KernelRefusedError(f"the kernel refused {value} for {path}: {e.strerror or e}", e.errno) from None
 
     def clock_writable(self) -> bool:
         """Whether this process may write the node's clock range itself (root, or a udev rule granting write)."""
         return all(os.access(self._file(n), os.W_OK) for n in ("min_freq", "max_freq"))
 
     def write_range(self, min_hz: int, max_hz: int) -> None:
-        """Set [min, max]; the write order keeps min <= max at every moment (kernel rule)."""
+        """Set the user's [min, max] request, in an order that keeps the user's min <= max at every moment (the kernel
+        refuses otherwise, before Linux 5.7).
+
+        The order comes from the range read now: raising (min above the max read) writes max first, else min first. The
+        read aggregates every limit (module doc), so under a cap it can suggest the wrong order: a first write the
+        kernel refuses with EINVAL is then made in the other order.
+
+        Raises:
+            DevicePermissionError, DvfsError: a write failed; its `partial` says whether one write went through before.
+        """
         _cur_min, cur_max = self.current_range_hz()
-        if min_hz > cur_max:  # raising: max first
-            self._write("max_freq", str(max_hz))
-            self._write("min_freq", str(min_hz))
-        else:  # lowering (or within): min first
-            self._write("min_freq", str(min_hz))
-            self._write("max_freq", str(max_hz))
+        order = [("max_freq", max_hz), ("min_freq", min_hz)] if min_hz > cur_max else [("min_freq", min_hz), ("max_freq", max_hz)]
+        try:
+            try:
+                self._write(order[0][0], str(order[0][1]))
+            except KernelRefusedError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                order.reverse()
+                self._write(order[0][0], str(order[0][1]))
+        except DvfsError as e:
+            e.partial = False  # type: ignore[attr-defined]  # nothing was written
+            raise
+        try:
+            self._write(order[1][0], str(order[1][1]))
+        except DvfsError as e:
+            e.partial = True  # type: ignore[attr-defined]  # the first write went through
+            raise
 
     def restore_settings(self, settings: dict[str, Any]) -> None:
-        self.write_range(int(settings["min_freq"]), int(settings["max_freq"]))
+        """Put back the user-level range as it is now (`user_range_hz`: the mode in force at restore, so an `nvpmodel -m`
+        made during the session stands) and the governor the journal found."""
+        self.write_range(*self.user_range_hz())
         gov = settings.get("governor")
         with contextlib.suppress(OSError, DvfsError):
             if gov and self.read("governor") != gov:
@@ -340,7 +502,8 @@ class JetsonDevice:
         gov = None
         with contextlib.suppress(OSError):
             gov = self.read("governor")
-        detail = {"devfreq": str(self.node), "serial": self.device_id, **self.conditions()}
+        mode = self.power_mode()
+        detail = {"devfreq": str(self.node), "serial": self.device_id, **self.conditions(), **self.start_context(mode)}
         if self.module is not None:
             detail["module"] = self.module
         return DeviceInfo("jetson", self.profile, self.frequencies_mhz, self.current_mhz(), gov, names, False, detail)
@@ -465,6 +628,7 @@ class JetsonPin:
         self._ownership = ClockOwnership("jetson", device.device_key, device.restore_settings)
         self._owner = (owner_pid, owner_uid)
         self._original: dict[str, Any] | None = None
+        self._wrote = False  # a clock was pinned: restore writes the user-level range back
 
     @property
     def held(self) -> bool:
@@ -474,7 +638,8 @@ class JetsonPin:
         """Claim the GPU, journal the range found, pin `freq` ("maxn": write nothing).
 
         Returns:
-            What the session logs besides energy: {"above_mode_cap": True} where `freq` is above nvpmodel's cap.
+            What the session logs besides energy: {"above_mode_cap": True} where `freq` is above the power mode's GPU
+            cap (whoever asked for it: a session refuses that unless its device allows it, `check_mode_cap`).
 
         Raises:
             DeviceBusyError: another process holds the GPU. DevicePermissionError, DvfsError: the write failed.
@@ -486,15 +651,10 @@ class JetsonPin:
         if freq == MAXN:
             return {}  # the board's default: leave the range nvpmodel (or its administrator) set
         hz = self._table_hz(float(freq))
-        context: dict[str, Any] = {}
         mode = dev.power_mode()
-        if mode is not None and mode.gpu_max_mhz is not None and hz / 1e6 > mode.gpu_max_mhz + 0.5:
-            context["above_mode_cap"] = True
-            log.warning("pinning %g MHz above the %g MHz GPU cap of nvpmodel mode %s: the board may not hold it",
-                        hz / 1e6, mode.gpu_max_mhz, mode.name)
-        if (hz, hz) != dev.current_range_hz():
-            dev.write_range(hz, hz)
-        return context
+        # Always written: a read that equals the pin may be a cap's, not the user's request (module doc).
+        self._write_range(hz)
+        return {"above_mode_cap": True} if mode is not None and mode.above_cap(hz / 1e6) else {}
 
     def _table_hz(self, mhz: float) -> int:
         table_hz = [int(x) for x in self.device.read("available_frequencies").split()]
@@ -502,12 +662,20 @@ class JetsonPin:
 
     def repin(self, mhz: float) -> None:
         """Another clock of the table; the journal still holds the range found before the first pin."""
-        hz = self._table_hz(mhz)
-        if (hz, hz) != self.device.current_range_hz():
+        self._write_range(self._table_hz(mhz))
+
+    def _write_range(self, hz: int) -> None:
+        """Pin [hz, hz]; from the first write that went through on, the restore writes the user-level range back."""
+        try:
             self.device.write_range(hz, hz)
+        except DvfsError as e:
+            self._wrote = self._wrote or getattr(e, "partial", True)
+            raise
+        self._wrote = True
 
     def restore(self) -> None:
-        """Put back the range found, remove the journal, unlock (a no-op when nothing is held).
+        """Put back the user-level range (`JetsonDevice.restore_settings`), remove the journal, unlock (a no-op when
+        nothing is held; a maxn pin wrote nothing and writes nothing back).
 
         Raises:
             RestoreFailedError: the write failed; the journal is kept and the lock released.
@@ -516,7 +684,7 @@ class JetsonPin:
             return
         original, self._original = self._original, None
         try:
-            if original is not None and self.device.current_range_hz() != (int(original["min_freq"]), int(original["max_freq"])):
+            if original is not None and self._wrote:
                 self.device.restore_settings(original)
         except Exception as e:  # noqa: BLE001 - whatever failed, the journal must survive it
             self._ownership.abandon()  # the journal stays: `dvfs-mlops restore` can finish the job
@@ -525,11 +693,13 @@ class JetsonPin:
 
 
 class JetsonSession(PinnedSession):
-    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the range found.
+    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the user-level range.
 
     "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
     full table would override a lower power mode's cap. Who writes: this process as root (`JetsonPin`), else the
-    clock service where one runs (`clockd.client.route_pin`); metering stays in this process either way.
+    clock service where one runs (`clockd.client.route_pin`); metering stays in this process either way. Before
+    anything is written the session reads the power mode once (`power_mode`) and a cap held at the start
+    (`context["cap_at_start_mhz"]`), and refuses a pin above the mode's GPU cap unless the device allows it.
     """
 
     device: JetsonDevice
@@ -539,17 +709,40 @@ class JetsonSession(PinnedSession):
         self._sampler: PowerSampler | None = None
         self._rails: list[Rail] = []
         self._fds: list[int] = []
+        self._held: list[HeldFile] = []
         self._oc_read: Callable[[], int | None] | None = None
         self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
+        self.power_mode: PowerMode | None = None  # read once, when the session starts
+        self._started = False
 
     def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
 
         return route_pin("jetson", lambda: JetsonPin(self.device), writable=self.device.clock_writable)
 
+    def _read_start(self) -> None:
+        """The power mode and a cap held now, once, before anything is written."""
+        if not self._started:
+            self._started = True
+            self.power_mode = self.device.power_mode()
+            self.context.update(self.device.start_context(self.power_mode))
+
+    def _apply(self) -> None:
+        self._read_start()
+        if self.pinned_mhz is not None and self.device.check_mode_cap(self.pinned_mhz, self.power_mode):
+            self.context["above_mode_cap"] = True
+        super()._apply()
+
+    def _repin(self, mhz: float) -> None:
+        if self.device.check_mode_cap(mhz, self.power_mode):
+            self.context["above_mode_cap"] = True
+        super()._repin(mhz)
+
     def _start_meter(self) -> None:
         dev = self.device
+        self._read_start()
         self.context.update(dev.conditions())
+        self.context["energy_source"] = ENERGY_SAMPLES  # the INA3221 rails, integrated
         self._rails = find_rails(dev.root)
         if not self._rails:
             raise DvfsError(f"no INA3221 power rails under {dev.root}sys/bus/i2c/drivers; cannot meter energy")
@@ -569,9 +762,10 @@ class JetsonSession(PinnedSession):
 
         read_clock = measured or read_requested
         self.context["clock_source"] = CLOCK_MEASURED if measured is not None else CLOCK_REQUESTED
+        emc = emc_reader(dev.root)
+        self._held = [emc] if emc is not None else []
         self._sampler = PowerSampler(lambda: [read() for read in readers], [r.name for r in self._rails], read_load, dev.sample_hz,
-                                     read_clock=read_clock, clock_source=self.context["clock_source"],
-                                     read_emc=emc_reader(dev.root))
+                                     read_clock=read_clock, clock_source=self.context["clock_source"], read_emc=emc)
         self._oc_read = oc_throttle_reader(dev.root)
         self._oc_at = {}
         self._sampler.start()
@@ -605,7 +799,9 @@ class JetsonSession(PinnedSession):
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._fds = []
+        for held in self._held:
+            held.close()
+        self._fds, self._held = [], []
         report = self._sampler.report(**self._judge())
         last = report.samples - 1
         self._oc_edge(last)

@@ -23,20 +23,24 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The study's "energy" is CPU + GPU. Which rails carry it depends on the board's rail set (`rail_plan`):
+# One rail plan per board: `energy_j` covers CPU, GPU, CV and SoC on every family, `energy_total_j` the board's input,
+# and no rail is counted twice.
 # - AGX Orin: INA3221 0x40 ch1 VDD_GPU_SOC, ch2 VDD_CPU_CV, ch3 VIN_SYS_5V0; 0x41 ch2 VDDQ_VDD2_1V8AO (NVIDIA Jetson
 #   Linux Developer Guide r35/r36, Platform Power and Performance, "Jetson Orin Nano Series, Jetson Orin NX Series and
-#   Jetson AGX Orin Series"; energymon/energymon jetson/JetsonPowerRails.md @a95cefb, "AGX Orin Series"). GPU and CPU are
-#   separate rails; there is no module input rail, so the total is the sum of the rails. (energymon's note, after the
-#   NVIDIA forum thread "Jetson AGX Orin INA3221 power monitor layout": VIN_SYS_5V0 feeds VDDQ_VDD2_1V8AO, so that sum
-#   counts VDDQ_VDD2_1V8AO twice; the AGX Orin total is kept as it was, issue 31 item 3.)
+#   Jetson AGX Orin Series"; energymon/energymon jetson/JetsonPowerRails.md @a95cefb, "AGX Orin Series"). energy_j is
+#   VDD_GPU_SOC + VDD_CPU_CV (the study's). There is no module input rail: the total is VDD_GPU_SOC + VDD_CPU_CV +
+#   VIN_SYS_5V0, and VDDQ_VDD2_1V8AO is logged, not added, since VIN_SYS_5V0 feeds it (energymon JetsonPowerRails.md,
+#   after the NVIDIA forum thread "Jetson AGX Orin INA3221 power monitor layout"): `FED_BY`.
 # - Orin NX / Orin Nano (and Xavier NX): INA3221 0x40 ch1 VDD_IN (module input), ch2 VDD_CPU_GPU_CV, ch3 VDD_SOC (same
-#   guide; energymon JetsonPowerRails.md "Xavier NX"). VDD_IN feeds the other two: the total is VDD_IN alone, and
-#   CPU and GPU share VDD_CPU_GPU_CV, so they cannot be told apart.
+#   guide; energymon JetsonPowerRails.md "Xavier NX"). energy_j is VDD_CPU_GPU_CV + VDD_SOC (CPU, GPU and CV share the
+#   first rail, so they cannot be told apart); the total is VDD_IN alone, which feeds the other two.
 # - NVML: one "gpu" rail (the board's power).
 GPU_RAILS = ("VDD_GPU_SOC", "gpu")
 CPU_RAILS = ("VDD_CPU_CV",)
 COMBINED_CPU_GPU_RAILS = ("VDD_CPU_GPU_CV",)
+SOC_RAILS = ("VDD_SOC",)  # the SoC's own rail where the GPU's does not carry it (Orin NX/Nano)
+# A rail another rail of the same board feeds: read and logged, never added to a total that has its feeder.
+FED_BY = {"VDDQ_VDD2_1V8AO": "VIN_SYS_5V0"}
 # A module input rail: the board's total where present, never summed with the rails it feeds. jetson-stats takes the
 # same two names as the total (rbonghi/jetson_stats jtop/core/power.py @f41d5ca, total_power(), l.26-57: "POM_5V_IN"
 # or "VDD_IN", else the sum of all rails).
@@ -49,6 +53,9 @@ HELD_SHARE = 0.95
 # Where the clock read back comes from (`EnergyReport.clock_source`).
 CLOCK_MEASURED = "measured"  # a counter of the clock the GPU actually ran at (Jetson: BPMP's NAFLL counters)
 CLOCK_REQUESTED = "requested"  # the clock the driver asked for (Jetson: devfreq cur_freq)
+# Where a window's energy comes from (`EnergyReport.energy_source`).
+ENERGY_COUNTER = "counter"  # a hardware energy counter's difference (NVML nvmlDeviceGetTotalEnergyConsumption)
+ENERGY_SAMPLES = "samples"  # the power samples integrated (Jetson's INA3221 rails; NVML where the counter cannot say)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +63,10 @@ class RailPlan:
     """Which rails make each energy figure of one rail set.
 
     Attributes:
-        energy_rails: the rails summed into `energy_j` (CPU + GPU; the combined CPU/GPU rail where that is all there is;
-            the total where neither is known).
-        total_rails: the rails summed into `energy_total_j`: the module input rail alone where there is one, else all.
+        energy_rails: the rails summed into `energy_j`: CPU + GPU (+ CV and SoC where they have rails of their own);
+            the total where none of them is known.
+        total_rails: the rails summed into `energy_total_j`: the module input rail alone where there is one, else
+            every rail but those another rail of the set feeds (`FED_BY`).
         gpu_rails: the rails of `energy_gpu_j` (empty where CPU and GPU share one rail).
         cpu_rails: the rails of `energy_cpu_j` (empty where CPU and GPU share one rail).
         combined: CPU and GPU are metered on one rail, so `energy_gpu_j` and `energy_cpu_j` are unknown.
@@ -75,14 +83,15 @@ def rail_plan(rails: Iterable[str]) -> RailPlan:
     """The `RailPlan` of a rail set (the rail names a meter reads), in the rails' own order."""
     names = list(dict.fromkeys(rails))
     inputs = [r for r in names if r in INPUT_RAILS]
-    total = (inputs[0],) if inputs else tuple(names)
+    total = (inputs[0],) if inputs else tuple(r for r in names if FED_BY.get(r) not in names)
     gpu = tuple(r for r in names if r in GPU_RAILS)
     cpu = tuple(r for r in names if r in CPU_RAILS)
     combined = tuple(r for r in names if r in COMBINED_CPU_GPU_RAILS)
+    soc = tuple(r for r in names if r in SOC_RAILS)
     if gpu or cpu:
         return RailPlan(gpu + cpu, total, gpu, cpu, False)
     if combined:
-        return RailPlan(combined, total, (), (), True)
+        return RailPlan(combined + soc, total, (), (), True)
     return RailPlan(total, total, (), (), False)
 
 
@@ -92,9 +101,10 @@ class EnergyReport:
 
     Attributes:
         duration_s: the interval's length.
-        energy_j: the rails of `energy_rails`: CPU + GPU (GPU only where no CPU rail exists), the combined CPU/GPU rail
-            where that is all there is (Orin NX/Nano), the total where neither is known.
-        energy_total_j: the rails of `total_rails`: the module input rail where there is one (VDD_IN), else every rail.
+        energy_j: the rails of `energy_rails`: CPU, GPU, CV and SoC (AGX Orin VDD_GPU_SOC + VDD_CPU_CV, Orin NX/Nano
+            VDD_CPU_GPU_CV + VDD_SOC, NVML the GPU), the total where none of them is known.
+        energy_total_j: the rails of `total_rails`: the module input rail where there is one (VDD_IN), else every rail
+            no other rail feeds.
         energy_by_rail_j: joules per rail name.
         avg_power_w: `energy_total_j / duration_s`.
         peak_power_w: the highest sampled total power.
@@ -116,6 +126,8 @@ class EnergyReport:
         emc_mhz: the time-weighted mean memory controller (EMC) clock over the interval, None where it cannot be read.
         oc_throttle_events: over-current/under-voltage throttling events the board counted during the interval (Jetson
             Orin: the soctherm_oc hwmon counters), None where no counter is readable.
+        energy_source: where the energy comes from: "counter" (a hardware energy counter's difference), "samples" (the
+            power samples integrated), None (not said: the twin, a sum of several).
         meter_degraded: (property) more than 1 % of the sample reads failed.
     """
 
@@ -142,6 +154,7 @@ class EnergyReport:
     clock_source: str | None = None  # "measured" | "requested" | None
     emc_mhz: float | None = None  # time-weighted mean EMC clock over the interval
     oc_throttle_events: int | None = None  # throttling events the board counted in the interval
+    energy_source: str | None = None  # "counter" | "samples" | None
 
     def __post_init__(self) -> None:
         """Fill `energy_rails`, `total_rails` and `cpu_gpu_combined` from the rail names where not given."""
@@ -188,8 +201,48 @@ class EnergyReport:
 
 
 def cpu_gpu_energy(by_rail: Mapping[str, float]) -> float:
-    """The study's energy: the rails `rail_plan` puts into `energy_j` (CPU + GPU, or the combined CPU/GPU rail)."""
+    """The study's energy: the rails `rail_plan` puts into `energy_j` (CPU, GPU, CV and SoC)."""
     return float(sum(by_rail[r] for r in rail_plan(by_rail).energy_rails))
+
+
+def total_energy(by_rail: Mapping[str, float]) -> float:
+    """The board's energy: the rails `rail_plan` puts into `energy_total_j` (the input rail, or no rail twice)."""
+    return float(sum(by_rail[r] for r in rail_plan(by_rail).total_rails))
+
+
+def infer_update_period(read: Callable[[], float | int | None], limit_s: float = 0.5, changes: int = 3,
+                        clock: Callable[[], float] = time.monotonic, pause_s: float = 0.001) -> float | None:
+    """The update period of a counter that advances in steps, as Zeus infers NVML's (ml-energy/zeus
+    zeus/monitor/power.py, _infer_counter_update_period_single): read it repeatedly, note when the value changes, and
+    take the shortest time between two changes.
+
+    Zeus reads 1000 times back to back; here the reads are `pause_s` apart and stop after `changes` changes or `limit_s`
+    seconds, whichever comes first, so a slow counter costs at most `limit_s` and little CPU.
+
+    Args:
+        read: returns the counter's value now.
+        limit_s: the longest the reads go on.
+        changes: stop after this many changes were seen.
+        clock: the time source.
+        pause_s: the pause between two reads.
+
+    Returns:
+        The shortest interval between two changes; `limit_s` where only one change was seen (the counter is at least
+        that slow to be told apart); None where the value never changed (the counter does not advance).
+    """
+    start = clock()
+    prev, changed_at = read(), []
+    while len(changed_at) < changes and clock() - start < limit_s:
+        time.sleep(pause_s)
+        value = read()
+        if value != prev:
+            changed_at.append(clock())
+            prev = value
+    if not changed_at:
+        return None
+    if len(changed_at) == 1:
+        return limit_s
+    return min(b - a for a, b in itertools.pairwise(changed_at))
 
 
 def integrate(times_s: Sequence[float], watts: Sequence[Sequence[float]], rails: Sequence[str]) -> dict[str, float]:
@@ -275,7 +328,8 @@ def build_report(
     clock_source: str | None = None,
     emc_mhz: Sequence[float | None] = (),
 ) -> EnergyReport:
-    """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter).
+    """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter, `energy_source` "counter";
+    without it the samples integrated, "samples").
 
     With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample. The total power of a sample
     (peak, series) is the sum of the plan's total rails, like `energy_total_j`.
@@ -308,6 +362,7 @@ def build_report(
         cpu_gpu_combined=plan.combined,
         clock_source=clock_source if clocks_known else None,
         emc_mhz=time_weighted_mean(times_s, emc_mhz) if emc_mhz else None,
+        energy_source=ENERGY_COUNTER if energy_override_j is not None else ENERGY_SAMPLES,
     )
 
 
@@ -469,3 +524,7 @@ class PowerSampler:
                             samples_failed=failed, energy_override_j=energy_override_j,
                             pinned_mhz=pinned_mhz, table_mhz=table_mhz, clock_source=self.clock_source,
                             emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else ())
+
+    def span_s(self, start: int, end: int) -> float:
+        """Seconds between samples `start` and `end` (two `mark()`s)."""
+        return self._samples[end].t - self._samples[start].t if 0 <= start <= end < len(self._samples) else 0.0

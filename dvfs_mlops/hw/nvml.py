@@ -30,6 +30,19 @@ Power. nvmlDeviceGetPowerUsage "on Ampere (except GA100) or newer GPUs ... retur
 (NVML API reference); NVML_FI_DEV_POWER_INSTANT is the "current GPU power, supported on all architectures" (nvml.h)
 and is what Zeus reads (zeus/device/gpu/nvidia.py, getInstantPowerUsage). The sampler reads the instantaneous field
 where the driver answers it, else nvmlDeviceGetPowerUsage, and the session says which (`context["power_source"]`).
+
+Energy. nvmlDeviceGetTotalEnergyConsumption is a counter that advances in steps: NVML's counters "can update as slow as
+10 Hz depending on the GPU model" (Zeus, ml-energy/zeus zeus/monitor/power.py, infer_counter_update_period), and a
+window shorter than a step can read zero (Zeus' zeus/monitor/energy.py warns of it). A window's counter difference is
+off by up to one update period's energy, so the session infers the period once per device when it starts, as Zeus does
+(`meter.infer_update_period`), and takes a window's energy from the counter only where the counter advanced and the
+window spans at least `COUNTER_MIN_PERIODS` periods; else from the power samples integrated. Each report says which
+(`EnergyReport.energy_source`), and so does the session for its "train" window (`context["energy_source"]`, with
+`context["energy_counter_period_s"]`).
+
+Which processes. nvmlDeviceGetComputeRunningProcesses lists the processes with a compute context on a GPU (NVML API
+reference: "e.g. CUDA application which have active context"); `running_pids` reads it, so `run` can pin and meter only
+the GPUs a job uses (hw/multi.py).
 """
 from __future__ import annotations
 
@@ -48,7 +61,7 @@ from dvfs_mlops.hw.device import (
     parse_freq,
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
-from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler, infer_update_period
 from dvfs_mlops.hw.placement import UUID_PREFIXES, bare_uuid, cuda_device_of
 
 log = logging.getLogger(__name__)
@@ -58,10 +71,21 @@ NVML_FI_DEV_POWER_INSTANT = 186  # "Current GPU power, supported on all architec
 NVML_DEVICE_ARCH_AMPERE = 7
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_ERROR_NOT_FOUND = 6
+# The clocks event reasons that hold the clock below where it would run: someone else's cap (NVML "ClocksEventReasons":
+# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80), by the
+# name a session records them under (`context["clock_limits_at_start"]`).
+LIMITING_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                    0x80: "hw_power_brake_slowdown"}
 # nvmlFieldValue_t.valueType -> the member of its value union that holds the value (nvml.h, nvmlValueType_t)
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 POWER_INSTANT = "instant"
 POWER_AVERAGE_1S = "average_1s"
+# A window's counter difference is off by at most one update period's energy: from this many periods on that is at most
+# 5 %, below it the power samples integrated are the better figure.
+COUNTER_MIN_PERIODS = 20
+# How long the counter's update period is looked for at the start (`meter.infer_update_period`): long enough to see
+# three steps of a 10 Hz counter.
+COUNTER_PROBE_S = 0.5
 
 
 def import_nvml() -> Any:
@@ -155,6 +179,8 @@ class NvmlDevice:
         self.assume_unlocked = assume_unlocked
         self._power_source: str | None = None
         self._field_power = False  # the instantaneous power field answered when power_source probed it
+        self._counter_period: float | None = None  # the energy counter's update period once probed (None: no counter)
+        self._counter_probed = False
 
     def _index_of_uuid(self, uuid: str, count: int) -> int:
         """NVML's index of the GPU with `uuid` now (nvmlDeviceGetHandleByUUID, then nvmlDeviceGetIndex); closes and raises
@@ -256,6 +282,11 @@ class NvmlDevice:
                 return int(fn(self.handle))
         return None
 
+    def clock_limits(self) -> list[str]:
+        """The limiting clocks event reasons in force now (`LIMITING_REASONS`), by name; [] where none (or unreadable)."""
+        reasons = self.clocks_event_reasons() or 0
+        return [name for bit, name in LIMITING_REASONS.items() if reasons & bit]
+
     def application_clocks_set(self) -> bool:
         """Whether someone set application clocks (`nvidia-smi -ac`), by what NVML documents: an applications clock ("the
         current setting of a clock that applications will use", nvmlDeviceGetApplicationsClock) other than the default
@@ -327,6 +358,29 @@ class NvmlDevice:
             if _is_not_supported(self.nvml, e):
                 return None
             raise
+
+    def counter_period_s(self) -> float | None:
+        """The energy counter's update period, inferred once per device (`meter.infer_update_period`); None where there
+        is no counter or it did not advance while it was watched."""
+        if not self._counter_probed:
+            self._counter_probed = True
+            if self.energy_mj() is not None:
+                self._counter_period = infer_update_period(self.energy_mj, limit_s=COUNTER_PROBE_S)
+                if self._counter_period is None:
+                    log.warning("GPU %d's energy counter did not advance in %g s: its windows are metered from the power "
+                                "samples", self.index, COUNTER_PROBE_S)
+        return self._counter_period
+
+    def running_pids(self) -> set[int] | None:
+        """The PIDs with a compute context on this GPU now (nvmlDeviceGetComputeRunningProcesses); None where NVML cannot
+        list them (NOT_SUPPORTED, an old nvidia-ml-py)."""
+        fn = getattr(self.nvml, "nvmlDeviceGetComputeRunningProcesses", None)
+        if fn is None:
+            return None
+        try:
+            return {int(p.pid) for p in fn(self.handle)}
+        except self.nvml.NVMLError:
+            return None
 
     def _instant_mw(self) -> float | None:
         """NVML_FI_DEV_POWER_INSTANT in mW (scope 0, the GPU), None where the driver or GPU does not answer it."""
@@ -490,6 +544,7 @@ class NvmlSession(PinnedSession):
         super().__init__(device, freq, observe=observe)
         self._sampler: PowerSampler | None = None
         self._marks: list[tuple[int, int | None]] = []
+        self._period: float | None = None  # the energy counter's update period (None: no counter to trust)
 
     def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
@@ -503,9 +558,15 @@ class NvmlSession(PinnedSession):
         if temp is not None:
             self.context["gpu_temp_c"] = temp
         self.context["power_source"] = dev.power_source  # "instant" or "average_1s" (module doc, Power)
+        limits = dev.clock_limits()
+        if limits:  # a cap someone else holds as the session starts (thermal, power): the NVML side of cap_at_start_mhz
+            self.context["clock_limits_at_start"] = ",".join(limits)
         if dev.mig_enabled():  # NVML meters the physical GPU: every MIG tenant's draw is in it
             self.context["mig_mode"] = "enabled"
             self.context["energy_scope"] = "whole_gpu"
+        self._period = dev.counter_period_s()  # once per device, before the meter starts
+        if self._period is not None:
+            self.context["energy_counter_period_s"] = self._period
         # nvmlDeviceGetClockInfo(NVML_CLOCK_GRAPHICS) is the clock the GPU runs at now (NVML API reference), not the
         # requested one: a measured clock
         self._sampler = PowerSampler(lambda: (dev.power_w(),), ["gpu"], dev.util_pct, dev.sample_hz, read_clock=dev.current_mhz,
@@ -518,21 +579,34 @@ class NvmlSession(PinnedSession):
         assert self._sampler is not None
         return (self._sampler.mark(), self.device.energy_mj())
 
-    def _counter_j(self, e0: int | None, e1: int | None) -> dict[str, float] | None:
-        return {"gpu": (e1 - e0) / 1000.0} if e0 is not None and e1 is not None else None
+    def _counter_j(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> dict[str, float] | None:
+        """A window's energy from the counter's difference where it advanced over at least `COUNTER_MIN_PERIODS` update
+        periods; None (the samples integrated: `energy_source` "samples") where it did not."""
+        (i0, e0), (i1, e1) = start, end
+        if e0 is None or e1 is None or self._period is None or self._sampler is None:
+            return None
+        if e1 <= e0 or self._sampler.span_s(i0, i1) < COUNTER_MIN_PERIODS * self._period:
+            return None
+        return {"gpu": (e1 - e0) / 1000.0}
+
+    def _energy_report(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> EnergyReport:
+        assert self._sampler is not None
+        return self._sampler.report(start[0], end[0], energy_override_j=self._counter_j(start, end), **self._judge())
 
     def _stop_meter(self) -> EnergyReport:
         assert self._sampler is not None
         self._sampler.stop()  # first: the counter must cover the whole sampled interval
-        e1 = self.device.energy_mj()
+        end = (self._sampler.mark(), self.device.energy_mj())
         temp = self.device.temperature_c()
         if temp is not None:
             self.context["gpu_temp_c_end"] = temp
-        return self._sampler.report(energy_override_j=self._counter_j(self._start[1], e1), **self._judge())
+        report = self._energy_report(self._start, end)
+        train = next(((a, b) for name, a, b in self._window_marks if name == "train"), None)
+        self.context["energy_source"] = self._energy_report(*train).energy_source if train else report.energy_source
+        return report
 
     def _window_report(self, start: Any, end: Any) -> EnergyReport:
-        assert self._sampler is not None
-        return self._sampler.report(start[0], end[0], energy_override_j=self._counter_j(start[1], end[1]), **self._judge())
+        return self._energy_report(start, end)
 
     def _judge(self) -> dict[str, Any]:
         return {"pinned_mhz": self.pinned_mhz, "table_mhz": self.device.frequencies_mhz}

@@ -3,6 +3,10 @@
 Fine-tuning runs for real on the CPU; every training step is charged the time and energy the
 Orin would spend on it at the session's clock (`step(trace)`). Nothing on the host is changed, so
 no lock or journal is needed. Every report is marked `simulated`.
+
+The twin's power terms (twin/physics.py: the GPU/SoC rail, the CPU rail, the board's 5 V and the DRAM) are reported on
+the rails of the module the profile describes (`twin.profiles.rail_names`, `board_watts`), so `energy_j` and
+`energy_total_j` follow the same rail plan as a real board's (hw/meter.py).
 """
 from __future__ import annotations
 
@@ -22,17 +26,35 @@ from dvfs_mlops.hw.device import (
     freq_label,
     parse_freq,
 )
-from dvfs_mlops.hw.meter import EnergyReport, cpu_gpu_energy
+from dvfs_mlops.hw.meter import EnergyReport, cpu_gpu_energy, total_energy
 from dvfs_mlops.hw.twin.params import OrinTwinParams
 from dvfs_mlops.hw.twin.physics import (
-    RAILS,
     MaxnEstimate,
     StepEstimate,
     energy_curve,
     estimate_maxn,
     rail_power,
 )
+from dvfs_mlops.hw.twin.profiles import AGX_ORIN_RAILS, rail_names
 from dvfs_mlops.hw.twin.trace import StepTrace
+
+
+def board_watts(physics_w: dict[str, float], params: OrinTwinParams) -> dict[str, float]:
+    """The twin's power terms (twin/physics.py's VDD_GPU_SOC: GPU and SoC, VDD_CPU_CV, VIN_SYS_5V0: the board's 5 V
+    loads, VDDQ_VDD2_1V8AO: the DRAM) as the rails the module reports (`rail_names`).
+
+    AGX Orin: VIN_SYS_5V0 feeds VDDQ_VDD2_1V8AO (energymon/energymon jetson/JetsonPowerRails.md, "AGX Orin Series"), so
+    its reading holds the DRAM's draw; the DRAM rail is also read on its own. Orin NX / Nano: VDD_IN, the module's input,
+    feeds every other; VDD_SOC is the clock-independent part of the twin's GPU/SoC term (`gpu_static_w`, described in
+    twin/profiles.py as the SoC fabric and memory controllers: ASSUMED, no public per-rail split of the NX/Nano was
+    found), and VDD_CPU_GPU_CV the rest of that term with the CPU's.
+    """
+    gpu_soc, cpu = physics_w["VDD_GPU_SOC"], physics_w["VDD_CPU_CV"]
+    sys_5v0, dram = physics_w["VIN_SYS_5V0"], physics_w["VDDQ_VDD2_1V8AO"]
+    if rail_names(params) == AGX_ORIN_RAILS:
+        return {"VDD_GPU_SOC": gpu_soc, "VDD_CPU_CV": cpu, "VIN_SYS_5V0": sys_5v0 + dram, "VDDQ_VDD2_1V8AO": dram}
+    soc = min(gpu_soc, params.gpu_static_w)
+    return {"VDD_IN": gpu_soc + cpu + sys_5v0 + dram, "VDD_CPU_GPU_CV": gpu_soc - soc + cpu, "VDD_SOC": soc}
 
 
 class SimDevice:
@@ -68,7 +90,7 @@ class SimDevice:
 
     def info(self) -> DeviceInfo:
         return DeviceInfo(
-            "sim", self.profile, self.frequencies_mhz, None, "nvhost_podgov (simulated maxn)", list(RAILS), True,
+            "sim", self.profile, self.frequencies_mhz, None, "nvhost_podgov (simulated maxn)", list(rail_names(self.params)), True,
             {"note": f"simulated {self.params.family} twin; no hardware is touched"},
         )
 
@@ -82,10 +104,10 @@ class SimSession(FreqSession):
         self._draw_noise(freq)
         self._time_s = 0.0
         self._busy_s = 0.0
-        self._joules = {r: 0.0 for r in RAILS}
+        self._joules = {r: 0.0 for r in rail_names(device.params)}
         # The same totals without the noise: what this draw is a noisy sample of.
         self._time_expected_s = 0.0
-        self._joules_expected = {r: 0.0 for r in RAILS}
+        self._joules_expected = {r: 0.0 for r in rail_names(device.params)}
         self._series: list[float] = []
         self._wall0 = 0.0
         self.effective_mhz: float | None = None
@@ -133,6 +155,7 @@ class SimSession(FreqSession):
             est = curve[float(self.freq)]
             t, rails, util = est.time_s, est.power_by_rail_w, est.gpu_util
             self.effective_mhz = float(self.freq)
+        rails = board_watts(rails, self.device.params)
         self._time_expected_s += t
         for r, w in rails.items():
             self._joules_expected[r] += w * t
@@ -141,18 +164,18 @@ class SimSession(FreqSession):
         self._busy_s += util * t
         for r, w in rails.items():
             self._joules[r] += w * self.power_factor * t
-        self._series.append(sum(rails.values()) * self.power_factor)
+        self._series.append(total_energy(rails) * self.power_factor)
 
     def _charge_wall_time(self) -> None:
         """A run with no step trace (an external command): its wall time at an assumed load."""
         p = self.device.params
         wall = time.monotonic() - self._wall0
         f = p.max_mhz if self.freq == MAXN else float(self.freq)
-        rails = rail_power(f, p.external_gpu_util, 1.0, 0.0, p)
+        rails = board_watts(rail_power(f, p.external_gpu_util, 1.0, 0.0, p), p)
         self._time_s, self._busy_s = wall, p.external_gpu_util * wall
         self._joules = {r: w * self.power_factor * wall for r, w in rails.items()}
         self._time_expected_s, self._joules_expected = wall, {r: w * wall for r, w in rails.items()}
-        self._series = [sum(rails.values()) * self.power_factor]
+        self._series = [total_energy(rails) * self.power_factor]
         self.effective_mhz = f
 
     def _build(self, time_s: float | None = None, busy_s: float | None = None, joules: dict[str, float] | None = None,
@@ -164,7 +187,7 @@ class SimSession(FreqSession):
         busy_s = self._busy_s if busy_s is None else busy_s
         joules = dict(self._joules) if joules is None else joules
         series = list(self._series) if series is None else series
-        total = float(sum(joules.values()))
+        total = total_energy(joules)
         return EnergyReport(
             duration_s=time_s,
             energy_j=cpu_gpu_energy(joules),

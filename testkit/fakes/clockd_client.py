@@ -68,7 +68,7 @@ def drop(uid: int, gid: int, groups: list[int]) -> None:
 
 def session(backend: str, freq: str, mode: str, uuid: str = "") -> None:
     if backend == "jetson":
-        dev = JetsonDevice()
+        dev = JetsonDevice(above_mode_cap=True)  # a pin above the power mode's cap is the caller's to allow
     else:
         dev = NvmlDevice(nvml=fake_pynvml.make_module([fake_pynvml.FakeGPU(uuid=uuid)]), assume_unlocked=True)
     s = dev.session(freq)

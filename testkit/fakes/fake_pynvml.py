@@ -21,6 +21,13 @@ does the least it can and says so. The sources:
 - [CUUUID] CUDA driver API, cuDeviceGetUuid_v2: "If the device is in MIG mode, returns its MIG UUID".
 - [CUPTI] CUPTI Clock Control API, https://docs.nvidia.com/cupti/api/group__CUPTI__CLOCK__CONTROL__API.html: clock
   locking is device-global and "not supported ... such as MIG-partitioned devices".
+- [ZEUS] Zeus (ml-energy/zeus) zeus/monitor/power.py, infer_counter_update_period: NVML's power and energy counters
+  "can update as slow as 10 Hz depending on the GPU model"; a reading holds its value between updates, so the counter
+  advances in steps (zeus/monitor/energy.py warns where a window's energy reads zero).
+- [PROC] NVML nvmlDeviceGetComputeRunningProcesses: "Get information about processes with a compute context on a
+  device ... (e.g. CUDA application which have active context)"; "the number of elements might change in time";
+  nvidia-ml-py returns c_nvmlProcessInfo_t structs (pid, usedGpuMemory, gpuInstanceId, computeInstanceId). A
+  process's context ends with the process, and so does its entry.
 
 Several processes (each rank of a `torchrun` job, `dvfs-mlops run` and its child) see one set of fake GPUs through a
 state file (`write_shared_state`, `shared_module`, and the `nvml_shim/pynvml.py` a child imports as `pynvml`): a clock
@@ -32,8 +39,10 @@ from the GPU's power level (a counter's differences are what a meter reads).
 
 Real behaviour mimicked: `NVMLError(value)` instantiates the subclass registered for that value
 (`NVMLError_NoPermission`, `NVMLError_NotSupported`, ...); calls before `nvmlInit` raise
-NVML_ERROR_UNINITIALIZED; clocks are ints in MHz; energy is a monotonically increasing mJ counter;
-power is in mW; utilisation is a struct with `.gpu` and `.memory`.
+NVML_ERROR_UNINITIALIZED; clocks are ints in MHz; energy is a monotonically increasing mJ counter that advances in
+steps of `energy_period_s` ([ZEUS]: 0.1 s, the slow end, by default; 0 makes it continuous); power is in mW;
+utilisation is a struct with `.gpu` and `.memory`; the compute processes are the live PIDs with a context on the GPU
+([PROC]).
 """
 from __future__ import annotations
 
@@ -148,6 +157,25 @@ class c_nvmlValue_t:
         self.dVal = float(number)
 
 
+class c_nvmlProcessInfo_t:
+    """[PROC] one process with a compute context on the GPU."""
+
+    def __init__(self, pid: int, used_gpu_memory: int = 0):
+        self.pid = pid
+        self.usedGpuMemory = used_gpu_memory
+        self.gpuInstanceId = 0xFFFFFFFF  # not a MIG device
+        self.computeInstanceId = 0xFFFFFFFF
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a context ends with its process, [PROC]); a zombie has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class c_nvmlFieldValue_t:
     """[NVML] nvmlFieldValue_t: fieldId, scopeId, the per-field nvmlReturn, valueType and value."""
 
@@ -191,10 +219,14 @@ class FakeGPU:
     power_mw: the draw now (setting it starts a new level; nvmlDeviceGetPowerUsage averages it over 1 s where NVML says so).
     instant_power: the driver answers NVML_FI_DEV_POWER_INSTANT.
     mig: MIG mode enabled, with `mig_devices`.
+    energy_period_s: the energy counter's update period ([ZEUS]; 0: it follows every read); energy_stalled: it stops.
+    processes: PIDs with a compute context on the GPU ([PROC]: those still running are listed);
+        process_list_api False makes nvmlDeviceGetComputeRunningProcesses answer NOT_SUPPORTED.
     """
 
     def __init__(self, name: str = "NVIDIA A100-SXM4-40GB", power_mw: int = 250_000, energy_counter: bool = True,
-                 uuid: str | None = None, architecture: int = NVML_DEVICE_ARCH_AMPERE, ga100: bool | None = None):
+                 uuid: str | None = None, architecture: int = NVML_DEVICE_ARCH_AMPERE, ga100: bool | None = None,
+                 energy_period_s: float = 0.1):
         self.name = name
         self.mem_clocks = [1215]
         self.graphics_clocks = list(range(1410, 200, -15))  # descending, as NVML returns them
@@ -219,6 +251,11 @@ class FakeGPU:
         self.mig = False
         self.mig_devices: list[FakeMig] = []
         self.temperature_c = 41
+        self.energy_period_s = energy_period_s
+        self.energy_stalled = False
+        self.processes: list[int] = []
+        self.process_list_api = True
+        self._stalled_mj: int | None = None
         self._t0 = time.monotonic()
         self._power: list[tuple[float, int]] = [(self._t0 - 10.0, int(power_mw))]  # (since, mW) levels
         self.calls: list[tuple] = []
@@ -241,7 +278,20 @@ class FakeGPU:
         return total
 
     def energy_mj(self) -> int:
-        return int(self._energy_between(self._t0, time.monotonic())) + 1_000_000
+        """The counter now: the energy up to its last update ([ZEUS]: it advances every `energy_period_s`)."""
+        now = time.monotonic()
+        if self.energy_period_s > 0:
+            now = self._t0 + (now - self._t0) // self.energy_period_s * self.energy_period_s
+        value = int(self._energy_between(self._t0, now)) + 1_000_000
+        if self.energy_stalled:
+            self._stalled_mj = self._stalled_mj if self._stalled_mj is not None else value
+            return self._stalled_mj
+        self._stalled_mj = None
+        return value
+
+    def running_pids(self) -> list[int]:
+        """[PROC] the listed PIDs whose process still runs."""
+        return [pid for pid in self.processes if _alive(pid)]
 
     def average_mw(self, window_s: float = 1.0) -> float:
         """The mean draw over the last `window_s` seconds."""
@@ -413,6 +463,11 @@ def make_module(gpus: list[FakeGPU] | None = None, driver_loaded: bool = True) -
             raise NVMLError(NVML_ERROR_NOT_FOUND)  # [NVML] an index with no MIG device: NVML_ERROR_NOT_FOUND
         return h.mig_devices[i]
 
+    def nvmlDeviceGetComputeRunningProcesses(h):
+        if not h.process_list_api:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [c_nvmlProcessInfo_t(pid, 512 * 2**20) for pid in h.running_pids()]
+
     def nvmlDeviceGetUtilizationRates(h):
         return c_nvmlUtilization_t(h.util, 30)
 
@@ -536,14 +591,16 @@ def _locked_state(path: str, write: bool = False) -> Any:
 
 def write_shared_state(path: str, gpus: list[FakeGPU]) -> None:
     """Start a state file for `gpus` (their names, UUIDs and power levels; unlocked, no calls)."""
-    state = {"gpus": [{"name": g.name, "uuid": g.uuid, "power_mw": g.power_mw, "locked": None} for g in gpus], "calls": []}
+    state = {"gpus": [{"name": g.name, "uuid": g.uuid, "power_mw": g.power_mw, "locked": None, "processes": []} for g in gpus],
+             "calls": []}
     with open(path, "w") as f:
         json.dump(state, f)
 
 
 def read_shared_state(path: str) -> dict[str, Any]:
-    """The state file now: `gpus` (each with `locked`: [lo, hi] or None) and `calls` (every lock/reset in the order
-    the processes made them: gpu index, call, arguments, pid, time)."""
+    """The state file now: `gpus` (each with `locked`: [lo, hi] or None, and `processes`: the PIDs that opened a compute
+    context on it) and `calls` (every lock/reset in the order the processes made them: gpu index, call, arguments, pid,
+    time)."""
     with _locked_state(path) as state:
         return state
 
@@ -594,12 +651,28 @@ class SharedGPU(FakeGPU):
             state["gpus"][self.shared_index]["locked"] = list(value) if value else None
 
     @property  # type: ignore[override]
+    def processes(self) -> list[int]:
+        if self.shared_index is None:
+            return []
+        return list(read_shared_state(self.state_path)["gpus"][self.shared_index].get("processes", []))
+
+    @processes.setter
+    def processes(self, _value: list[int]) -> None:
+        pass  # FakeGPU.__init__'s empty list: the shared list is the state file's (`use_gpu`)
+
+    @property  # type: ignore[override]
     def calls(self) -> _SharedCalls:
         return _SharedCalls(self)
 
     @calls.setter
     def calls(self, _value: list) -> None:
         pass  # FakeGPU.__init__'s empty list: the shared list is the state file's
+
+
+def use_gpu(path: str, index: int, pid: int | None = None) -> None:
+    """Process `pid` (None: this one) opens a compute context on shared GPU `index` ([PROC]: listed while it runs)."""
+    with _locked_state(path, write=True) as state:
+        state["gpus"][index].setdefault("processes", []).append(os.getpid() if pid is None else int(pid))
 
 
 def shared_module(path: str) -> types.ModuleType:

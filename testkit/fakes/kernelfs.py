@@ -4,19 +4,27 @@
 serves it at a mount point from a FUSE daemon in a child process. Everything is passed through to the
 backing dir (symlinks included, so os.path.realpath works through the relative links), except:
 
-* the GPU devfreq node, which follows drivers/devfreq/devfreq.c:
+* the GPU devfreq node, which follows drivers/devfreq/devfreq.c (torvalds/linux):
   - min_freq / max_freq take a decimal integer, parsed as the kernel's sscanf("%lu") does (leading
-    digits; anything else EINVAL). The value is stored as written; reads show it clamped into the
-    frequency table's [min, max] as get_freq_range() does (0 means "no limit": the table's end).
-  - rule "einval" (default; the issue's rule, and min_freq_store/max_freq_store before the PM QoS
-    conversion of Linux 5.7: `if (value && max && value > max) return -EINVAL`): a write that would
-    leave min_freq > max_freq fails with EINVAL and changes nothing.
+    digits; anything else EINVAL). What is written is the user's request, stored as written (the backing
+    file holds it): min_freq_store/max_freq_store turn it into a PM QoS request in kHz (min rounded down,
+    max rounded up, DIV_ROUND_UP; 0 for max_freq means "no limit").
+  - reads never show the request: min_freq_show/max_freq_show print get_freq_range(), the table's
+    [min, max] narrowed by every PM QoS request on the device (the user's, and a thermal cap: nvgpu
+    registers the GPU's devfreq as a cooling device, and drivers/thermal/devfreq_cooling.c,
+    devfreq_cooling_set_cur_state, caps it with dev_pm_qos_update_request(&dfc->req_max_freq, ...)),
+    and "if (*min_freq > *max_freq) *min_freq = *max_freq". So a read taken under a thermal cap returns
+    the cap, never what the user wrote.
+  - rule "einval" (default; min_freq_store/max_freq_store before the PM QoS conversion of Linux 5.7:
+    `if (value && max && value > max) return -EINVAL`, against the user's own values): a write that would
+    leave the user's min above the user's max fails with EINVAL and changes nothing.
     rule "qos" (mainline >= 5.7, which JetPack 5's 5.10 and JetPack 6's 5.15 kernels are based on):
     the write is accepted and min_freq reads as max_freq ("max_freq takes precedence over min_freq").
-  - cur_freq is computed on each read: the governor's target under load (the top of the range)
-    clamped into [min_freq, max_freq], then held under the throttle cap and the nvpmodel mode's GPU
-    cap (a cap below min_freq wins: the kernel's QoS max beats the user's min), then rounded down to
-    a table entry (the clock the GPU can run at).
+  - cur_freq is computed on each read: the governor's target under load, the top of get_freq_range(),
+    rounded down to a table entry (the clock the GPU can run at).
+  - nvpmodel has no cap of its own: `set_nvpmodel_mode` does what `nvpmodel -m` does, it writes the mode's
+    GPU MIN_FREQ/MAX_FREQ into the same min_freq/max_freq requests (testkit/fakes/sysfs.py,
+    `apply_nvpmodel_mode`, after NVIDIA's nvpmodel template).
   - governor takes only a name listed in available_governors (EINVAL otherwise).
   - cur_freq, available_frequencies and available_governors are 0444 with no store: opening them for
     writing fails with EACCES (kernfs does this even for root).
@@ -54,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testkit.fakes.sysfs import FakeJetson, make_orin_tree
+from testkit.fakes.sysfs import FakeJetson, apply_nvpmodel_mode, make_orin_tree
 
 MOUNT_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
@@ -126,9 +134,9 @@ class KernelTree:
     plus the kernel's knobs. `backing` is the plain tree behind it (writes there bypass the rules).
 
     Knobs (each a round trip to the daemon):
-      set_throttle_cap_hz(hz | None)   thermal/QoS cap on cur_freq (set_cap_hz: the same)
-      set_nvpmodel_mode(mode_id)       write var/lib/nvpmodel/status; cur_freq follows that mode's cap
-      set_nvpmodel_cap_hz(hz | None)   override the mode's cap (None: no cap whatever the mode)
+      set_throttle_cap_hz(hz | None)   thermal cap: a PM QoS max request beside the user's (set_cap_hz: the same)
+      set_nvpmodel_mode(mode_id)       what `nvpmodel -m` leaves: its status file and the mode's GPU range as the
+                                       user's min_freq/max_freq requests
       read_only = True                 every open-for-write in the devfreq node fails EACCES
       fail_writes = {"min_freq"}       writes of these devfreq files fail EIO (set() clears)
       fail_rail_reads(n)               the next n reads at offset 0 of rail inputs fail EIO
@@ -191,15 +199,10 @@ class KernelTree:
 
     set_cap_hz = set_throttle_cap_hz  # FakeKernel's name
 
-    def set_nvpmodel_cap_hz(self, hz: int | None) -> None:
-        self._set(nvpmodel_cap=hz, nvpmodel_override=True)
-
     def set_nvpmodel_mode(self, mode_id: int) -> None:
-        from testkit.fakes.sysfs import nvpmodel_gpu_cap_hz
-
-        nvpmodel_gpu_cap_hz(mode_id)  # KeyError for a mode the conf lacks
-        (self.backing.root / "var/lib/nvpmodel/status").write_text(f"pmode:{mode_id:04d} fmode:quiet\n")
-        self._set(nvpmodel_override=False)
+        """`nvpmodel -m MODE_ID` as root: the backing files hold the user's requests, so nvpmodel's writes land there."""
+        with self._lock:
+            apply_nvpmodel_mode(self.backing, mode_id)
 
     @property
     def read_only(self) -> bool:
@@ -363,29 +366,6 @@ def _parse_int(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _nvpmodel_cap(root: str) -> int | None:
-    """The current mode's GPU MAX_FREQ from var/lib/nvpmodel/status and etc/nvpmodel.conf (None: no cap)."""
-    try:
-        with open(os.path.join(root, "var/lib/nvpmodel/status")) as f:
-            m = re.search(r"pmode:(\d+)", f.read())
-        with open(os.path.join(root, "etc/nvpmodel.conf")) as f:
-            conf = f.read()
-    except OSError:
-        return None
-    if not m:
-        return None
-    mode, current, cap = int(m.group(1)), None, None
-    for line in conf.splitlines():
-        head = re.match(r"\s*<\s*(\w+)(?:\s+ID=(\d+))?", line)
-        if head:
-            current = int(head.group(2)) if head.group(1) == "POWER_MODEL" and head.group(2) else None
-            continue
-        gpu = re.match(r"\s*GPU\s+MAX_FREQ\s+(-?\d+)", line)
-        if current == mode and gpu:
-            cap = int(gpu.group(1)) if int(gpu.group(1)) > 0 else None
-    return cap
-
-
 class _State:
     def __init__(self, rule: str):
         self.lock = threading.Lock()
@@ -397,14 +377,11 @@ class _State:
         self.fail_writes: set[str] = set()
         self.rail_eio = 0
         self.throttle_cap: int | None = None
-        self.nvpmodel_cap: int | None = None
-        self.nvpmodel_override = False
         self.log: list[tuple[str, str, int]] = []
 
     def snapshot(self) -> dict[str, Any]:
         return {"rule": self.rule, "read_only": self.read_only, "fail_writes": sorted(self.fail_writes),
-                "rail_eio": self.rail_eio, "throttle_cap": self.throttle_cap, "nvpmodel_cap": self.nvpmodel_cap,
-                "nvpmodel_override": self.nvpmodel_override}
+                "rail_eio": self.rail_eio, "throttle_cap": self.throttle_cap}
 
 
 def _control(conn: Any, state: _State, mountpoint: str) -> None:
@@ -513,25 +490,24 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
         def _table(self) -> list[int]:
             return sorted(int(x) for x in self._read_file("available_frequencies").split())
 
-        def _range(self) -> tuple[int, int]:
-            """get_freq_range(): the user's limits clamped into the table; max wins over min."""
-            table = self._table()
-            tmin, tmax = table[0], table[-1]
+        def _requests(self) -> tuple[int, int]:
+            """The user's requests as PM QoS holds them (Hz): min rounded down to kHz, max rounded up (0: no limit)."""
             raw_min = _parse_int(self._read_file("min_freq")) or 0
             raw_max = _parse_int(self._read_file("max_freq")) or 0
-            lo = min(max(raw_min, tmin), tmax)
-            hi = max(min(raw_max, tmax), tmin) if raw_max else tmax
+            return raw_min // 1000 * 1000, -(-raw_max // 1000) * 1000
+
+        def _range(self) -> tuple[int, int]:
+            """get_freq_range(): the table's range narrowed by every QoS request (the user's, the thermal cap)."""
+            table = self._table()
+            qos_min, qos_max = self._requests()
+            hi = min(table[-1], qos_max or table[-1], table[-1] if state.throttle_cap is None else state.throttle_cap)
+            lo = max(table[0], qos_min)
             return min(lo, hi), hi
 
         def _cur(self) -> int:
             table = self._table()
-            lo, hi = self._range()
-            cur = min(max(hi, lo), hi)  # the governor's target under load: the top of the range
-            nvp = state.nvpmodel_cap if state.nvpmodel_override else _nvpmodel_cap(backing)
-            for cap in (state.throttle_cap, nvp):
-                if cap is not None:
-                    cur = min(cur, cap)  # QoS max: wins over the user's min_freq
-            below = [t for t in table if t <= cur]
+            _lo, hi = self._range()  # the governor's target under load: the top of the range
+            below = [t for t in table if t <= hi]
             return below[-1] if below else table[0]
 
         def _show(self, name: str) -> bytes:
@@ -560,11 +536,11 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
                 hz = _parse_int(value)
                 if hz is None:
                     refuse(errno.EINVAL)
-                lo, hi = self._range()
-                if state.rule == "einval":
-                    if name == "min_freq" and hz and hz > hi:
+                user_min, user_max = self._requests()
+                if state.rule == "einval":  # against the user's own other limit, as min_freq_store did before 5.7
+                    if name == "min_freq" and hz and user_max and hz > user_max:
                         refuse(errno.EINVAL)
-                    if name == "max_freq" and hz and hz < lo:
+                    if name == "max_freq" and hz and hz < user_min:
                         refuse(errno.EINVAL)
                 stored = str(hz)
             elif name == "governor":

@@ -10,24 +10,36 @@ VDD_CPU_GPU_CV and VDD_SOC on one. The device tree's root `model` and `compatibl
 /proc/device-tree is a link to /sys/firmware/devicetree/base). Besides sysfs: thermal zones
 (sys/class/thermal/thermal_zone{N}/type, temp in millidegrees C), the EMC clock in debugfs, the over-current
 throttling counters (hwmon "soctherm_oc"), the kernel's boot id, and nvpmodel's files (etc/nvpmodel.conf,
-var/lib/nvpmodel/status). BPMP's measured GPC clock counters are not there unless `set_gpc_clock_hz` adds them.
+var/lib/nvpmodel/status) with the GPU's TPC power-gating mask the mode set (sys/devices/gpu.0/tpc_pg_mask). BPMP's
+measured GPC clock counters are not there unless `set_gpc_clock_hz` adds them.
 
-These are plain files: reading cur_freq returns whatever was last written. For a tree that behaves like the
-kernel (the min_freq <= max_freq rule, cur_freq under caps, injected EIO), serve it through
-testkit/fakes/kernelfs.py.
+nvpmodel has no cap of its own: a mode's `GPU MIN_FREQ`/`GPU MAX_FREQ` are written into the GPU devfreq node's
+min_freq/max_freq, the same files a user writes (NVIDIA's Orin nvpmodel template maps `< PARAM TYPE=CLOCK NAME=GPU >`
+MAX_FREQ/MIN_FREQ onto .../devfreq/17000000.ga10b/max_freq and min_freq, and `TPC_POWER_GATING TPC_PG_MASK` onto
+/sys/devices/gpu.0/tpc_pg_mask: mlcommons/inference_results_v3.0 closed/Neuchips/code/common/nvpmodel_orin.py).
+`apply_nvpmodel_mode` does that to a tree.
+
+These are plain files: reading cur_freq returns whatever was last written. `FakeKernel` writes them as the kernel
+shows them (reads of min_freq/max_freq aggregate the user's request with a thermal cap); for a tree served like
+sysfs (every read computed, injected EIO), use testkit/fakes/kernelfs.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 
 ORIN_TABLE_HZ = [306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000,
                  1020000000, 1122000000, 1224000000, 1300500000]
 
-# nvpmodel power modes of the fake board: (ID, NAME, GPU MAX_FREQ in Hz, -1: no cap).
-NVPMODEL_MODES = [(0, "MAXN", -1), (1, "MODE_15W", 408000000), (2, "MODE_30W", 612000000), (3, "MODE_50W", 816000000)]
+# nvpmodel power modes of the fake board: (ID, NAME, GPU MAX_FREQ in Hz (-1: no cap), TPC_PG_MASK). The names are the
+# AGX Orin's; the caps and masks are the fake's own (NVIDIA's conf per module has its own).
+NVPMODEL_MODES = [(0, "MAXN", -1, 0), (1, "MODE_15W", 408000000, 0xC), (2, "MODE_30W", 612000000, 0x8),
+                  (3, "MODE_50W", 816000000, 0)]
+# Where nvpmodel writes the TPC power-gating mask (the template's `< PARAM TYPE=FILE NAME=TPC_POWER_GATING >`).
+TPC_PG_MASK_FILE = "sys/devices/gpu.0/tpc_pg_mask"
 EMC_RATE_HZ = 3199000000
 GPU_TEMP_MC = 45500  # millidegrees C
 CPU_TEMP_MC = 44000
@@ -109,6 +121,10 @@ class FakeJetson:
     def range_hz(self) -> tuple[int, int]:
         return int(self.read("min_freq")), int(self.read("max_freq"))
 
+    @property
+    def table_hz(self) -> list[int]:
+        return sorted(int(x) for x in self.read("available_frequencies").split())
+
     def set_rail(self, label: str, mv: int, ma: int) -> None:
         for hw in self.hwmon:
             for n in range(1, 9):
@@ -187,12 +203,10 @@ def make_orin_tree(root: Path, jetpack: int = 6, nvpmodel_mode: int = 0, module:
     _w(root / "sys/kernel/debug/bpmp/debug/clk/emc/rate", f"{EMC_RATE_HZ}\n")
     _oc_counters(root)
     _w(root / BOOT_ID_FILE, BOOT_ID + "\n")
-    _nvpmodel(root, nvpmodel_mode)
-    cap = nvpmodel_gpu_cap_hz(nvpmodel_mode)
-    if cap is not None and cap < table[-1]:  # nvpmodel writes the mode's GPU MAX_FREQ into devfreq when it sets the mode
-        _w(node / "max_freq", f"{cap}\n")
-        _w(node / "cur_freq", f"{cap}\n")
-    return FakeJetson(root=root, node=node, hwmon=hwmon)
+    _w(root / "etc/nvpmodel.conf", nvpmodel_conf("/" + str(node.relative_to(root))))
+    fake = FakeJetson(root=root, node=node, hwmon=hwmon)
+    apply_nvpmodel_mode(fake, nvpmodel_mode)
+    return fake
 
 
 def _agx_rails(root: Path) -> list[Path]:
@@ -284,26 +298,65 @@ def _thermal(root: Path, jetpack: int) -> None:
         _link(root / f"sys/class/thermal/thermal_zone{n}", f"../../devices/virtual/thermal/thermal_zone{n}")
 
 
-def nvpmodel_conf() -> str:
+def nvpmodel_conf(node: str = "/sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu") -> str:
+    """An nvpmodel.conf laid out as NVIDIA's: the PARAM section naming each knob's file (the GPU's clock is the devfreq
+    node `node`), then one POWER_MODEL block per `NVPMODEL_MODES` entry, then PM_CONFIG (mlcommons/inference_results_v3.0
+    closed/Neuchips/code/common/nvpmodel_orin.py, nvpmodel_template_orin). The PARAM section holds bare `MAX_FREQ
+    /sys/...` lines outside any mode: a reader must take a mode's values from its own block only."""
+    params = ("< PARAM TYPE=FILE NAME=CPU_ONLINE >\nCORE_0 /sys/devices/system/cpu/cpu0/online\n\n"
+              f"< PARAM TYPE=FILE NAME=TPC_POWER_GATING >\nTPC_PG_MASK /{TPC_PG_MASK_FILE}\n\n"
+              "< PARAM TYPE=FILE NAME=GPU_POWER_CONTROL_ENABLE >\nGPU_PWR_CNTL_EN /sys/devices/gpu.0/power/control\n\n"
+              f"< PARAM TYPE=CLOCK NAME=GPU >\nFREQ_TABLE {node}/available_frequencies\nMAX_FREQ {node}/max_freq\n"
+              f"MIN_FREQ {node}/min_freq\n\n"
+              "< PARAM TYPE=FILE NAME=EMC >\nMAX_FREQ /sys/kernel/nvpmodel_emc_cap/emc_iso_cap\n\n")
     blocks = []
-    for mode_id, name, gpu_max in NVPMODEL_MODES:
-        blocks.append(f"< POWER_MODEL ID={mode_id} NAME={name} >\nCPU_ONLINE CORE_0 1\nGPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on\n"
-                      f"GPU MIN_FREQ 0\nGPU MAX_FREQ {gpu_max}\nEMC MAX_FREQ 0\n")
-    return "\n".join(blocks) + "\n< PM_CONFIG DEFAULT=0 >\n"
+    for mode_id, name, gpu_max, tpc_mask in NVPMODEL_MODES:
+        blocks.append(f"< POWER_MODEL ID={mode_id} NAME={name} >\nCPU_ONLINE CORE_0 1\nTPC_POWER_GATING TPC_PG_MASK {tpc_mask}\n"
+                      f"GPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on\nGPU MIN_FREQ 0\nGPU MAX_FREQ {gpu_max}\n"
+                      "GPU_POWER_CONTROL_DISABLE GPU_PWR_CNTL_DIS auto\nEMC MAX_FREQ 0\n")
+    return params + "\n".join(blocks) + "\n# mandatory section to configure the default power mode\n< PM_CONFIG DEFAULT=0 >\n"
 
 
 def nvpmodel_gpu_cap_hz(mode_id: int) -> int | None:
     """The GPU MAX_FREQ of a mode of the fake conf (None: no cap)."""
-    for m, _name, gpu_max in NVPMODEL_MODES:
+    for m, _name, gpu_max, _tpc in NVPMODEL_MODES:
         if m == mode_id:
             return gpu_max if gpu_max > 0 else None
     raise KeyError(mode_id)
 
 
-def _nvpmodel(root: Path, mode_id: int) -> None:
-    nvpmodel_gpu_cap_hz(mode_id)  # KeyError for a mode the conf lacks
-    _w(root / "etc/nvpmodel.conf", nvpmodel_conf())
-    _w(root / "var/lib/nvpmodel/status", f"pmode:{mode_id:04d} fmode:quiet\n")
+def apply_nvpmodel_mode(fake: FakeJetson, mode_id: int) -> None:
+    """What `nvpmodel -m MODE_ID` leaves in the tree, from the mode's block of the tree's etc/nvpmodel.conf: its status
+    file, the mode's GPU MIN_FREQ/MAX_FREQ written into the devfreq node's min_freq/max_freq (the user's request files:
+    nvpmodel has no other cap) and its TPC_PG_MASK into the TPC power-gating file. MIN_FREQ 0 is no lower limit (the
+    table's lowest clock) and MAX_FREQ -1 no cap (the table's top: nvpmodel shows its CONF_VAL 2147483647 for -1 with a
+    REAL_VAL of the table's top), as the devfreq node then reads them.
+
+    Raises:
+        KeyError: the conf has no such mode.
+    """
+    values: dict[tuple[str, str], int] = {}
+    current = None
+    for line in (fake.root / "etc/nvpmodel.conf").read_text().splitlines():
+        if line.lstrip().startswith("<"):
+            head = re.match(r"\s*<\s*POWER_MODEL\s+ID=(\d+)", line)
+            current = int(head.group(1)) if head else None
+            continue
+        words = line.split()
+        if current == mode_id and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
+            values[(words[0], words[1])] = int(words[2])
+    if not values:
+        raise KeyError(mode_id)
+    table = fake.table_hz
+    gpu_min, gpu_max = values.get(("GPU", "MIN_FREQ"), 0), values.get(("GPU", "MAX_FREQ"), -1)
+    _w(fake.root / "var/lib/nvpmodel/status", f"pmode:{mode_id:04d} fmode:quiet\n")
+    low = min(max(gpu_min, table[0]), table[-1])
+    top = min(gpu_max, table[-1]) if gpu_max > 0 else table[-1]
+    _w(fake.node / "min_freq", f"{low}\n")
+    _w(fake.node / "max_freq", f"{top}\n")
+    _w(fake.node / "cur_freq", f"{max([h for h in table if h <= top] or table[:1])}\n")
+    if ("TPC_POWER_GATING", "TPC_PG_MASK") in values:
+        _w(fake.root / TPC_PG_MASK_FILE, f"{values[('TPC_POWER_GATING', 'TPC_PG_MASK')]}\n")
 
 
 def make_old_ina_tree(root: Path) -> Path:
@@ -318,15 +371,19 @@ def make_old_ina_tree(root: Path) -> Path:
 
 
 class FakeKernel:
-    """The devfreq rules of the kernel for a fake tree: JetsonDevice(writer=kernel.write) writes through it.
+    """The devfreq rules of the kernel for a plain fake tree: JetsonDevice(writer=kernel.write) writes through it, and
+    the files then read as the kernel shows them.
 
-    Like drivers/devfreq/devfreq.c: min_freq/max_freq take a decimal integer (EINVAL otherwise) and
-    a write that would leave min_freq > max_freq fails with EINVAL and changes nothing; governor
-    accepts only a name from available_governors. cur_freq follows: the governor's target (the top
-    of the range under load) clamped into [min_freq, max_freq], then held under a QoS cap (thermal
-    throttling, the nvpmodel mode), which wins over the user's min_freq as the kernel's does.
-    Knobs: `read_only` (every write EACCES, as for a non-root user), `fail_writes` (names that fail
-    with EIO), `cap_hz`. Every write attempt is logged as (name, value, errno or 0).
+    Like drivers/devfreq/devfreq.c (torvalds/linux): min_freq/max_freq take a decimal integer (EINVAL otherwise), and a
+    write that would leave the user's min above the user's max fails with EINVAL and changes nothing (the pre-5.7
+    min_freq_store/max_freq_store rule); governor accepts only a name from available_governors. What the user wrote is
+    a request, not what reads return: min_freq_show/max_freq_show print get_freq_range(), the table's range narrowed by
+    every PM QoS request, so a thermal cap (drivers/thermal/devfreq_cooling.c, devfreq_cooling_set_cur_state:
+    dev_pm_qos_update_request(&dfc->req_max_freq, ...)) reads back in max_freq, and min_freq never reads above
+    max_freq ("if (*min_freq > *max_freq) *min_freq = *max_freq"). cur_freq is the top of that range (the governor's
+    target under load), on the table. Knobs: `read_only` (every write EACCES, as for a non-root user), `fail_writes`
+    (names that fail with EIO), `set_cap_hz` (the thermal cap), `set_nvpmodel_mode`. Every write attempt is logged as
+    (name, value, errno or 0).
     """
 
     def __init__(self, fake: FakeJetson):
@@ -335,7 +392,8 @@ class FakeKernel:
         self.fail_writes: set[str] = set()
         self.cap_hz: int | None = None
         self.log: list[tuple[str, str, int]] = []
-        self._update_cur()
+        self.user_min_hz, self.user_max_hz = fake.range_hz  # the tree's files hold the user's requests until now
+        self._render()
 
     @property
     def writes(self) -> list[tuple[str, int]]:
@@ -344,7 +402,13 @@ class FakeKernel:
 
     def set_cap_hz(self, hz: int | None) -> None:
         self.cap_hz = hz
-        self._update_cur()
+        self._render()
+
+    def set_nvpmodel_mode(self, mode_id: int) -> None:
+        """`nvpmodel -m MODE_ID` (root): the mode's GPU range becomes the user's request (`apply_nvpmodel_mode`)."""
+        apply_nvpmodel_mode(self.fake, mode_id)
+        self.user_min_hz, self.user_max_hz = int(self.fake.read("min_freq")), int(self.fake.read("max_freq"))
+        self._render()
 
     def _fail(self, name: str, value: str, err: int) -> None:
         self.log.append((name, value.strip(), err))
@@ -366,24 +430,27 @@ class FakeKernel:
                 hz = int(value.strip())
             except ValueError:
                 self._fail(name, value, errno.EINVAL)
-            lo, hi = self.fake.range_hz
-            lo, hi = (hz, hi) if name == "min_freq" else (lo, hz)
+            lo, hi = (hz, self.user_max_hz) if name == "min_freq" else (self.user_min_hz, hz)
             if lo > hi:
                 self._fail(name, value, errno.EINVAL)
+            self.user_min_hz, self.user_max_hz = lo, hi
         elif name == "governor":
             if value.strip() not in self.fake.read("available_governors").split():
                 self._fail(name, value, errno.EINVAL)
-        elif name in ("cur_freq", "available_frequencies", "available_governors"):
-            self._fail(name, value, errno.EACCES)  # read-only attributes (0444)
-        (self.fake.node / name).write_text(value.strip() + "\n")
+            (self.fake.node / name).write_text(value.strip() + "\n")
+        else:  # cur_freq, available_frequencies, available_governors: read-only attributes (0444)
+            self._fail(name, value, errno.EACCES)
         self.log.append((name, value.strip(), 0))
-        self._update_cur()
+        self._render()
 
-    def _update_cur(self) -> None:
-        lo, hi = self.fake.range_hz
-        cur = max(lo, hi)  # under load the governor asks for the top of the range
-        if self.cap_hz is not None:
-            cur = min(cur, self.cap_hz)
+    def _render(self) -> None:
+        """Write the files as get_freq_range() shows them, and cur_freq (and BPMP's counters, where the tree has them)."""
+        table = self.fake.table_hz
+        hi = min(table[-1], self.user_max_hz or table[-1], self.cap_hz if self.cap_hz is not None else table[-1])
+        lo = min(max(table[0], self.user_min_hz), hi)
+        (self.fake.node / "min_freq").write_text(f"{lo}\n")
+        (self.fake.node / "max_freq").write_text(f"{hi}\n")
+        cur = max([t for t in table if t <= hi] or [table[0]])
         (self.fake.node / "cur_freq").write_text(f"{cur}\n")
         for rel in GPC_CLOCK_FILES:  # BPMP's counters (where the tree has them) count the clock the GPU runs at
             if (self.fake.root / rel).exists():

@@ -16,6 +16,10 @@
   figure in `_MODULES`); how each constant follows from them is `_module`'s docstring. Nothing in them was tuned to
   any optimum, saving or governor result.
 
+Each twin reports the rails of the module it describes (`rail_names`): AGX Orin's VDD_GPU_SOC, VDD_CPU_CV, VIN_SYS_5V0 and
+VDDQ_VDD2_1V8AO, Orin NX/Nano's VDD_IN, VDD_CPU_GPU_CV and VDD_SOC (hw/meter.py's rail plan cites both sets), so its
+`energy_j` and `energy_total_j` are the real module's sums (hw/sim.py maps the twin's power terms onto them).
+
 A params file (`--twin-params FILE.yaml`) holds overrides on the chosen profile. Its `profile`
 names the result; without one the name is `<base>+<digest of the constants>`, so runs of a
 changed board never carry (or resume into a sweep of) a built-in profile's name. A file that
@@ -120,6 +124,18 @@ def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Modul
         ddr_per_bw_w=base.ddr_per_bw_w * bw, cpu_base_w=base.cpu_base_w * cpu, cpu_busy_w=base.cpu_busy_w * cpu)
 
 
+# The INA3221 rail sets (hw/meter.py's rail plan cites them): AGX Orin, and Orin NX / Orin Nano.
+AGX_ORIN_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")
+ORIN_NX_RAILS = ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")
+# Families whose module carries the Orin NX / Nano rail set (p3767 modules: hw/jetson.py ORIN_MODULE_PROFILES).
+_NX_RAIL_FAMILIES = ("jetson-orin-nx", "jetson-orin-nano")
+
+
+def rail_names(params: OrinTwinParams) -> tuple[str, ...]:
+    """The rails a twin reports: its family's module's (Orin NX/Nano: VDD_IN, VDD_CPU_GPU_CV, VDD_SOC; else AGX Orin's)."""
+    return ORIN_NX_RAILS if params.family.startswith(_NX_RAIL_FAMILIES) else AGX_ORIN_RAILS
+
+
 BUILTIN_PROFILES: dict[str, OrinTwinParams] = {DEFAULT_PROFILE: OrinTwinParams(), "sim-orin-measured": _MEASURED,
                                                 **{name: _module(name, m) for name, m in _MODULES.items()}}
 
@@ -171,4 +187,5 @@ def load_twin_params(profile: str | None = None, params_file: str | Path | None 
     return params
 
 
-__all__ = ["BUILTIN_PROFILES", "DEFAULT_PROFILE", "builtin_profile", "family_of", "load_twin_params", "params_digest", "twin_digest"]
+__all__ = ["AGX_ORIN_RAILS", "BUILTIN_PROFILES", "DEFAULT_PROFILE", "ORIN_NX_RAILS", "builtin_profile", "family_of", "load_twin_params",
+           "params_digest", "rail_names", "twin_digest"]
