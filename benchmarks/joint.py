@@ -41,7 +41,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.replay import Setting
+    from dvfs_mlops.model.governor.objectives import Objective
+    from dvfs_mlops.model.joint import JointSpace, Measured, TimeEnergy
 
 DATA = Path(__file__).resolve().parent / "data" / "public"
 GRID = "bofl-agx-xavier"
@@ -61,32 +66,32 @@ class Surface:
     """One workload of the grid: its time and energy at every setting, and the objective's view of them."""
 
     workload: str
-    space: Any  # JointSpace
-    time_s: dict[Any, float]
-    energy_j: dict[Any, float]
+    space: JointSpace
+    time_s: dict[Setting, float]
+    energy_j: dict[Setting, float]
 
     @property
-    def top(self) -> Any:
+    def top(self) -> Setting:
         return self.space.top
 
-    def costs(self, objective: Any) -> dict[Any, float]:
+    def costs(self, objective: Objective) -> dict[Setting, float]:
         """Each setting's cost under the objective (infinite where too slow)."""
         return objective.costs(self.energy_j, self.time_s, self.time_s[self.top])
 
-    def optimum(self, objective: Any, settings: Sequence[Any] | None = None) -> Any:
+    def optimum(self, objective: Objective, settings: Sequence[Setting] | None = None) -> Setting:
         """The least-cost setting (of `settings`, default every one); ties to the higher clocks."""
         costs = self.costs(objective)
         return min(settings or list(costs), key=lambda s: (costs[s], -s.gpu_mhz, -s.cpu_mhz, -s.emc_mhz))
 
-    def gpu_only(self) -> list[Any]:
+    def gpu_only(self) -> list[Setting]:
         """The GPU knob alone: every GPU clock, CPU and EMC at their top."""
         return [s for s in self.space if (s.cpu_mhz, s.emc_mhz) == (self.top.cpu_mhz, self.top.emc_mhz)]
 
-    def regret(self, objective: Any, pick: Any) -> float:
+    def regret(self, objective: Objective, pick: Setting) -> float:
         costs = self.costs(objective)
         return costs[pick] / costs[self.optimum(objective)] - 1.0
 
-    def saving(self, setting: Any) -> float:
+    def saving(self, setting: Setting) -> float:
         return 1.0 - self.energy_j[setting] / self.energy_j[self.top]
 
 
@@ -98,7 +103,7 @@ class Outcome:
     workload: str
     objective: str
     seed: int
-    pick: Any  # Setting
+    pick: Setting
     measured: int  # distinct settings looked up on the replay device
     regret: float
     saving: float
@@ -121,92 +126,92 @@ def surfaces(path: Path) -> list[Surface]:
 
 # -- the candidates: each measures through `measure(setting) -> Lookup` and returns what it measured --------------------
 
-def coordinate(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, seed: int) -> Any:
+def coordinate(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int, seed: int) -> Setting:
     """The product's joint search (`dvfs_mlops.model.joint`)."""
     from dvfs_mlops.model.joint import JointSearch, search
 
     return search(measure, JointSearch(space, objective, budget=budget)).pick
 
 
-def _measured(space: Any, seen: dict[Any, Any]) -> list[Any]:
+def _measured(seen: dict[Setting, TimeEnergy]) -> list[Measured]:
     from dvfs_mlops.model.joint import Measured
 
     return [Measured(s, m.time_s, m.energy_j) for s, m in seen.items()]
 
 
-def _pick(space: Any, objective: Any, seen: dict[Any, Any]) -> Any:
+def _pick(space: JointSpace, objective: Objective, seen: dict[Setting, TimeEnergy]) -> Setting:
     from dvfs_mlops.model.joint import JointSearch
 
-    return JointSearch(space, objective).pick(_measured(space, seen))
+    return JointSearch(space, objective).pick(_measured(seen))
 
 
-def separable(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, seed: int) -> Any:
-    """A curve model per axis (module doc), multiplied into one model of the grid; its best predictions measured in turn."""
-    from dvfs_mlops.hw.board import DEFAULT_NOISE
+def _axis_ratios(space: JointSpace, at: Callable[[Setting], TimeEnergy], fixed: list[int], axis: int) -> tuple[list[float], list[float]]:
+    """The curve model along one axis through `fixed`, fitted to the clocks `curve.next_clock` asks for: each clock's
+    predicted (energy, time) over the prediction at `fixed`'s clock, as two lists in table order."""
     from dvfs_mlops.model.curve import Measurement, fit_curve, next_clock
 
-    seen: dict[Any, Any] = {}
+    table = list(space.tables[axis])
+    cut: list[Measurement] = []
+    while (f := next_clock(cut, table, table[len(table) // 2])) is not None:
+        index = list(fixed)
+        index[axis] = table.index(f)
+        m = at(space.setting((index[0], index[1], index[2])))
+        cut.append(Measurement(f, m.time_s, m.energy_j))
+    predicted = fit_curve(cut, f_max_mhz=table[-1]).predict(table)
+    here = predicted[fixed[axis]]
+    return [p.energy_j / here.energy_j for p in predicted], [p.time_s / here.time_s for p in predicted]
 
-    def at(setting: Any) -> Any:
+
+def separable(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int, seed: int) -> Setting:
+    """A curve model per axis (module doc), multiplied into one model of the grid; its best predictions measured in turn."""
+    seen: dict[Setting, TimeEnergy] = {}
+
+    def at(setting: Setting) -> TimeEnergy:
         if setting not in seen:
             seen[setting] = measure(setting)
         return seen[setting]
 
-    top = space.top
-    top_time = at(top).time_s
-    fixed = list(space.index(top))
-    curves: list[tuple[list[float], list[float]]] = []  # per axis: (energy, time) relative to the axis's value at `fixed`
-    for axis, table in enumerate(space.tables):
-        cut: list[Any] = []
-        table = list(table)
+    top_time = at(space.top).time_s
+    fixed = list(space.index(space.top))  # each axis's pick, once its axis is done: the next axes go through it
+    ratios = []
+    for axis in range(3):
+        energy, times = _axis_ratios(space, at, fixed, axis)
+        ratios.append((energy, times))
+        base = at(space.setting((fixed[0], fixed[1], fixed[2])))
+        fixed[axis] = objective.best({i: base.energy_j * r for i, r in enumerate(energy)},
+                                     {i: base.time_s * r for i, r in enumerate(times)}, top_time)
+    anchor = at(space.setting((fixed[0], fixed[1], fixed[2])))
 
-        def setting_at(i: int, axis: int = axis) -> Any:
-            index = list(fixed)
-            index[axis] = i
-            return space.setting(tuple(index))
+    def predicted(s: Setting, which: int, value: float) -> float:
+        for axis, i in enumerate(space.index(s)):
+            value *= ratios[axis][which][i] / ratios[axis][which][fixed[axis]]
+        return value
 
-        while (f := next_clock(cut, table, table[len(table) // 2], max_clocks=4, noise=DEFAULT_NOISE)) is not None:
-            m = at(setting_at(table.index(f)))
-            cut.append(Measurement(f, m.time_s, m.energy_j))
-        predicted = fit_curve(cut, f_max_mhz=table[-1], noise=DEFAULT_NOISE).predict(table)
-        e0, t0 = predicted[fixed[axis]].energy_j, predicted[fixed[axis]].time_s
-        curves.append(([p.energy_j / e0 for p in predicted], [p.time_s / t0 for p in predicted]))
-        base = at(space.setting(tuple(fixed)))
-        scale = base.time_s
-        energy = {i: base.energy_j * curves[axis][0][i] for i in range(len(table))}
-        times = {i: scale * curves[axis][1][i] for i in range(len(table))}
-        fixed[axis] = objective.best(energy, times, top_time)  # the axis's pick, held for the next axes
-    anchor = at(space.setting(tuple(fixed)))
-    model = {}
-    for s in space:
-        g, c, e = space.index(s)
-        model[s] = (anchor.energy_j * curves[0][0][g] / curves[0][0][fixed[0]] * curves[1][0][c] / curves[1][0][fixed[1]]
-                    * curves[2][0][e] / curves[2][0][fixed[2]],
-                    anchor.time_s * curves[0][1][g] / curves[0][1][fixed[0]] * curves[1][1][c] / curves[1][1][fixed[1]]
-                    * curves[2][1][e] / curves[2][1][fixed[2]])
-    costs = objective.costs({s: v[0] for s, v in model.items()}, {s: v[1] for s, v in model.items()}, top_time)
-    for s in sorted(costs, key=lambda s: (costs[s], -s.gpu_mhz, -s.cpu_mhz, -s.emc_mhz)):
+    model_e = {s: predicted(s, 0, anchor.energy_j) for s in space}
+    model_t = {s: predicted(s, 1, anchor.time_s) for s in space}
+    costs = objective.costs(model_e, model_t, top_time)
+    for s in sorted(costs, key=lambda s: (costs[s], -s.gpu_mhz, -(s.cpu_mhz or 0.0), -(s.emc_mhz or 0.0))):
         if len(seen) >= budget or not math.isfinite(costs[s]):
             break
         at(s)
     return _pick(space, objective, seen)
 
 
-def _seed_trials(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int) -> dict[Any, Any]:
+def _seed_trials(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int) -> dict[Setting, TimeEnergy]:
     """What the product's search measures along the GPU axis alone (CPU and EMC at their top): the seeds of an Optuna
     candidate."""
     from dvfs_mlops.model.joint import JointSearch, JointSpace
 
     gpu_only = JointSpace(space.gpu_mhz, space.cpu_mhz[-1:], space.emc_mhz[-1:])
-    seen: dict[Any, Any] = {}
+    seen: dict[Setting, TimeEnergy] = {}
     proposer = JointSearch(gpu_only, objective, budget=budget)
-    while (s := proposer.next_configuration(_measured(space, seen))) is not None:
+    while (s := proposer.next_configuration(_measured(seen))) is not None:
         seen[s] = measure(s)
     return seen
 
 
-def _optuna(sampler_of: Callable[[int, Any], Any], space: Any, objective: Any, measure: Callable[[Any], Any], budget: int,
-            seed: int) -> Any:
+def _optuna(sampler_of: Callable[[int, Any], Any], space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy],
+            budget: int, seed: int) -> Setting:
     """An Optuna sampler over the three knobs' table positions, asked and told one trial at a time, seeded as `tpe` says;
     the time limit of `max-slowdown` is a constraint (time / limit - 1 <= 0)."""
     import optuna
@@ -221,7 +226,7 @@ def _optuna(sampler_of: Callable[[int, Any], Any], space: Any, objective: Any, m
     def constraints(trial: Any) -> list[float]:
         return [trial.user_attrs["time_s"] / limit - 1.0]  # type: ignore[operator]
 
-    def value(m: Any) -> float:
+    def value(m: TimeEnergy) -> float:
         return m.energy_j * m.time_s if objective.kind == "edp" else m.energy_j
 
     names = ("gpu", "cpu", "emc")
@@ -243,7 +248,7 @@ def _optuna(sampler_of: Callable[[int, Any], Any], space: Any, objective: Any, m
     return _pick(space, objective, seen)
 
 
-def tpe(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, seed: int) -> Any:
+def tpe(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int, seed: int) -> Setting:
     """Optuna's TPE (multivariate), seeded with the GPU axis alone as the product's search measures it."""
     import optuna
 
@@ -251,7 +256,7 @@ def tpe(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, 
                    measure, budget, seed)
 
 
-def gp(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, seed: int) -> Any:
+def gp(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int, seed: int) -> Setting:
     """Optuna's GPSampler, seeded as `tpe`."""
     import optuna
 
@@ -259,7 +264,7 @@ def gp(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, s
                    objective, measure, budget, seed)
 
 
-def random_search(space: Any, objective: Any, measure: Callable[[Any], Any], budget: int, seed: int) -> Any:
+def random_search(space: JointSpace, objective: Objective, measure: Callable[[Setting], TimeEnergy], budget: int, seed: int) -> Setting:
     """The top setting, then settings drawn uniformly (without replacement) to the budget."""
     import random
 
@@ -279,7 +284,7 @@ SEEDED = ("tpe", "random", "gp")
 
 
 def _search_all(candidate: str, objective_text: str, budget: int, seed: int, found: list[Surface],
-                measure_of: Callable[[Surface], tuple[Callable[[Any], Any], Callable[[], int]]]) -> list[Outcome]:
+                measure_of: Callable[[Surface], tuple[Callable[[Setting], TimeEnergy], Callable[[], int]]]) -> list[Outcome]:
     """One candidate on every workload under one objective; `measure_of(surface)` gives (measure, configurations so
     far)."""
     from dvfs_mlops.model.governor.objectives import parse_objective
@@ -304,7 +309,7 @@ def evaluate(candidate: str, objective_text: str, budget: int = BUDGET, seed: in
 
     dev = ReplayDevice(DATA / f"{GRID}.csv")
 
-    def measure_of(surface: Surface) -> tuple[Callable[[Any], Any], Callable[[], int]]:
+    def measure_of(surface: Surface) -> tuple[Callable[[Setting], TimeEnergy], Callable[[], int]]:
         w = surface.workload
         return (lambda s: dev.measure_setting(w, s)), (lambda: len(dev.looked_up(w)))
 
@@ -354,10 +359,10 @@ def evaluate_redrawn(candidate: str, objective_text: str, found: list[Surface], 
     """One candidate on `draws` re-drawn grids (`redrawn`), each judged against its own optimum; draw d is seed d."""
     out = []
     for draw in range(draws):
-        def measure_of(surface: Surface) -> tuple[Callable[[Any], Any], Callable[[], int]]:
-            seen: set[Any] = set()
+        def measure_of(surface: Surface) -> tuple[Callable[[Setting], TimeEnergy], Callable[[], int]]:
+            seen: set[Setting] = set()
 
-            def measure(s: Any) -> _Point:
+            def measure(s: Setting) -> _Point:
                 seen.add(s)
                 return _Point(surface.time_s[s], surface.energy_j[s])
             return measure, lambda: len(seen)
@@ -370,7 +375,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def _clocks(s: Any) -> str:
+def _clocks(s: Setting) -> str:
     return f"{s.gpu_mhz:g} / {s.cpu_mhz:g} / {s.emc_mhz:g}"
 
 
@@ -424,16 +429,16 @@ class Roughness:
     local_minima: int  # settings cheaper than every setting one table step away along one knob
     near_optimal: int  # settings within REGRET_TARGET of the optimum
     dip: float  # 1 - E(optimum) / (the mean of E over the optimum and its CPU neighbours)
-    smoothed_optimum: Any
+    smoothed_optimum: Setting
     pick_smoothed_regret: float  # the energy pick's regret on the smoothed surface
 
 
-def roughness(s: Surface, pick: Any) -> Roughness:
+def roughness(s: Surface, pick: Setting) -> Roughness:
     """The roughness figures of one workload's energy surface, and the energy pick's regret once it is smoothed along
     the CPU axis (each setting's energy averaged with its two CPU neighbours': the finest axis, 77 MHz a step)."""
     space = s.space
 
-    def near(index: tuple[int, int, int]) -> list[Any]:
+    def near(index: tuple[int, int, int]) -> list[Setting]:
         out = []
         for axis, table in enumerate(space.tables):
             for step in (-1, 1):
@@ -447,7 +452,7 @@ def roughness(s: Surface, pick: Any) -> Roughness:
     minima = sum(all(e[x] < e[n] for n in near(space.index(x))) for x in space)
     best = min(e, key=e.__getitem__)
 
-    def smoothed(x: Any) -> float:
+    def smoothed(x: Setting) -> float:
         g, c, m = space.index(x)
         row = [space.setting((g, j, m)) for j in (c - 1, c, c + 1) if 0 <= j < len(space.cpu_mhz)]
         return statistics.mean(e[r] for r in row)
