@@ -11,8 +11,8 @@ top: model/governor/objectives.py):
    `gpu_clocks`), and the curve model's pick for the objective (`Objective.best` on its predicted time and energy);
    where that pick measures too slow for the objective, the next GPU clocks up until one is not;
 3. the CPU axis at that GPU clock (EMC at its top), then the EMC axis at the best configuration so far: a golden-section
-   search along the axis's table (Kiefer's Fibonacci search on a discrete axis; a configuration already measured costs
-   nothing);
+   search along the axis's table (J. Kiefer, "Sequential minimax search for a maximum", Proc. AMS 4(3), 1953, on the
+   table's positions; a configuration already measured costs nothing);
 4. a compass search from the best configuration so far: every configuration one table step away along one knob
    (Kolda, Lewis and Torczon, "Optimization by direct search", SIAM Review 45(3), 2003, section 3), moving to the
    best of them while one improves; it ends when none does or the budget is spent.
@@ -397,7 +397,8 @@ class _Walk:
         return table.index(chosen)
 
     def _golden(self, at: tuple[int, int, int], axis: int) -> None:
-        """Golden-section search along one axis through `at` (a configuration measured once is looked up after)."""
+        """Golden-section search along one axis through `at`, down to a bracket of at most three table positions, each
+        of which is then looked at (a configuration measured before costs nothing)."""
         def along(i: int) -> tuple[int, int, int]:
             index = list(at)
             index[axis] = i
