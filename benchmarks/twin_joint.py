@@ -12,7 +12,10 @@ constants (hw/twin/fit.py `fit_grid`), on a seeded random 15 % of the settings; 
   optimum) - 1) and the saving each predicts against the top setting, jointly and on the GPU-only slice;
 - where the form cannot follow the grid: its time along the EMC axis at the top GPU and CPU clocks (the grid's
   1333, 1600 and 1866 MHz take the same time, 2133 MHz is faster; DRAM bandwidth in proportion to the EMC clock cannot
-  make a plateau).
+  make a plateau);
+- the built-in Orin twins with their CPU and EMC tables (SIMULATED): per model, the saving of the GPU-only and of the
+  joint optimum against every clock at its top, on the energy a joint comparison uses on that board (`joint_energy`:
+  AGX Orin VDD_GPU_SOC + VDD_CPU_CV + VDDQ_VDD2_1V8AO; Orin NX the module input VDD_IN, which every power term feeds).
 
     python -m benchmarks.twin_joint           # fit, print the table (and whether the shipped files match the fit)
     python -m benchmarks.twin_joint --write   # fit and rewrite benchmarks/data/twin-bofl-agx-xavier{,-work}.yaml
@@ -107,6 +110,47 @@ def emc_axis(grid: Any, fit: Any) -> list[tuple[str, float, float, float]]:
     return rows
 
 
+ORIN_TWINS = ("sim-orin-measured", "sim-orin-nx-16gb")
+ORIN_MODELS = ("bert-tiny", "bert-base", "bert-large")
+
+
+@dataclasses.dataclass(frozen=True)
+class Headroom:
+    """One model on one Orin twin: the GPU-only and the joint optimum against every clock at its top."""
+
+    profile: str
+    model: str
+    energy: str  # the rails summed
+    gpu_only_saving: float
+    joint_saving: float
+    joint_pick: Any  # Setting
+
+
+def orin_headroom(profile: str, model: str) -> Headroom:
+    """Every (GPU, CPU, EMC) setting of a built-in twin's tables for one model (batch 16, SST-2's mean length)."""
+    import itertools
+
+    from dvfs_mlops.hw.replay import Setting
+    from dvfs_mlops.hw.twin.physics import RAILS, estimate_step, joint_energy
+    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from dvfs_mlops.hw.twin.trace import TraceCache
+    from dvfs_mlops.job.workloads.tasks import TASKS
+    from dvfs_mlops.job.workloads.zoo import PRESETS
+
+    p = builtin_profile(profile)
+    trace = TraceCache().get(PRESETS[model].config(), 16, TASKS["sst2"].mean_tokens)
+    agx = p.family.startswith("jetson-agx-orin")
+    rails = joint_energy(RAILS).rails if agx else RAILS  # Orin NX / Nano: VDD_IN holds every term
+    energy = {}
+    for s in itertools.starmap(Setting, itertools.product(p.frequencies_mhz, p.cpu_frequencies_mhz, p.emc_frequencies_mhz)):
+        est = estimate_step(trace, s, p)
+        energy[s] = sum(est.power_by_rail_w[r] for r in rails) * est.time_s
+    top = energy[Setting(p.max_mhz, p.cpu_max_mhz, p.emc_max_mhz)]
+    gpu_only = min(e for s, e in energy.items() if s.cpu_mhz == p.cpu_max_mhz and s.emc_mhz == p.emc_max_mhz)
+    pick = min(energy, key=energy.__getitem__)
+    return Headroom(profile, model, " + ".join(rails) if agx else "VDD_IN (every term)", 1 - gpu_only / top, 1 - energy[pick] / top, pick)
+
+
 def fit_bofl() -> tuple[Any, Any, float]:
     """Read the grid and fit it; returns (grid, fit, seconds the fit took)."""
     from dvfs_mlops.hw.replay import read_grid
@@ -163,6 +207,11 @@ def run(write: bool = False) -> list[tuple[str, str, str]]:
     for w, emc, t_grid, t_twin in emc_axis(grid, fit):
         rows.append((f"{w}: step time at EMC {emc:g} MHz (top GPU, CPU), grid / twin", f"{t_grid * 1e3:.1f} / {t_twin * 1e3:.1f} ms",
                      "report"))
+    for profile in ORIN_TWINS:
+        for model in ORIN_MODELS:
+            h = orin_headroom(profile, model)
+            rows.append((f"{profile} {model}: saving vs top, GPU-only / joint (SIMULATED; {h.energy})",
+                         f"{h.gpu_only_saving:.1%} / {h.joint_saving:.1%} at {h.joint_pick.label()}", "report"))
     p = fit.params
     rows.append(("fitted host: CPU-bound share, CPU clock taken by other work",
                  f"{p.cpu_bound_share:.3f}, {p.cpu_reserved_mhz:.1f} MHz", "report"))

@@ -267,3 +267,25 @@ def test_the_shipped_xavier_twin_loads_and_reproduces_its_reported_error():
     # the twin drives the same clocks the grid measured: a step at the grid's top is the work file's own estimate
     top = estimate_work(shipped.work[0], grid.top, board)
     assert top.time_s > 0 and top.cpu_mhz == grid.top.cpu_mhz and top.emc_mhz == grid.top.emc_mhz
+
+
+def test_twin_fit_finds_the_cpu_bound_share_from_points_below_the_cpu_top(trace_cache_dir):
+    """Points of a joint sweep (some at lower CPU clocks) on a board whose host is 60 % CPU-bound: the timing fit adds
+    cpu_bound_share to what it fits and finds it; a GPU-only sweep leaves it alone."""
+    from dvfs_mlops.hw.twin.fit import FitPoint, fit_profile
+
+    cache = TraceCache(trace_cache_dir)
+    board = dataclasses.replace(OrinTwinParams(), profile="board-cpu", cpu_bound_share=0.6)
+    traces = [cache.get(PRESETS[m].config(), 16, 13) for m in ("bert-tiny", "bert-mini")]
+    points = []
+    for trace in traces:
+        for f in (306.0, 816.0, 1300.5):
+            for c in (None, 729.6, 1497.6):
+                e = estimate_step(trace, Setting(f, c, None), board)
+                points.append(FitPoint(trace.key, f, ((trace, 10),), 10 * e.time_s, e.energy_j / e.time_s, cpu_mhz=c))
+    start = dataclasses.replace(board, cpu_bound_share=1.0)
+    fit = fit_profile(points, start, "fit-cpu", fit_power=False)
+    assert "cpu_bound_share" in fit.fitted and fit.params.cpu_bound_share == pytest.approx(0.6, rel=0.02)
+    assert fit.errors["time"].mean < 0.01
+    gpu_only = fit_profile([pt for pt in points if pt.cpu_mhz is None], start, "fit-gpu", fit_power=False)
+    assert "cpu_bound_share" not in gpu_only.fitted and gpu_only.params.cpu_bound_share == 1.0

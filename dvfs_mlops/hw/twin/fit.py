@@ -9,8 +9,9 @@ What is fitted, and why these constants:
   `host_per_kernel_s` (host dispatch per launch; `host_per_view_s` keeps its ratio to it),
   `kernel_fixed_s` (per-kernel GPU cost, scales as 1/f) and `eta_compute_flop_ops` (matmul
   efficiency; `eta_compute_other` keeps its ratio). Together they set the launch-bound floor,
-  the compute-bound slope in 1/f and where one turns into the other. Peak rates, the clock
-  table and DRAM bandwidth are datasheet facts, not fitted. Least squares on log(time).
+  the compute-bound slope in 1/f and where one turns into the other; with points below the CPU
+  table's top, `cpu_bound_share` too (how much of the host's time follows the CPU clock). Peak rates,
+  the clock tables and DRAM bandwidth are datasheet facts, not fitted. Least squares on log(time).
 - Power, on the fitted timing: the GPU rail's static part, its dynamic coefficient k, its idle
   share, and the shape of V(f) (the share r of V(fmax) that rises with (f/fmax)^2). V(fmax)
   itself stays the base profile's: only k V^2 is observable, k absorbs the scale. For a given
@@ -57,7 +58,8 @@ _COMPANIONS = {"host_per_kernel_s": "host_per_view_s", "eta_compute_flop_ops": "
 
 @dataclasses.dataclass(frozen=True)
 class FitPoint:
-    """One workload at one pinned clock: the steps it ran, and what was measured."""
+    """One workload at one pinned configuration: the steps it ran, and what was measured (the CPU and memory clocks
+    None where they were at their tables' tops, as in a GPU-only sweep)."""
 
     workload: str
     freq_mhz: float
@@ -67,10 +69,17 @@ class FitPoint:
     # On the twin: the noise-free values of the same point (time_expected_s, energy_expected_j), else None.
     time_expected_s: float | None = None
     energy_expected_j: float | None = None
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
 
     @property
     def energy_j(self) -> float:
         return self.power_w * self.time_s
+
+    @property
+    def setting(self) -> Setting:
+        """The configuration the point ran at."""
+        return Setting(self.freq_mhz, self.cpu_mhz, self.emc_mhz)
 
     @property
     def truth(self) -> FitPoint | None:
@@ -114,11 +123,11 @@ class FitResult:
 
 def predict(points: Sequence[FitPoint], p: OrinTwinParams) -> dict[str, np.ndarray]:
     """The twin's noise-free time (s), CPU + GPU power (W) and energy (J) of every point."""
-    memo: dict[tuple[str, float], StepEstimate] = {}
+    memo: dict[tuple[str, Setting], StepEstimate] = {}
     t, e = np.zeros(len(points)), np.zeros(len(points))
     for i, pt in enumerate(points):
         for trace, n in pt.steps:
-            est = _step(memo, trace, pt.freq_mhz, p)
+            est = _step(memo, trace, pt.setting, p)
             t[i] += n * est.time_s
             e[i] += n * est.energy_j
     return {"time": t, "power": e / t, "energy": e}
@@ -147,8 +156,9 @@ def fit_profile(points: Sequence[FitPoint], base: OrinTwinParams, name: str, *, 
     p = dataclasses.replace(base, profile=name)
     fitted: tuple[str, ...] = ()
     if fit_timing:
-        p = _fit_timing(points, p)
-        fitted += TIMING_CONSTANTS
+        timing = _timing_constants(points, p)
+        p = _fit_timing(points, p, timing)
+        fitted += timing
     if fit_power:
         p = _fit_power(points, p)
         fitted += POWER_CONSTANTS
@@ -157,16 +167,24 @@ def fit_profile(points: Sequence[FitPoint], base: OrinTwinParams, name: str, *, 
     return FitResult(p, base, len(points), len(workloads), errors(points, p), errors(points, base), fitted, expected)
 
 
-def _step(memo: dict[tuple[str, float], StepEstimate], trace: StepTrace, f: float, p: OrinTwinParams) -> StepEstimate:
-    key = (trace.key, f)
+def _step(memo: dict[tuple[str, Setting], StepEstimate], trace: StepTrace, setting: Setting, p: OrinTwinParams) -> StepEstimate:
+    key = (trace.key, setting)
     if key not in memo:
-        memo[key] = estimate_step(trace, f, p)
+        memo[key] = estimate_step(trace, setting, p)
     return memo[key]
 
 
-def _with_timing(p: OrinTwinParams, x: np.ndarray) -> OrinTwinParams:
-    values = dict(zip(TIMING_CONSTANTS, np.exp(x)))
+def _timing_constants(points: Sequence[FitPoint], p: OrinTwinParams) -> tuple[str, ...]:
+    """TIMING_CONSTANTS, and `cpu_bound_share` where some point ran below the CPU table's top (only then is it seen)."""
+    below_top = any(pt.cpu_mhz is not None and pt.cpu_mhz < p.cpu_max_mhz for pt in points)
+    return TIMING_CONSTANTS + (("cpu_bound_share",) if below_top else ())
+
+
+def _with_timing(p: OrinTwinParams, x: np.ndarray, names: Sequence[str] = TIMING_CONSTANTS) -> OrinTwinParams:
+    values = dict(zip(names, np.exp(x)))
     values["eta_compute_flop_ops"] = min(1.0, values["eta_compute_flop_ops"])
+    if "cpu_bound_share" in values:
+        values["cpu_bound_share"] = min(1.0, values["cpu_bound_share"])
     changes: dict[str, float] = {k: float(v) for k, v in values.items()}
     for lead, companion in _COMPANIONS.items():
         changes[companion] = min(1.0 if companion.startswith("eta") else np.inf,
@@ -174,35 +192,36 @@ def _with_timing(p: OrinTwinParams, x: np.ndarray) -> OrinTwinParams:
     return dataclasses.replace(p, **changes)
 
 
-def _fit_timing(points: Sequence[FitPoint], p: OrinTwinParams) -> OrinTwinParams:
+def _fit_timing(points: Sequence[FitPoint], p: OrinTwinParams, names: Sequence[str] = TIMING_CONSTANTS) -> OrinTwinParams:
     from scipy.optimize import least_squares
 
     measured = np.log([pt.time_s for pt in points])
-    x0 = np.log([getattr(p, k) for k in TIMING_CONSTANTS])
-    # a factor of 30 either way around the base profile; efficiencies at most 1
+    x0 = np.log([max(getattr(p, k), 0.05) if k == "cpu_bound_share" else getattr(p, k) for k in names])
+    # a factor of 30 either way around the base profile; efficiencies and the CPU-bound share at most 1
     lo = x0 - np.log(30.0)
     hi = x0 + np.log(30.0)
-    eta = TIMING_CONSTANTS.index("eta_compute_flop_ops")
-    hi[eta] = 0.0
+    for capped in ("eta_compute_flop_ops", "cpu_bound_share"):
+        if capped in names:
+            hi[list(names).index(capped)] = 0.0
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.log(predict(points, _with_timing(p, x))["time"]) - measured
+        return np.log(predict(points, _with_timing(p, x, names))["time"]) - measured
 
     sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-4, xtol=1e-10, ftol=1e-12, max_nfev=200)
-    return _with_timing(p, sol.x)
+    return _with_timing(p, sol.x, names)
 
 
 def _power_design(points: Sequence[FitPoint], p: OrinTwinParams) -> tuple[np.ndarray, ...]:
     """Per point: T, CPU energy (fixed constants), and per step sums for the GPU rail's linear terms."""
-    memo: dict[tuple[str, float], StepEstimate] = {}
+    memo: dict[tuple[str, Setting], StepEstimate] = {}
     n = len(points)
     T, cpu, x2, util_g, idle_g = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     for i, pt in enumerate(points):
         f = pt.freq_mhz
         x2[i] = (f / p.max_mhz) ** 2
         for trace, c in pt.steps:
-            est = _step(memo, trace, f, p)
+            est = _step(memo, trace, pt.setting, p)
             t, u = c * est.time_s, est.gpu_util
             T[i] += t
             cpu[i] += t * est.power_by_rail_w["VDD_CPU_CV"]
