@@ -39,11 +39,12 @@ AGX_ORIN_CPU_MAX_MHZ = 2201.6
 # The memory (EMC) clocks an Orin's BPMP locks (`/sys/kernel/debug/bpmp/debug/clk/emc/rate`), MHz. The top is the LPDDR5
 # data rate over two: 3199 MHz x 2 x 256 bit / 8 = 204.7 GB/s, the AGX Orin data sheet's 204.8 GB/s (and nvpmodel's
 # per-mode caps: nvpmodel_p3701_0000.conf MODE_15W `EMC MAX_FREQ 2133000000`, the other modes uncapped). NVIDIA publishes
-# no EMC table; 204, 665.6 and 2133 MHz are the lower rates Orin sweeps lock (the same nvpmodel file's 2133 MHz cap, and
-# 204 MHz the EMC floor jetson_clocks reports, testkit/fakes/sysfs.py's tree): ASSUMED beyond those two figures.
+# no EMC table. Below the top: 2133 MHz, the nvpmodel cap just cited; 204 MHz, the lowest rate of the Tegra EMC tables
+# (the lowest of BoFL's AGX Xavier grid, benchmarks/data/public/bofl-agx-xavier.csv); 665.6 MHz is ASSUMED (the rate
+# public Orin sweep scripts lock between those two; no NVIDIA document for it was found).
 ORIN_EMC_TABLE_MHZ = (204.0, 665.6, 2133.0, 3199.0)
-# Every CPU and EMC constant below: a digest of a board built before they existed leaves them out where they hold their
-# family's values (twin/profiles.py `params_digest`).
+# Every CPU and EMC constant below: a board's digest leaves them out where they are all a built-in profile's, so boards
+# described before they existed keep their digests (twin/profiles.py `params_digest`).
 CPU_EMC_FIELDS = ("cpu_frequencies_mhz", "emc_frequencies_mhz", "cpu_bound_share", "cpu_reserved_mhz", "cpu_clock_share",
                   "cpu_volt_v0", "cpu_volt_v1", "cpu_volt_min", "ddr_clock_share")
 _TABLES = ("frequencies_mhz", "cpu_frequencies_mhz", "emc_frequencies_mhz")
@@ -63,7 +64,7 @@ class OrinTwinParams:
     flops_per_core_cycle: float = 2.0
     # Dense fp16/bf16 tensor-core rate relative to FP32 CUDA cores (Ampere: ~4x with FP32 accumulate).
     tensor_core_speedup: float = 4.0
-    # 256-bit LPDDR5 at 6400 MT/s = 204.8 GB/s; it does not scale with the GPU clock.
+    # 256-bit LPDDR5 at 6400 MT/s = 204.8 GB/s at the EMC table's top; it does not scale with the GPU clock.
     dram_bw_bytes_s: float = 204.8e9
     eta_compute_flop_ops: float = 0.7  # matmul-like kernels reach ~70 % of peak
     eta_compute_other: float = 0.3  # elementwise/reduction kernels
