@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops import settings
+from dvfs_mlops.errors import DvfsError
 
 TRACE_FORMAT = 2
 KIND_VIEW, KIND_KERNEL = 0, 1
@@ -124,8 +125,6 @@ class StepWork:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "step work") -> StepWork:
         """A `to_dict` mapping; a missing or unknown name, or a negative or non-numeric value, is a DvfsError naming it."""
-        from dvfs_mlops.errors import DvfsError
-
         names = [f.name for f in dataclasses.fields(cls)]
         missing, unknown = sorted(set(names) - set(data)), sorted(set(data) - set(names))
         if missing or unknown:
