@@ -10,6 +10,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import board_family, board_of, legacy_board
 from dvfs_mlops.hw.jetson import ORIN_MODULE_PROFILES, SUPER_SUFFIX
 from dvfs_mlops.hw.sim import SimDevice
+from dvfs_mlops.hw.twin.params import CPU_EMC_FIELDS
 from dvfs_mlops.hw.twin.profiles import _MODULES, BUILTIN_PROFILES, builtin_profile, load_twin_params, twin_digest
 
 MODULES = sorted(_MODULES)
@@ -67,6 +68,8 @@ def test_a_params_file_on_the_agx_twin_keeps_its_name(tmp_path):
     p = load_twin_params(None, f)
     fields = dataclasses.asdict(p)
     fields.pop("family")
+    for key in CPU_EMC_FIELDS:  # at a built-in profile's values they stay out of the digest (params_digest)
+        fields.pop(key)
     import hashlib
     import json
 

@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 
 from dvfs_mlops.errors import DvfsError, unknown
-from dvfs_mlops.hw.twin.params import OrinTwinParams, read_yaml_mapping
+from dvfs_mlops.hw.twin.params import CPU_EMC_FIELDS, ORIN_EMC_TABLE_MHZ, OrinTwinParams, orin_cpu_table, read_yaml_mapping
 
 DEFAULT_PROFILE = "sim-orin"
 
@@ -69,6 +69,8 @@ class _Module:
     dram_bw_gb_s: float  # LPDDR5 bandwidth
     cpu_cores: int  # Cortex-A78AE cores
     max_power_w: float  # the top of the module's configurable power range
+    cpu_max_mhz: float  # the CPU's clock ceiling in the module's top power mode (the top of its cpufreq table)
+    emc_max_mhz: float  # the memory (EMC) clock ceiling: the LPDDR5 data rate over two
 
 
 # Sources (figures as published; the AGX Orin 64 GB row is the twin's own, params.py):
@@ -84,18 +86,28 @@ class _Module:
 #   summarised at https://www.brojogopalsapui.com/ai-foundations/sub_contents/AI_hardware/jetson_orin_nano_light.html:
 #   Orin Nano 8 GB: 1024 CUDA cores, 8 SMs (1 GPC x 4 TPC x 2), GPU 625 MHz ("1.02 GHz, was 625 MHz" in Super mode),
 #   128-bit LPDDR5 68 GB/s (102 GB/s Super), 6-core A78AE, 7-15 W (25 W Super, "15 W -> 25 W").
+# CPU ceilings, the "CPU maximal frequency" of each module's top power mode in the same Developer Guide tables (below):
+#   AGX Orin 64 GB 2201.6 MHz (MAXN; data sheet "2.2 GHz"), AGX Orin 32 GB 2.2 GHz in its data sheet (its top step taken as
+#   the 64 GB module's 2201.6 MHz: no per-step table of the 32 GB module was found), Orin NX 16 GB and 8 GB 1984 MHz
+#   (data sheet "2 GHz"), Orin Nano 8 GB 1510.4 MHz (data sheet "1.5 GHz"), Orin Nano Super 1728 MHz (MAXN_SUPER; "1.7 GHz").
+#   Below the ceiling every module's cpufreq table is the A78AE's 76.8 MHz grid (params.py `orin_cpu_table`).
+# EMC ceilings: the data sheets' LPDDR5 bandwidth over the bus width: 204.8 GB/s / (2 x 32 B) and 102.4 GB/s / (2 x 16 B)
+#   = 3199 MHz (AGX Orin, Orin NX, Orin Nano Super), 68 GB/s / (2 x 16 B) = 2133 MHz (Orin Nano 8 GB), which nvpmodel
+#   caps the same way (LineageOS/android_device_nvidia_concord nvpmodel/nvpmodel_p3767_0003.conf, Orin Nano: 7W mode
+#   `EMC MAX_FREQ 2133000000`, nvpmodel_p3767_0000_super.conf's modes above 10 W uncapped). Below it, the Orin EMC table
+#   (params.py `ORIN_EMC_TABLE_MHZ`) up to the ceiling.
 # Per-mode GPU ceilings: Jetson Linux Developer Guide, "Jetson Orin Nano Series, Jetson Orin NX Series and Jetson AGX
 #   Orin Series", Supported Modes and Power Efficiency (https://docs.nvidia.com/jetson/archives/r36.3/DeveloperGuide/SD/
 #   PlatformPowerAndPerformance/JetsonOrinNanoSeriesJetsonOrinNxSeriesAndJetsonAgxOrinSeries.html).
 _MODULES: dict[str, _Module] = {
-    "sim-orin-32gb": _Module("jetson-agx-orin-32gb", 14, 930.0, 204.8, 8, 40.0),  # [AGX]
-    "sim-orin-nx-16gb": _Module("jetson-orin-nx-16gb", 8, 918.0, 102.4, 8, 25.0),  # [NX]
-    "sim-orin-nx-8gb": _Module("jetson-orin-nx-8gb", 8, 765.0, 102.4, 6, 20.0),  # [NX]
-    "sim-orin-nano-8gb": _Module("jetson-orin-nano-8gb", 8, 625.0, 68.0, 6, 15.0),  # [NANO]
-    "sim-orin-nano-8gb-super": _Module("jetson-orin-nano-8gb-super", 8, 1020.0, 102.4, 6, 25.0),  # [NANO], Super mode
+    "sim-orin-32gb": _Module("jetson-agx-orin-32gb", 14, 930.0, 204.8, 8, 40.0, 2201.6, 3199.0),  # [AGX]
+    "sim-orin-nx-16gb": _Module("jetson-orin-nx-16gb", 8, 918.0, 102.4, 8, 25.0, 1984.0, 3199.0),  # [NX]
+    "sim-orin-nx-8gb": _Module("jetson-orin-nx-8gb", 8, 765.0, 102.4, 6, 20.0, 1984.0, 3199.0),  # [NX]
+    "sim-orin-nano-8gb": _Module("jetson-orin-nano-8gb", 8, 625.0, 68.0, 6, 15.0, 1510.4, 2133.0),  # [NANO]
+    "sim-orin-nano-8gb-super": _Module("jetson-orin-nano-8gb-super", 8, 1020.0, 102.4, 6, 25.0, 1728.0, 3199.0),  # [NANO], Super
 }
 # The AGX Orin 64 GB figures the module profiles are scaled from (params.py's sources; 15-60 W, 12-core CPU).
-_AGX64 = _Module("jetson-agx-orin-64gb", 16, 1300.5, 204.8, 12, 60.0)
+_AGX64 = _Module("jetson-agx-orin-64gb", 16, 1300.5, 204.8, 12, 60.0, 2201.6, 3199.0)
 
 
 def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Module = _AGX64) -> OrinTwinParams:
@@ -112,16 +124,22 @@ def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Modul
     - gpu_static_w (the GPU/SoC rail's clock-independent part: SoC fabric, memory controllers) and the DRAM rail in
       proportion to the module's power budget and bandwidth; the CPU rail in proportion to its cores (ASSUMED scalings:
       no public per-rail figures per module were found).
+    - CPU and EMC tables: `orin_cpu_table` up to the module's CPU ceiling, the Orin EMC table up to its EMC ceiling.
+    - the CPU's V(f): the same A78AE curve read up to the module's CPU ceiling (v1 x (ceiling / 2201.6)^2, floor and v0
+      unchanged), as the GPU's; the CPU and DRAM clock shares and the host's CPU-bound share are the base's.
     """
     share_f = m.gpu_max_mhz / ref.gpu_max_mhz
     table = (*(f for f in base.frequencies_mhz if f < m.gpu_max_mhz), m.gpu_max_mhz)
     bw = m.dram_bw_gb_s / ref.dram_bw_gb_s
     cpu = m.cpu_cores / ref.cpu_cores
+    joint = {"cpu_frequencies_mhz": orin_cpu_table(m.cpu_max_mhz),
+             "emc_frequencies_mhz": tuple(f for f in ORIN_EMC_TABLE_MHZ if f <= m.emc_max_mhz),
+             "cpu_volt_v1": base.cpu_volt_v1 * (m.cpu_max_mhz / ref.cpu_max_mhz) ** 2}
     return dataclasses.replace(
         base, profile=name, family=m.family, frequencies_mhz=table, cuda_cores=128 * m.sms, dram_bw_bytes_s=m.dram_bw_gb_s * 1e9,
         kernel_fixed_s=base.kernel_fixed_s / share_f, volt_v1=base.volt_v1 * share_f ** 2, gpu_k=base.gpu_k * m.sms / ref.sms,
         gpu_static_w=base.gpu_static_w * m.max_power_w / ref.max_power_w, ddr_base_w=base.ddr_base_w * bw,
-        ddr_per_bw_w=base.ddr_per_bw_w * bw, cpu_base_w=base.cpu_base_w * cpu, cpu_busy_w=base.cpu_busy_w * cpu)
+        ddr_per_bw_w=base.ddr_per_bw_w * bw, cpu_base_w=base.cpu_base_w * cpu, cpu_busy_w=base.cpu_busy_w * cpu, **joint)
 
 
 # The INA3221 rail sets (hw/meter.py's rail plan cites them): AGX Orin, and Orin NX / Orin Nano.
@@ -157,6 +175,12 @@ def params_digest(params: OrinTwinParams) -> str:
     """A short digest of every constant but the name (what makes two boards the same board)."""
     d = params.to_dict()
     d.pop("profile")
+    # The CPU and EMC constants count only where they are not a built-in profile's, so the twins of files written before
+    # those constants existed (which left them at their base profile's) keep their digests, and their sweeps their ids.
+    joint = {key: d[key] for key in CPU_EMC_FIELDS}
+    if any(joint == {key: builtin.to_dict()[key] for key in CPU_EMC_FIELDS} for builtin in BUILTIN_PROFILES.values()):
+        for key in CPU_EMC_FIELDS:
+            d.pop(key)
     if d["family"] == OrinTwinParams.family:
         d.pop("family")  # the AGX Orin 64 GB's twins keep the digests they had before profiles named a family
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]

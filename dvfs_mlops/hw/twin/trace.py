@@ -1,4 +1,5 @@
-"""Capture the kernel sequence of one training step, shapes only, on the `meta` device.
+"""Capture the kernel sequence of one training step, shapes only, on the `meta` device (`StepTrace`), or describe a step
+by its aggregate work where no trace exists (`StepWork`).
 
 A `TorchDispatchMode` sees every aten op of forward, backward and the optimizer step. Per op we
 keep what the twin needs to time it on a GPU: FLOPs (torch's own formulas, `flop_registry`, called
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops import settings
+from dvfs_mlops.errors import DvfsError
 
 TRACE_FORMAT = 2
 KIND_VIEW, KIND_KERNEL = 0, 1
@@ -87,6 +89,57 @@ class StepTrace:
             seq_len=int(d["seq_len"]),
             dtype=d["dtype"],
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepWork:
+    """One training step described by its aggregate work instead of its kernels: what a measured grid without a step
+    trace can be fitted to (hw/twin/fit.py `fit_grid`), timed by hw/twin/physics.py `work_grid`.
+
+    Every time is at the top of its clock's table (the twin's `max_mhz`, `cpu_max_mhz`); the traffic is in bytes.
+
+    Attributes:
+        key: the workload's name.
+        host_serial_s: host time the GPU waits for (per-step overhead: optimizer bookkeeping, Python, data).
+        host_dispatch_s: host time that overlaps the GPU's work (launching its kernels).
+        gpu_compute_s: the GPU's compute time (it scales as 1 / GPU clock).
+        dram_bytes: DRAM traffic (its time is bytes / (eta_memory x bandwidth at the EMC clock)).
+        kernel_overlap: how compute and memory time combine, (C^n + M^n)^(1/n): 1 adds them, large n takes the larger
+            (a step of kernels each bound by one of the two).
+        queue_overlap: the same for host dispatch and the GPU's work: 1 adds them, large n takes the larger (a deep
+            launch queue).
+    """
+
+    key: str
+    host_serial_s: float
+    host_dispatch_s: float
+    gpu_compute_s: float
+    dram_bytes: float
+    kernel_overlap: float
+    queue_overlap: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The work as YAML-ready numbers (`from_dict` reads it back)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "step work") -> StepWork:
+        """A `to_dict` mapping; a missing or unknown name, or a negative or non-numeric value, is a DvfsError naming it."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing, unknown = sorted(set(names) - set(data)), sorted(set(data) - set(names))
+        if missing or unknown:
+            raise DvfsError(f"{source}: a step's work needs exactly {', '.join(names)}"
+                            + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+        values: dict[str, Any] = {"key": str(data["key"])}
+        for name in names[1:]:
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+                raise DvfsError(f"{source}: {name} of {values['key']!r} must be a non-negative number, got {value!r}")
+            values[name] = float(value)
+        for name in ("kernel_overlap", "queue_overlap"):
+            if values[name] < 1:
+                raise DvfsError(f"{source}: {name} of {values['key']!r} must be at least 1, got {values[name]!r}")
+        return cls(**values)
 
 
 def _nbytes(t: Any) -> int:
