@@ -180,7 +180,7 @@ def test_dvfs_callback_on_a_board_without_its_familys_governor_refines_and_says_
         tags.append(c.get_run(run.info.run_id).data.tags)
         if not allow:
             assert any(line.startswith("no production governor for jetson-orin-nano-8gb (registered: ") for line in said), said
-            assert dvfs.decision["path"] == "refine" and dvfs.refined is not None  # the probes, not a governor, picked
+            assert dvfs.decision.path == "refine" and dvfs.refined is not None  # the probes, not a governor, picked
     refined, other = tags
     assert refined["dvfs.board_family"] == "jetson-orin-nano-8gb" and refined["decision.path"] == "refine"
     assert refined["decision.reason"].startswith("no production governor for jetson-orin-nano-8gb")

@@ -205,6 +205,17 @@ def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySum
     return out
 
 
+def check_policies(names: Sequence[str]) -> None:
+    """Every name is a built-in policy or a models:/ URI.
+
+    Raises:
+        UnknownNameError: a name that is neither (the message lists the valid ones).
+    """
+    for name in names:
+        if name not in BUILTIN and not name.startswith("models:/"):
+            raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
+
+
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
     from dvfs_mlops.mlops.governor import load_governor
@@ -307,16 +318,15 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIME
         DvfsError: an unknown objective or policy, no such sweep, no workloads of the split.
     """
     obj = parse_objective(objective)
+    check_policies(policies)
+    dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)  # the input: refused before any run is made
     if not log:
-        dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)
         return evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
-    with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=" ".join(["evaluate", *([sweep_id] if sweep_id else []), split])) as run:
-        run.log_batch(params={"split": split, "objective": obj.name, "policies": ",".join(policies)})
-        dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)
+    tags = {schema.TAG_SWEEP: dataset.sweep_id, schema.TAG_SIMULATED: str(dataset.simulated).lower()}
+    with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {dataset.sweep_id} {split}", tags=tags) as run:
+        run.log_batch(params={"sweep_id": dataset.sweep_id, "split": split, "objective": obj.name, "policies": ",".join(policies)})
         report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
-        tags = {schema.TAG_SWEEP: report.sweep_id, schema.TAG_SIMULATED: str(report.simulated).lower(),
-                schema.TAG_RUN_NAME: f"evaluate {report.sweep_id} {split}"}
-        run.log_batch(params={"sweep_id": report.sweep_id}, metrics=_summary_metrics(report.summaries), tags=tags)
+        run.log_batch(metrics=_summary_metrics(report.summaries))
         _log_tables(run, report)
         report.run_id, report.experiment = run.run_id, run.experiment_name
     return report

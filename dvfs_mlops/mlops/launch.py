@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, FreqRequest
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.job.finetune import StepWindows, num_steps
+from dvfs_mlops.job.run import run_job
 from dvfs_mlops.mlops import schema
 from dvfs_mlops.mlops.governor import GovernorRef
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device, FreqSession
     from dvfs_mlops.hw.meter import EnergyReport
-    from dvfs_mlops.job.finetune import FinetuneResult, StepWindows
+    from dvfs_mlops.job.finetune import FinetuneResult
     from dvfs_mlops.job.refine import Refiner, RefineResult
     from dvfs_mlops.job.run import Job
     from dvfs_mlops.mlops.governor import BoardGovernor
@@ -291,9 +293,6 @@ class Launch:
         Returns:
             The `Launched` job (its result included).
         """
-        from dvfs_mlops.job.finetune import num_steps
-        from dvfs_mlops.job.run import run_job
-
         self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
         with self.session:
             total = num_steps(job.config, job.workload.n_train) if self.budget else 0
@@ -312,8 +311,6 @@ class Launch:
         Returns:
             The entered session.
         """
-        from dvfs_mlops.job.finetune import StepWindows
-
         self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
         self.session.__enter__()
         try:
