@@ -130,6 +130,7 @@ def test_with_every_parameter_unset_each_record_has_its_own_defaults(entry, monk
      {"preset": "smoke", "steps": 2, "repeats": 3, "models": "bert-tiny,pythia-14m", "freqs": "510", "data_dir": "/data/my glue",
       "replay": False, "strategy": "adaptive", "warmup_steps": 1, "train_size": 64, "batch_size": 16}),
     ("sweep", {"peft": "lora", "lora_r": "16"}, {"peft": ("lora", 16, 16)}),
+    ("sweep", {"knob": "attn_implementation=eager"}, {"knobs": ("attn_implementation=eager",)}),
     ("train", {"sweep_id": "sweep-abc", "trials": "5", "seed": "7", "register": "false", "cv_split": "task"},
      {"sweep_id": "sweep-abc", "trials": 5, "seed": 7, "register": False, "cv_split": "task", "objective": "energy"}),
     ("evaluate", {"split": "train", "objective": "edp"}, {"split": "train", "objective": "edp", "policies": "production,ffg,paper-mlg,maxn,oracle"}),

@@ -20,6 +20,7 @@ from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import SweepWorker
 from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
+from dvfs_mlops.mlops.fields import KNOBS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,6 +31,8 @@ class RecordOption(click.Option):
     record_default: Callable[[], Any] | None = None
 
     def type_cast_value(self, ctx: click.Context, value: Any) -> Any:
+        if self.multiple and isinstance(value, (list, tuple)):
+            value = [v for v in value if v != ""]
         return None if value == "" else super().type_cast_value(ctx, value)
 
     def get_default(self, ctx: click.Context, call: bool = True) -> Any:
@@ -69,8 +72,7 @@ class OptionGroup:
         self._names = [None if p is None else str(p.name) for p in probes]
         self._unset = {str(p.name) for p in probes if isinstance(p, RecordOption)}
 
-    def decorators(self) -> list[Callable[[Any], Any]]:
-        """Every click decorator of the group, nested groups' inlined, in --help order."""
+    def decorators(self) -> list[Callable[[Any], Any]]:  # every click decorator, nested groups' inlined, in --help order
         return [d for o in self.options for d in (o.decorators() if isinstance(o, OptionGroup) else [o])]
 
     def record_default(self, name: str) -> Any:
@@ -141,6 +143,8 @@ EXPERIMENT_OPTION = option("--experiment", help="The MLflow experiment of the sw
 SWEEP_ID_HELP = "The sweep to read (or several as a,b,...; default: the newest in --experiment that can serve, never a calibration's)."
 MODEL_CONFIG_HELP = "A transformers config.json (or folder) instead of a preset."
 WARMUP_OPTION = option("--warmup-steps", type=Count(min=0), help="First steps metered apart (3 on boards, 0 on the twin).")
+KNOB_OPTION = option("--knob", "knobs", multiple=True, metavar="NAME=VALUE", help=(
+    f"A setting of the job, recorded on every run (repeat it, or comma-separate): {', '.join(k.name for k in KNOBS)}."))
 
 
 # --peft and the LoRA options, on every command that trains (sweep, finetune): a PeftSpec.
@@ -158,10 +162,8 @@ _DEVICE_OPTIONS = {
     "gpu_index": option("--gpu-index", type=click.IntRange(min=0), help="nvml: which GPU, by NVML index (nvidia-smi's order)."),
     "assume_unlocked": option("--assume-unlocked", is_flag=True, help="nvml: pin although NVML cannot tell if clocks are locked already."),
     "torch_device": option("--torch-device", metavar="DEV", help="Train on DEV (cpu, cuda:1 ...), not the backend's GPU (tests)."),
-    "twin_profile": option("--twin-profile", metavar="NAME",
-                           help=f"sim: the twin's board profile: {', '.join(BUILTIN_PROFILES)} (default {DEFAULT_PROFILE})."),
-    "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml",
-                          help="sim: a YAML of twin constants over --twin-profile's (e.g. written by `dvfs-mlops twin fit`)."),
+    "twin_profile": option("--twin-profile", metavar="NAME", help=f"sim: the twin's profile: {', '.join(BUILTIN_PROFILES)} (default {DEFAULT_PROFILE})."),
+    "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml", help="sim: twin constants (twin fit's YAML)."),
     "device_id": option("--device-id", metavar="ID", help="Which board this is, tagged dvfs.device_id (default: serial, UUID, sim@HOST)."),
 }
 
@@ -205,6 +207,7 @@ sweep_options = option_group(
     PRECISION_OPTION,
     peft_options,
     option("--strategy", type=click.Choice(["grid", "adaptive"]), help="grid: every clock; adaptive: maxn and <= 4 clocks per workload."),
+    KNOB_OPTION,
 )
 
 sweep_worker_options = option_group(
@@ -260,6 +263,7 @@ finetune_job_options = option_group(
     option("--train-size", type=Count(min=1), help="Synthetic training examples."),
     SEED_OPTION,
     WARMUP_OPTION,
+    KNOB_OPTION,
 )
 
 launch_options = option_group(

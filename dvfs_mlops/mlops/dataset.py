@@ -26,7 +26,7 @@ ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "
 ENERGY_EXPECTED, TIME_EXPECTED = fields.column("energy_expected_j", METRIC), fields.column("time_expected_s", METRIC)
 EVAL_METRICS = tuple(fields.column(n, METRIC) for n in ("eval_accuracy", "eval_pearson"))  # a workload's accuracy by clock
 # What must agree between sweeps that measured the same workload for their energies to be averaged.
-COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision"))
+COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision")) + tuple(k.column for k in fields.KNOBS)
 
 
 def _num(v: Any) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from dvfs_mlops.model.workload import METRIC, PARAM, WorkloadFeatures, feature_types
@@ -32,6 +33,8 @@ class Field:
         runs: which runs log it: point (a sweep point, and every fine-tune run), finetune, callback.
         feature: it is one of the governor's input columns (`WorkloadFeatures`).
         report: the `EnergyReport` attribute a report metric is read from ('' for any other field).
+        knob: a setting of the job (`KNOBS`): the `job.finetune.FinetuneConfig` field of that name, set with
+            `--knob NAME=VALUE` on sweep and finetune, recorded on every run, part of a sweep's identity once set.
     """
 
     name: str
@@ -42,6 +45,7 @@ class Field:
     runs: str = POINT
     feature: bool = False
     report: str = ""
+    knob: bool = False
 
     @property
     def column(self) -> str:
@@ -65,6 +69,17 @@ def _param(name: str, type_: type, unit: str, meaning: str, runs: str = POINT) -
 
 def _metric(name: str, unit: str, meaning: str, runs: str = POINT, report: str = "", type_: type = float) -> Field:
     return Field(name, METRIC, type_, unit, meaning, runs, report=report)
+
+
+def _knob(name: str, type_: type, unit: str, meaning: str) -> Field:
+    return Field(name, PARAM, type_, unit, meaning, knob=True)
+
+
+# The job's settings a command line sets by name (`--knob NAME=VALUE`): each the `FinetuneConfig` field of its name,
+# with its default there. One declaration here and the field there is all a new knob takes.
+KNOBS: tuple[Field, ...] = (
+    _knob("attn_implementation", str, "", "the attention kernel real training runs (sdpa, eager); the twin traces eager"),
+)
 
 
 def _feature_fields() -> tuple[Field, ...]:
@@ -161,7 +176,7 @@ _CALLBACK_METRICS: tuple[Field, ...] = (
 )
 
 FEATURES: tuple[Field, ...] = _feature_fields()
-FIELDS: tuple[Field, ...] = FEATURES + _JOB_PARAMS + REPORT_METRICS + _JOB_METRICS + _CALLBACK_METRICS
+FIELDS: tuple[Field, ...] = FEATURES + KNOBS + _JOB_PARAMS + REPORT_METRICS + _JOB_METRICS + _CALLBACK_METRICS
 _BY_NAME: dict[tuple[str, str], Field] = {(f.kind, f.name): f for f in FIELDS}
 
 
@@ -196,10 +211,36 @@ def declared(name: str, kind: str) -> bool:
     return (METRIC, base) in _BY_NAME
 
 
+def parse_knobs(texts: Sequence[str]) -> dict[str, Any]:
+    """`NAME=VALUE` settings (each text may hold several, comma-separated; empty ones are ignored) -> {name: value},
+    each value typed as its knob is declared.
+
+    Raises:
+        DvfsError: a name that is no knob (the message lists them), a text without `=`, or a value of the wrong type.
+    """
+    from dvfs_mlops.errors import DvfsError, unknown
+
+    knobs = {k.name: k for k in KNOBS}
+    out: dict[str, Any] = {}
+    for item in (part.strip() for text in texts for part in str(text).split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise DvfsError(f"--knob {item!r}: give NAME=VALUE (knobs: {', '.join(knobs)})")
+        if name.strip() not in knobs:
+            raise unknown("knob", name.strip(), list(knobs))
+        try:
+            out[name.strip()] = knobs[name.strip()].parse(value.strip())
+        except ValueError:
+            raise DvfsError(f"--knob {item!r}: {name.strip()} takes a {knobs[name.strip()].type.__name__}") from None
+    return out
+
+
 def markdown_table() -> str:
     """The docs' table of every logged param and metric: name, kind, type, unit, runs, meaning (markdown)."""
     rows = ["| name | kind | type | unit | runs | meaning |", "|---|---|---|---|---|---|"]
     for f in FIELDS:
-        runs = f"{f.runs} (feature)" if f.feature or f.name == "gpu_util_pct" else f.runs
+        runs = f"{f.runs} (feature)" if f.feature or f.name == "gpu_util_pct" else f"{f.runs} (knob)" if f.knob else f.runs
         rows.append(f"| `{f.name}` | {f.kind} | {f.type.__name__} | {f.unit} | {runs} | {f.meaning} |")
     return "\n".join(rows) + "\n"

@@ -156,7 +156,8 @@ def job_record(job: Job, board: Board, session: FreqSession, result: FinetuneRes
         **feature_params(job.workload.features), "model": job.workload.spec.name, "task": task.name, "freq_mhz": freq_label(freq),
         "device": board.backend, "device_profile": board.profile, "batch_size": cfg.batch_size,
         "steps": 0 if profiled else result.steps, "seed": cfg.seed, "split": task.split, "data_source": job.workload.data_source,
-        "precision": cfg.precision, **cfg.peft.params(), **({"profile_steps": result.steps} if profiled else {}),
+        "precision": cfg.precision, **cfg.peft.params(), **{k.name: getattr(cfg, k.name) for k in fields.KNOBS},
+        **({"profile_steps": result.steps} if profiled else {}),
         "torch_device": job.torch_device, **session_params(session), **report_params(report),
     }
     return RunRecord(params, point_metrics(report, result, _clock_ran(session, freq), session),

@@ -38,7 +38,7 @@ class PointContext:
         """A point's job: the prepared workload trained as the spec says (profile-only points charge `profile_steps`)."""
         s = self.spec
         cfg = FinetuneConfig(steps=s.steps if s.steps > 0 else s.profile_steps, batch_size=s.batch_size, seed=s.seed,
-                             precision=s.precision, peft=s.peft, warmup_steps=s.warmup_steps)
+                             precision=s.precision, peft=s.peft, warmup_steps=s.warmup_steps, **dict(s.knobs))
         return Job(workload, cfg, self.board.torch_device)
 
 
