@@ -270,3 +270,18 @@ def test_a_parent_left_running_by_a_killed_process_is_closed_when_its_sweep_resu
     assert "1 parent run(s) of a process that is gone closed as KILLED" in r.stderr
     parents = {r.info.status: r.data.tags.get("dvfs.end_reason") for r in _runs("dvfs-sweep", "tags.`mlflow.runName` LIKE 'sweep %'")}
     assert parents == {"KILLED": "the sweep's process is gone (found by a resumed sweep)", "FINISHED": None}
+
+
+def test_under_mlflow_run_the_line_and_the_link_name_the_experiment_the_run_is_in(store):
+    """`mlflow run . -e evaluate` without --experiment-name: MLflow's run is in Default, and the command says so."""
+    from dvfs_mlops.mlops import tracking
+
+    _hand_sweep()
+    c = tracking.client()
+    started = c.create_run(tracking.experiment_id(c, "Default"))
+    r = run_cli("evaluate", "--sweep-id", "hand", "--policies", "ffg,maxn", env={"MLFLOW_RUN_ID": started.info.run_id})
+    assert r.returncode == 0, r.stderr
+    exp = c.get_experiment_by_name("Default").experiment_id
+    assert f"logged run {started.info.run_id} in Default" in r.stdout
+    assert f"/#/experiments/{exp}/runs/{started.info.run_id}?" in r.stdout + r.stderr
+    assert c.get_run(started.info.run_id).info.status == "FINISHED" and c.get_experiment_by_name("dvfs-evaluate") is None

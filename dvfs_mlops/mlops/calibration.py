@@ -31,9 +31,11 @@ from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
+    from mlflow.tracking import MlflowClient
 
     from dvfs_mlops.hw.device import Device
     from dvfs_mlops.mlops.lifecycle import OwnedRun
+    from dvfs_mlops.mlops.registry import RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,7 @@ def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
     return other[1]
 
 
-def _no_source(cfg: Any, family: str) -> str:
+def _no_source(cfg: RegistryConfig, family: str) -> str:
     """What to run first where no other board family has a production governor to calibrate from."""
     said = f"no production governor of another board family to calibrate {family} from (calibrate moves another board's governor to this one)"
     if family == cfg.legacy_family:  # the published tree is this family's own: bootstrapping it gives nothing to move
@@ -292,7 +294,7 @@ class _Fitted:
     simulated: bool
 
 
-def _fit(c: Any, device: Device, board: Board, request: CalibrationRequest, source: ModelVersion, source_policy: dict[str, Any],
+def _fit(c: MlflowClient, device: Device, board: Board, request: CalibrationRequest, source: ModelVersion, source_policy: dict[str, Any],
          source_label: str, say: Callable[[str], None]) -> _Fitted:
     """Plan the calibration points, measure them (the calibration sweeps), read them back and move the policy."""
     from dvfs_mlops.mlops.dataset import load_sweep_dataset
@@ -313,7 +315,7 @@ def _fit(c: Any, device: Device, board: Board, request: CalibrationRequest, sour
     return _Fitted(policy, plan.workloads, plan.clocks_mhz, sweep_ids, ran, metrics, dataset.simulated)
 
 
-def _maybe_promote(c: Any, cfg: Any, family: str, version: int, asked: bool | None,
+def _maybe_promote(c: MlflowClient, cfg: RegistryConfig, family: str, version: int, asked: bool | None,
                    say: Callable[[str], None]) -> tuple[bool, int | None, list[str]]:
     """(promoted, the production version kept instead, the gates' lines): promoted through the gates where the family
     has no production version yet or `asked`; never with `asked` False; a kept production said in one line.

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device, FreqSession
     from dvfs_mlops.hw.meter import EnergyReport
+    from dvfs_mlops.hw.twin.trace import StepTrace
     from dvfs_mlops.job.finetune import FinetuneResult
     from dvfs_mlops.job.refine import Refiner, RefineResult
     from dvfs_mlops.job.run import Job
@@ -220,9 +221,10 @@ def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say:
     """The probe-and-refine budget a job runs with: the decision's (`Decision.refine_budget` with the board's
     default), none where nothing is pinned (observe, maxn) or several ranks run the job (each would settle on a clock
     of its own); each of those said in one line when a budget was asked for."""
-    if decision.fixed:
-        return 0 if options.refine is None else options.refine
-    budget = decision.refine_budget(options.refine, default_refine(board))
+    if decision.fixed:  # a caller's clock (a sweep point): refine only when asked
+        budget = options.refine or 0
+    else:
+        budget = decision.refine_budget(options.refine, default_refine(board))
     if not budget:
         return 0
     if options.observe:
@@ -321,7 +323,7 @@ class Launch:
             raise
         return self.session
 
-    def step_done(self, step: int, trace: Any = None) -> None:
+    def step_done(self, step: int, trace: StepTrace | None = None) -> None:
         """After the loop's step `step` (0-based): the twin charges `trace`, refine moves on, the windows turn."""
         if self.session is None or self._windows is None:
             return

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.guard import TerminationGuard
 from dvfs_mlops.mlops import schema, tracking
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ REASON_MAX = 500  # characters of a reason tag
 class Record(Protocol):
     """What a run's record can do (`records.RunRecord`): write itself to a run."""
 
-    def log(self, client: Any, run_id: str) -> None: ...
+    def log(self, client: MlflowClient, run_id: str) -> None: ...
 
 
 def outcome(exc: BaseException | None) -> tuple[str, str]:
@@ -109,25 +110,25 @@ class OwnedRun:
         self.status = status
 
 
-def _terminate(client: Any, run_id: str, status: str, reason: str) -> None:
+def _terminate(client: MlflowClient, run_id: str, status: str, reason: str) -> None:
     if reason:
         client.set_tag(run_id, schema.TAG_END_REASON, " ".join(reason.split())[:REASON_MAX])
     client.set_terminated(run_id, status)
 
 
-def end_stale(client: Any, run_id: str, reason: str) -> None:
+def end_stale(client: MlflowClient, run_id: str, reason: str) -> None:
     """End a run that a dead process left RUNNING (a point's or a sweep parent's) as KILLED, with `reason`."""
     _terminate(client, run_id, KILLED, reason)
 
 
-def _experiment_name(c: Any, experiment_id: str) -> str:
+def _experiment_name(c: MlflowClient, experiment_id: str) -> str:
     try:
         return str(c.get_experiment(experiment_id).name)
     except Exception:  # noqa: BLE001 - the name is for messages only
         return experiment_id
 
 
-def _open(c: Any, experiment: str, experiment_id: str | None, name: str, tags: Mapping[str, str], parent_id: str | None,
+def _open(c: MlflowClient, experiment: str, experiment_id: str | None, name: str, tags: Mapping[str, str], parent_id: str | None,
           run_id: str | None, adopt: bool) -> OwnedRun:
     """Adopt `run_id`, else $MLFLOW_RUN_ID (a run without a parent, `adopt`), else create the run."""
     given = run_id or (settings.mlflow_run_id() if adopt and parent_id is None else None)
@@ -175,28 +176,28 @@ def owned_run(experiment: str, *, experiment_id: str | None = None, name: str = 
         DvfsError: `run_id` or $MLFLOW_RUN_ID names no run in the store. The block's own exceptions pass through,
             after the run's status is written.
     """
-    from dvfs_mlops.hw.guard import TerminationGuard
-
     c = client if client is not None else tracking.client()
     guard = TerminationGuard()
     guard.install()
     try:
         run = _open(c, experiment, experiment_id, name, tags or {}, parent_id, run_id, adopt)
-        if fluent:
-            import mlflow
-
-            mlflow.start_run(run_id=run.run_id, nested=mlflow.active_run() is not None)
+        active = False  # the run is MLflow's active run (`fluent`), to be ended through the fluent API
         try:
+            if fluent:
+                import mlflow
+
+                mlflow.start_run(run_id=run.run_id, nested=mlflow.active_run() is not None)
+                active = True
             yield run
         except BaseException as e:
-            _close(run, guard, e, fluent)
+            _close(run, guard, e, active)
             raise
-        _close(run, guard, None, fluent)
+        _close(run, guard, None, active)
     finally:
         guard.uninstall()
 
 
-def _close(run: OwnedRun, guard: Any, exc: BaseException | None, fluent: bool) -> None:
+def _close(run: OwnedRun, guard: TerminationGuard, exc: BaseException | None, fluent: bool) -> None:
     """Write the status the block's outcome maps to (`outcome`), once (a fluent run leaves MLflow's active runs with
     it); on a failure path a store that fails too is logged, not raised over the job's own exception."""
     if not run.ends_here:

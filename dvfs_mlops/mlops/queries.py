@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
@@ -16,6 +16,9 @@ from dvfs_mlops.hw.board import Board, legacy_board
 from dvfs_mlops.mlops import fields, schema, tracking
 from dvfs_mlops.model.curve import Measurement, mean_measurement
 from dvfs_mlops.model.workload import METRIC
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 MODEL, TASK, FREQ, PROFILE = (fields.column(n) for n in ("model", "task", "freq_mhz", "device_profile"))
 ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "gpu_util_pct"))
@@ -62,7 +65,7 @@ def sweeps_frame(experiment_ids: list[str], sweep_ids: list[str]) -> Any:
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def calibration_sweeps(c: Any) -> set[str]:
+def calibration_sweeps(c: MlflowClient) -> set[str]:
     """The sweeps calibrated versions were measured with (their `calibration_sweep` tag): a calibration's sweeps, also
     those from before their parent runs said so."""
     from dvfs_mlops.mlops.registry import load_config
@@ -74,7 +77,7 @@ def calibration_sweeps(c: Any) -> set[str]:
     return {s for v in versions for s in str((v.tags or {}).get(schema.TAG_CALIBRATION_SWEEP) or "").split(",") if s}
 
 
-def newest_sweep(c: Any, experiment: str, *, split: str = "train", workload: str = "") -> str:
+def newest_sweep(c: MlflowClient, experiment: str, *, split: str = "train", workload: str = "") -> str:
     """The newest sweep of `experiment` that can serve a command, by its parent runs (a resumed sweep's parent is new,
     so a sweep resumed last counts as the newest): a grid or adaptive sweep with FINISHED points of the `split`'s
     workloads (train, eval; all: any) or of `workload` (MODEL/TASK, any variant), never a calibration sweep.
@@ -104,7 +107,7 @@ def newest_sweep(c: Any, experiment: str, *, split: str = "train", workload: str
                     "first (dvfs-mlops sweep, e.g. --preset quick) or name one with --sweep-id")
 
 
-def _serves(c: Any, experiment_id: str, sweep_id: str, split: str, workload: str) -> bool:
+def _serves(c: MlflowClient, experiment_id: str, sweep_id: str, split: str, workload: str) -> bool:
     """The sweep has a FINISHED point of the split's workloads (or of `workload`)."""
     where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_POINT}` != '' and attributes.status = 'FINISHED'"
     if workload:

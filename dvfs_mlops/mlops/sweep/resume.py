@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops import lifecycle, schema
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile
                         "give this profile its own sweep (drop --sweep-id or choose another)")
 
 
-def close_stale_parents(c: Any, experiment_ids: list[str], sweep_id: str, own_parent: str) -> list[str]:
+def close_stale_parents(c: MlflowClient, experiment_ids: list[str], sweep_id: str, own_parent: str) -> list[str]:
     """End as KILLED this sweep's parent runs left RUNNING by a process that ran on this machine and is gone (kill -9,
     a power cut), so a resumed sweep leaves no parent RUNNING forever; a live worker's parent, or one of another
     machine, is left alone.
