@@ -221,10 +221,8 @@ def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say:
     """The probe-and-refine budget a job runs with: the decision's (`Decision.refine_budget` with the board's
     default), none where nothing is pinned (observe, maxn) or several ranks run the job (each would settle on a clock
     of its own); each of those said in one line when a budget was asked for."""
-    if decision.fixed:  # a caller's clock (a sweep point): refine only when asked
-        budget = options.refine or 0
-    else:
-        budget = decision.refine_budget(options.refine, default_refine(board))
+    # a caller's clock (a sweep point): refine only when asked
+    budget = (options.refine or 0) if decision.fixed else decision.refine_budget(options.refine, default_refine(board))
     if not budget:
         return 0
     if options.observe:
