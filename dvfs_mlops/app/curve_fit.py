@@ -86,9 +86,9 @@ def fit_workload(request: CurveFitRequest, say: Callable[[str], None] = lambda _
     if bool(r.file) == bool(r.sweep_id or r.workload):
         raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --workload MODEL/TASK (of the newest sweep "
                         "that has it, or of --sweep-id ID)")
-    if not r.workload:
-        raise DvfsError("--sweep-id needs --workload MODEL/TASK")
     if not r.file:
+        if not r.workload:
+            raise DvfsError("--sweep-id needs --workload MODEL/TASK")
         return _from_sweep(r, say)
     points = read_measurements_csv(r.file)
     chosen = _chosen(points, r.clocks)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +137,7 @@ class DvfsCallback(TrainerCallback):
             if self.freq_override is not None:
                 pct, source = util()
                 return dataclasses.replace(Decision.at(self.freq_override), features=feats.with_gpu_util(pct), util_source=source)
-            assert self.board is not None
-            return decide(self.board, self.options, feats, util, self.announce)
+            return decide(typing.cast("Board", self.board), self.options, feats, util, self.announce)  # set on train begin
 
         return ranks.decide_once(self._group, make)
 
