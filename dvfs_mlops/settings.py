@@ -30,6 +30,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4", "MLflow client retries against a tracking server (set if unset)"),
     Variable("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1", "their backoff factor (set if unset)"),
     Variable("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "seconds per tracking request (set if unset)"),
+    Variable("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true", "MLflow's own \"View run\"/\"View experiment\" lines per run "
+             "against a tracking server, off (set if unset; a command ends with its own link)"),
     Variable("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false", "MLflow's upload bars, off in the CLI (set if unset)"),
     Variable("HF_HUB_DISABLE_PROGRESS_BARS", "1", "transformers' progress bars, off in the CLI (set if unset)"),
     Variable("DVFS_CLAIMS_URI", "unset", "where sweep workers claim points (postgresql://..., file:///..., tracking, none)"),
@@ -58,7 +60,7 @@ CLAIMS_ENV = "DVFS_CLAIMS_URI"
 # Transient HTTP errors against a tracking server are retried by MLflow's client with exponential backoff; bounded
 # (4 retries, factor 1: 1+2+4+8 s) so a dead server fails a point in seconds, not after MLflow's default of minutes.
 MLFLOW_HTTP_DEFAULTS = {k: _DEFAULTS[k] for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
-                                                   "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+                                                   "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")}
 CLI_DEFAULTS = {k: _DEFAULTS[k] for k in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "HF_HUB_DISABLE_PROGRESS_BARS")}
 
 

@@ -71,7 +71,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - reported to the test as it is
         decide_error = f"{type(e).__name__}: {e}"
     (out / f"rank{rank}.json").write_text(json.dumps({"decide_error": decide_error,
-        "rank": rank, "seen": seen, "freq": dvfs.decision["freq"], "index": dvfs.device.index, "energy_j": dvfs.report.energy_j,
+        "rank": rank, "seen": seen, "freq": dvfs.decision.freq_mhz, "index": dvfs.device.index, "energy_j": dvfs.report.energy_j,
         "gpus": [g.to_dict() for g in dvfs.gpus], "job_energy_j": dvfs.job_report.energy_j}))
     # As PyTorch asks of every script that made a process group: left to the interpreter's exit, gloo's threads can
     # still be running when its process group is destroyed, and the process aborts ("terminate called without an

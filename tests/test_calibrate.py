@@ -80,26 +80,3 @@ def test_a_nano_refines_without_its_governor_then_uses_its_calibrated_one(empty_
     assert r.returncode == 0, r.stderr
     assert "every point already measured (resumed)" in r.stdout and "not promoted (--no-promote)" in r.stdout
     assert c.get_registered_model("dvfs-governor").aliases[f"production-{FAMILY}"] == 2
-
-
-def test_the_mlproject_calibrate_entry_runs_the_command_without_mlflows_run_id():
-    """`mlflow run . -e calibrate -P ...` as MLflow renders it and bash splits it: the sweeps of a calibration make their
-    own parent runs, so the command runs with MLFLOW_RUN_ID unset; every parameter arrives typed."""
-    import subprocess
-
-    from mlflow.projects._project_spec import load_project
-
-    from dvfs_mlops.app.cli import main
-    from tests.conftest import REPO
-
-    entry = load_project(str(REPO)).get_entry_point("calibrate")
-    for params, expected in (({}, {"source": "", "preset": "quick", "steps": None, "no_promote": False, "backend": "auto"}),
-                             ({"twin_profile": "sim-orin-nano-8gb", "steps": "0", "source": "3", "promote": "false", "device": "sim"},
-                              {"source": "3", "steps": 0, "no_promote": True, "twin_profile": "sim-orin-nano-8gb", "backend": "sim"})):
-        cmd = entry.compute_command(params, storage_dir=None)
-        assert cmd.startswith("env -u MLFLOW_RUN_ID dvfs-mlops calibrate ")
-        argv = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd[len("env -u MLFLOW_RUN_ID dvfs-mlops "):]], capture_output=True,
-                              text=True, check=True).stdout.splitlines()
-        command = main.commands[argv.pop(0)]
-        got = command.make_context("calibrate", argv).params
-        assert {k: got[k] for k in expected} == expected, argv

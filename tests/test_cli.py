@@ -162,70 +162,6 @@ def test_bad_counts_are_one_line_usage_errors(args, message):
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def _mlproject_command(entry: str, params: dict[str, str]) -> list[str]:
-    """The command `mlflow run . -e ENTRY -P k=v ...` runs, rendered by MLflow's own MLproject code, then split
-    by the shell the way `mlflow run` executes it (bash -c)."""
-    import subprocess
-
-    from mlflow.projects._project_spec import load_project
-
-    from tests.conftest import REPO
-
-    project = load_project(str(REPO))
-    cmd = project.get_entry_point(entry).compute_command(params, storage_dir=None)
-    out = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd.replace("dvfs-mlops ", "", 1)], capture_output=True, text=True, check=True)
-    assert cmd.startswith("dvfs-mlops ")
-    return out.stdout.splitlines()
-
-
-def _parse(argv: list[str]) -> dict:
-    """The typed values click would call the command with (conversion and validation run; nothing is invoked)."""
-    import click
-
-    cmd, args = main, list(argv)
-    while isinstance(cmd, click.Group):
-        cmd = cmd.commands[args.pop(0)]
-    return cmd.make_context(cmd.name, args).params
-
-
-@pytest.mark.parametrize("entry, params, expected", [
-    ("sweep", {"preset": "quick"},
-     {"preset": "quick", "steps": None, "repeats": None, "profile_steps": None, "batch_size": 16, "seed": 0, "models": "", "data_dir": ""}),
-    ("sweep", {"preset": "smoke", "steps": "2", "repeats": "3", "models": "bert-tiny,pythia-14m", "freqs": "510", "data_dir": "/data/my glue"},
-     {"steps": 2, "repeats": 3, "models": "bert-tiny,pythia-14m", "freqs": "510", "profile_steps": None, "data_dir": "/data/my glue"}),
-    ("sweep", {"steps": "0", "profile_steps": "4", "batch_size": "", "seed": ""}, {"steps": 0, "profile_steps": 4, "batch_size": 16, "seed": 0}),
-    ("train", {}, {"sweep_id": "", "objective": "energy", "trials": 60, "seed": 0}),
-    ("train", {"sweep_id": "sweep-abc", "trials": "5", "seed": "7"}, {"sweep_id": "sweep-abc", "trials": 5, "seed": 7}),
-    ("finetune", {"steps": "3"}, {"model": "bert-tiny", "task": "sst2", "steps": 3, "probe_steps": 5, "governor_uri": ""}),
-    ("finetune", {"governor": "models:/dvfs-governor/2", "steps": "", "probe_steps": "0"},
-     {"governor_uri": "models:/dvfs-governor/2", "steps": 60, "probe_steps": 0, "method": "full", "r": None}),
-    ("finetune", {"peft": "lora", "lora_r": "16", "lora_alpha": "32", "lora_targets": "q_proj,v_proj", "precision": "bf16"},
-     {"method": "lora", "r": 16, "alpha": 32, "targets": "q_proj,v_proj", "precision": "bf16"}),
-    ("sweep", {"peft": "lora", "lora_r": "", "lora_targets": ""}, {"method": "lora", "r": None, "alpha": None, "targets": ""}),
-    ("promote", {"version": "3"}, {"version": "3", "force": False}),
-    ("promote", {"version": "latest", "force": "true"}, {"version": "latest", "force": True}),
-    ("evaluate", {}, {"sweep_id": "", "split": "eval", "policies": "production,ffg,paper-mlg,maxn,oracle"}),
-])
-def test_mlproject_commands_parse_with_empty_and_set_parameters(entry, params, expected):
-    """What `mlflow run . -e ENTRY -P k=v` runs, rendered by MLflow's own MLproject code and split by bash as
-    `mlflow run` executes it: whole-number options are passed only when set, and every value arrives typed."""
-    import subprocess
-
-    from mlflow.projects._project_spec import load_project
-
-    from tests.conftest import REPO
-
-    cmd = load_project(str(REPO)).get_entry_point(entry).compute_command(params, storage_dir=None)
-    assert cmd.startswith("dvfs-mlops ")
-    argv = subprocess.run(["bash", "-c", 'printf "%s\\n" ' + cmd[len("dvfs-mlops "):]], capture_output=True, text=True,
-                          check=True).stdout.splitlines()
-    for k, v in params.items():
-        if v == "" and k in ("steps", "profile_steps", "repeats", "batch_size", "seed", "trials", "probe_steps", "lora_r", "lora_alpha"):
-            assert "--" + k.replace("_", "-") not in argv, argv
-    got = _parse(argv)
-    assert {k: got[k] for k in expected} == expected, argv
-
-
 def test_an_option_group_hands_the_command_one_record_built_from_its_options_and_nested_groups():
     import dataclasses
 
@@ -273,8 +209,8 @@ def test_sweep_and_finetune_options_build_their_requests(monkeypatch):
     options become the request's PeftSpec, the device options one DeviceChoice."""
     from dvfs_mlops.app import finetune_command, sweep_command
     from dvfs_mlops.app.devices import DeviceChoice
-    from dvfs_mlops.app.finetune import LaunchOptions
     from dvfs_mlops.job.workloads.adapters import peft_spec
+    from dvfs_mlops.mlops.launch import LaunchOptions
     from dvfs_mlops.mlops.sweep import SweepRequest
 
     seen = {}
@@ -289,8 +225,7 @@ def test_sweep_and_finetune_options_build_their_requests(monkeypatch):
                                   "--peft", "lora", "--lora-r", "4", "--device", "sim", "--twin-profile", "sim-orin-measured",
                                   "--claims", "none", "--settle-s", "2"])
     assert r.exit_code == 0 and r.stdout == "ran\n", r.output
-    assert seen["request"] == SweepRequest("smoke", models="bert-tiny", tasks="", freqs="", data_dir=None, sweep_id=None,
-                                           peft=peft_spec("lora", 4))
+    assert seen["request"] == SweepRequest("smoke", models="bert-tiny", data_dir=None, sweep_id=None, peft=peft_spec("lora", 4))
     assert seen["device"] == DeviceChoice(backend="sim", twin_profile="sim-orin-measured")
     assert seen["worker"] == sweep_command.SweepWorker(settle_s=2.0, claims_uri="none")
 

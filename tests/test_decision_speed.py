@@ -252,18 +252,19 @@ def test_slow_and_fast_plan_decide_alike_and_a_probe_still_trains(in_store, monk
     prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16)  # warm
     fast = prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16)
     assert not fast.loaded
-    fast_d, _ = launcher.plan_decision(dev, board, Job(fast, cfg), no_probe, lambda m: None)
+    fast_d = launcher.plan_decision(dev, board, Job(fast, cfg), no_probe, lambda m: None)
     assert not fast.loaded, "a probe-less decision needs neither data nor tokenizer"
     slow = prepare_workload("bert-mini", "mrpc", train_size=96, dev_size=16, use_cache=False)
     direct = governors.load_governor
-    monkeypatch.setattr(governors, "load_governor", lambda uri=None: direct(uri, direct=False))
-    slow_d, governor = launcher.plan_decision(dev, board, Job(slow, cfg), no_probe, lambda m: None)
-    assert not isinstance(governor.model, governors.PolicyModel)
+    loaded = []
+    monkeypatch.setattr(governors, "load_governor", lambda uri=None: loaded.append(direct(uri, direct=False)) or loaded[-1])
+    slow_d = launcher.plan_decision(dev, board, Job(slow, cfg), no_probe, lambda m: None)
+    assert loaded and not isinstance(loaded[-1].model, governors.PolicyModel)
     assert (fast_d.freq_mhz, fast_d.path, fast_d.features, fast_d.expected_saving) == \
         (slow_d.freq_mhz, slow_d.path, slow_d.features, slow_d.expected_saving)
     monkeypatch.setattr(governors, "load_governor", direct)
     # probe steps > 0 on a warm, lazy workload: it loads the data and trains the probe
-    probed, _ = launcher.plan_decision(dev, board, Job(fast, cfg), launcher.LaunchOptions(probe_steps=2), lambda m: None)
+    probed = launcher.plan_decision(dev, board, Job(fast, cfg), launcher.LaunchOptions(probe_steps=2), lambda m: None)
     assert fast.loaded and probed.util_source.startswith("probe: 2 steps at maxn")
     assert probed.features.num_params == slow_d.features.num_params and probed.features.avg_seq_len == slow_d.features.avg_seq_len
 

@@ -103,6 +103,7 @@ def test_load_governor_resolves_the_boards_family(old_store, monkeypatch):
     _tmp, env, _c = old_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     from dvfs_mlops.mlops.governor import NoGovernorForBoard, OtherBoardGovernor, governor_for_board, load_governor
+    from dvfs_mlops.mlops.launch import Decision
 
     run_cli("registry", "list", env=env)  # migrated
     agx = load_governor(board=_board("jetson-agx-orin-64gb"))
@@ -120,10 +121,11 @@ def test_load_governor_resolves_the_boards_family(old_store, monkeypatch):
     said: list[str] = []
     none = governor_for_board(_board("jetson-orin-nano-8gb"), say=said.append)
     assert none.governor is None and none.decide({}, _board("jetson-orin-nano-8gb")) == (816.0, "refine")
-    assert "refining from the curve model" in none.note and none.tags()["decision.reason"] == none.note
-    assert none.refine_budget(None, 0) == 30 and none.refine_budget(50, 0) == 50
+    plan = Decision.of(none)
+    assert "refining from the curve model" in none.note and plan.tags()["decision.reason"] == none.note
+    assert plan.refine_budget(None, 0) == 30 and plan.refine_budget(50, 0) == 50
     allowed = governor_for_board(_board("jetson-orin-nano-8gb"), allow_other_board=True, say=said.append)
-    assert allowed.other_board and allowed.tags() == {"governor.other_board": "true"}
+    assert allowed.other_board and Decision.of(allowed).tags()["governor.other_board"] == "true"
     assert said and said[-1].startswith("warning: governor dvfs-governor v") and "(--allow-other-board)" in said[-1]
 
 
@@ -178,7 +180,7 @@ def test_dvfs_callback_on_a_board_without_its_familys_governor_refines_and_says_
         tags.append(c.get_run(run.info.run_id).data.tags)
         if not allow:
             assert any(line.startswith("no production governor for jetson-orin-nano-8gb (registered: ") for line in said), said
-            assert dvfs.decision["path"] == "refine" and dvfs.refined is not None  # the probes, not a governor, picked
+            assert dvfs.decision.path == "refine" and dvfs.refined is not None  # the probes, not a governor, picked
     refined, other = tags
     assert refined["dvfs.board_family"] == "jetson-orin-nano-8gb" and refined["decision.path"] == "refine"
     assert refined["decision.reason"].startswith("no production governor for jetson-orin-nano-8gb")

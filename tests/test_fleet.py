@@ -475,3 +475,14 @@ def test_bad_or_unreachable_claims_are_one_line_errors(empty_store):
         errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
         assert r.returncode == 2 and len(errors) == 1 and words in errors[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert "[1/" not in r.stderr  # nothing ran
+
+
+def test_mlflows_own_per_run_lines_are_off_against_a_tracking_server(fleet_server):
+    """Against an http tracking server MLflow prints "View run"/"View experiment" for every run it ends; a command ends
+    with its own link instead (MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT, set if unset; a user's value wins)."""
+    env = {"MLFLOW_TRACKING_URI": fleet_server.uri}
+    quiet = run_cli("registry", "bootstrap", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "View run" not in quiet.stdout + quiet.stderr and "View experiment" not in quiet.stdout + quiet.stderr
+    chatty = run_cli("registry", "bootstrap", env={**env, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"})
+    assert chatty.returncode == 0 and "View run bootstrap paper-mlg at: " in chatty.stdout  # the control: MLflow's own line

@@ -65,10 +65,10 @@ def test_finetune_logs_a_run_with_governor_tags_and_model(store):
 def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.app import finetune as launcher
     from dvfs_mlops.hw.jetson import JetsonDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.mlops import launch
 
     seen = []
 
@@ -76,7 +76,7 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
         seen.append(orin6.range_hz)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(launcher, "run_job", exploding)
+    monkeypatch.setattr(launch, "run_job", exploding)
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         _launch(JetsonDevice(), w, FinetuneConfig(steps=2), say=lambda m: None, probe_steps=0)
@@ -86,6 +86,7 @@ def test_clocks_restored_after_error_inside_training(orin6, tracking_env, monkey
     c = MlflowClient()
     runs = c.search_runs([c.get_experiment_by_name("dvfs-finetune").experiment_id], filter_string="attributes.status = 'FAILED'")
     assert runs, "the failed fine-tune is logged as FAILED"
+    assert runs[0].data.tags["dvfs.end_reason"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
 def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, state_dir):
@@ -111,7 +112,7 @@ def test_a_lazy_workload_loads_before_any_clock_is_touched(orin6, tracking_env, 
     said, before = [], n_runs()
     with pytest.raises(OSError, match="disk went away"):
         _launch(JetsonDevice(), w, FinetuneConfig(steps=2), say=said.append, probe_steps=0)
-    assert any(line.startswith("decision: ") for line in said) and not any("pinning" in line for line in said)
+    assert not any(line.startswith(("decision: ", "pinning")) for line in said)  # loaded first: before the run and the decision
     assert orin6.range_hz == (306000000, 1300500000) and not list(state_dir.iterdir())
     assert n_runs() == before  # no run was created for it
 
@@ -186,7 +187,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
         with DvfsCallback(device="jetson", announce=None, torch_device="cpu") as dvfs:  # the fake board has no GPU
             Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs, Probe()]).train()
     assert len(seen) == 3 and len(set(seen)) == 1 and seen[0][0] == seen[0][1]  # pinned for every step
-    assert seen[0][0] / 1e6 == dvfs.decision["freq"]
+    assert seen[0][0] / 1e6 == dvfs.decision.freq_mhz
     assert orin6.range_hz == (306000000, 1300500000)  # restored on train end
     assert dvfs.report.energy_j > 0 and dvfs.report.simulated is False
     logged = mlflow.get_run(run.info.run_id).data
@@ -327,7 +328,9 @@ def test_evaluate_unknown_policy(tmp_path, empty_store):
     from mlflow.tracking import MlflowClient
 
     uri = empty_store
-    r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": uri})
+    r = run_cli("evaluate", "--policies", "magic", env={"MLFLOW_TRACKING_URI": uri})  # the name, cheapest first
+    assert _error_line(r).startswith("Error: unknown policy 'magic'; valid policies: ")
+    r = run_cli("evaluate", env={"MLFLOW_TRACKING_URI": uri})
     assert _error_line(r) == "Error: experiment 'dvfs-sweep' does not exist; run a sweep first (dvfs-mlops sweep)"
     c = MlflowClient(tracking_uri=uri)  # with a sweep, the policy name itself is what is refused
     exp = c.create_experiment("dvfs-sweep")

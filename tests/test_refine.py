@@ -183,9 +183,9 @@ def test_finetune_refine_on_the_sim_logs_probes_choice_and_totals(store, monkeyp
 
 
 def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
-    from dvfs_mlops.app.finetune import default_refine
     from dvfs_mlops.hw.board import board_of
     from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.mlops.launch import default_refine
 
     class Board:
         simulated = False
@@ -195,10 +195,10 @@ def test_refine_is_off_by_default_on_the_twin_and_on_by_default_on_boards():
 
 def test_finetune_refine_on_the_fake_jetson_moves_the_pin_and_restores_the_original(orin6, store, state_dir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops.app import finetune as launcher
     from dvfs_mlops.hw.jetson import JetsonDevice
     from dvfs_mlops.job.finetune import FinetuneConfig
     from dvfs_mlops.job.workloads.prepare import prepare_workload
+    from dvfs_mlops.mlops import launch as launcher
 
     real = launcher.run_job
     pins: list[tuple[int, int]] = []

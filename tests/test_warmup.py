@@ -117,7 +117,7 @@ def test_dvfs_callback_meters_the_warm_up_apart_also_when_the_trainer_resumes_fr
 
     with DvfsCallback(device="jetson", announce=None, torch_device="cpu", freq=612.0) as dvfs:
         _trainer(tmp_path, model, w, 16, [dvfs, Steps()]).train(resume_from_checkpoint=True)
-    session = dvfs._closed_session
+    session = dvfs.launched.session
     assert steps[0] == 5 and len(steps) == 12  # resumed: this train() ran steps 5..16
     # warm-up: 3 of the 12 steps this train() runs (the hardware default), then "train" for the other 9
     assert {"warmup", "train"} <= set(session.windows)

@@ -29,6 +29,8 @@ class CalibrateReport:
         label = " (SIMULATED)" if self.simulated else ""
         resumed = f"{o.points_run} points measured" if o.points_run else "every point already measured (resumed)"
         status = (f"now production-{o.family}" if o.promoted
+                  else f"not promoted: production-{o.family} stays v{o.kept} (--promote replaces it); promote it with: "
+                       f"dvfs-mlops registry promote {o.version}" if o.kept is not None
                   else f"not promoted (--no-promote); promote it with: dvfs-mlops registry promote {o.version}")
         regret, source = 100 * o.metrics["calibration_regret"], 100 * o.metrics["calibration_source_regret"]
         return [(f"calibrated v{o.source_version} ({o.source_family}) for {o.family}{label}: {len(o.workloads)} workloads x "

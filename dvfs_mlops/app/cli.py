@@ -19,11 +19,12 @@ from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 if TYPE_CHECKING:
     from dvfs_mlops.app.curve_fit import CurveFitRequest
     from dvfs_mlops.app.devices import DeviceChoice
-    from dvfs_mlops.app.finetune import LaunchOptions
     from dvfs_mlops.app.finetune_command import FinetuneJobRequest
     from dvfs_mlops.app.simulate import SimulateRequest
     from dvfs_mlops.app.sweep_command import SweepWorker
     from dvfs_mlops.mlops.calibration import CalibrationRequest
+    from dvfs_mlops.mlops.evaluate import EvaluateRequest
+    from dvfs_mlops.mlops.launch import LaunchOptions
     from dvfs_mlops.mlops.sweep import SweepRequest
     from dvfs_mlops.mlops.train import TrainRequest
 
@@ -80,7 +81,7 @@ def _echo_lines(lines: Iterable[str], err: bool = False) -> None:
 
 
 @main.command()
-@opts.device_options("backend", "gpu_index", "trace")
+@opts.device_options("device", "gpu_index", "trace")
 @opts.JSON_OPTION
 def devices(device: DeviceChoice, as_json: bool) -> None:
     """Show the backend, its frequency table, current clock and power rails."""
@@ -98,16 +99,13 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
     """The simulated Orin's per-step time/power/energy curve for MODEL (SIMULATED)."""
     from dvfs_mlops.app.simulate import curve_lines, simulate_command
 
-    if request.seq_len is None and not request.task:  # --seq-len is required unless the task's mean length stands in for it
-        ctx = click.get_current_context()
-        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "seq_len"))
     result = simulate_command(request, device)
     _echo_lines([json.dumps(result, indent=2)] if as_json else curve_lines(result))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
-@opts.device_options("backend", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
+@opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
 @click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default: the GPUs COMMAND uses).")
 @click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU cap (recorded).")
@@ -181,22 +179,18 @@ def curve_fit(request: CurveFitRequest, as_json: bool) -> None:
     """Fit time = a + b/f and power = c + d V(f)^2 f on some clocks; predict every clock and the energy optimum."""
     from dvfs_mlops.app.curve_fit import fit_workload
 
-    out = fit_workload(request)
+    out = fit_workload(request, say=_echo_err)
     click.echo(json.dumps(out.to_json(), indent=2) if as_json else "\n".join(out.lines()))
 
 
 @main.command("evaluate")
-@click.option("--sweep-id", default="", help="The sweep whose measured points are compared (default: the latest in --experiment).")
-@click.option("--experiment", default=SWEEP_EXPERIMENT, show_default=True, help="Where the sweep's runs are.")
-@click.option("--split", default="eval", show_default=True, type=click.Choice(["eval", "train", "all"]), help="Held-out (eval) workloads, or not.")
-@click.option("--policies", default="production,ffg,paper-mlg,maxn,oracle", show_default=True, help="Comma-separated; also models:/ URIs.")
-@click.option("--objective", default="energy", show_default=True, help="energy | edp | max-slowdown:X (as for train).")
+@opts.evaluate_options
 @opts.JSON_OPTION
-def evaluate_cmd(sweep_id: str, experiment: str, split: str, policies: str, objective: str, as_json: bool) -> None:
+def evaluate_cmd(request: EvaluateRequest, as_json: bool) -> None:
     """Savings against MAXN and regret against the oracle (measured, and expected on the twin) with 95% intervals."""
     from dvfs_mlops.app.governor_commands import evaluate
 
-    out = evaluate(sweep_id, experiment, split, policies, objective, say=_echo_err)
+    out = evaluate(request, say=_echo_err)
     click.echo(json.dumps(out.report.to_json(), indent=2) if as_json else out.table())
     _echo_lines(out.link, err=as_json)
 
@@ -221,7 +215,7 @@ def registry_list(family: str, as_json: bool) -> None:
 @registry.command("show")
 @click.argument("version")
 def registry_show(version: str) -> None:
-    """One version's tags, aliases and metrics (JSON)."""
+    """One version's tags, aliases and metrics (JSON): VERSION is a number, latest, or an alias (production, production-FAMILY)."""
     from dvfs_mlops.mlops.registry import show_version
 
     click.echo(json.dumps(show_version(version), indent=2, default=str))
@@ -296,7 +290,3 @@ def clockd(action: str, options: opts.ClockdOptions) -> None:
     from dvfs_mlops.app.clockd_command import clockd_command
 
     _echo_lines(clockd_command(action, options, say=_echo_err))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

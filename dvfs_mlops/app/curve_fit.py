@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
@@ -19,7 +20,8 @@ from dvfs_mlops.model.curve import CurveFit, CurvePoint, fit_curve, read_measure
 
 @dataclasses.dataclass(frozen=True)
 class CurveFitRequest:
-    """Where the points are (a CSV, or a sweep's workload), which clocks to fit on, the voltage shape to assume."""
+    """Where the points are (a CSV, or a sweep's workload: '' sweep id, the newest sweep that has it), which clocks to fit
+    on, the voltage shape to assume."""
 
     file: str = ""
     sweep_id: str = ""
@@ -70,19 +72,24 @@ class CurveFitOutcome:
         return out
 
 
-def fit_workload(request: CurveFitRequest) -> CurveFitOutcome:
+def fit_workload(request: CurveFitRequest, say: Callable[[str], None] = lambda _m: None) -> CurveFitOutcome:
     """Fit one workload's curves and predict every clock.
+
+    Args:
+        request: a CSV, or a sweep's workload (without --sweep-id: the newest sweep that measured it, said via `say`).
+        say: where the line naming the sweep taken goes.
 
     Raises:
         DvfsError: neither or both of a CSV and a sweep, a sweep without the workload, bad `--clocks`, too few clocks.
     """
     r = request
-    if bool(r.file) == bool(r.sweep_id):
-        raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --sweep-id ID --workload MODEL/TASK")
-    if r.sweep_id and not r.workload:
-        raise DvfsError("--sweep-id needs --workload MODEL/TASK")
-    if r.sweep_id:
-        return _from_sweep(r)
+    if bool(r.file) == bool(r.sweep_id or r.workload):
+        raise DvfsError("give either FILE (a CSV of freq_mhz, time_s, energy_j rows) or --workload MODEL/TASK (of the newest sweep "
+                        "that has it, or of --sweep-id ID)")
+    if not r.file:
+        if not r.workload:
+            raise DvfsError("--sweep-id needs --workload MODEL/TASK")
+        return _from_sweep(r, say)
     points = read_measurements_csv(r.file)
     chosen = _chosen(points, r.clocks)
     table = sorted({m.freq_mhz for m in points})
@@ -91,11 +98,16 @@ def fit_workload(request: CurveFitRequest) -> CurveFitOutcome:
     return CurveFitOutcome(fit, fit.predict(table), sorted({m.freq_mhz for m in chosen}))
 
 
-def _from_sweep(r: CurveFitRequest) -> CurveFitOutcome:
-    from dvfs_mlops.mlops.queries import sweep_points
+def _from_sweep(r: CurveFitRequest, say: Callable[[str], None]) -> CurveFitOutcome:
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.queries import newest_sweep, sweep_points
     from dvfs_mlops.model.power_prior import sweep_fits
 
-    sweep = sweep_points(r.experiment, r.sweep_id)
+    sweep_id = r.sweep_id
+    if not sweep_id:
+        sweep_id = newest_sweep(tracking.check_reachable(), r.experiment, workload=r.workload)
+        say(f"sweep {sweep_id}: the newest in {r.experiment} with points of {r.workload} (no --sweep-id given)")
+    sweep = sweep_points(r.experiment, sweep_id)
     name = _workload_name(r.workload, sorted(sweep.workloads), sweep.sweep_id)
     board = sweep.board if r.voltage_shape is None else dataclasses.replace(sweep.board, voltage_shape=r.voltage_shape)
     names = sorted(sweep.workloads)

@@ -7,7 +7,7 @@ workload, opens the device and resolves its board before `app.finetune.run_finet
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.app.devices import DeviceChoice, load_twin, open_chosen
@@ -43,6 +43,7 @@ class FinetuneJobRequest:
         train_size: synthetic training examples.
         seed: data, model init and sampling.
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
+        knobs: NAME=VALUE settings of the job (`mlops.fields.KNOBS`; each at its `FinetuneConfig` default unless set).
     """
 
     model: str = ""
@@ -60,6 +61,7 @@ class FinetuneJobRequest:
     train_size: int = 2048
     seed: int = 0
     warmup_steps: int | None = None
+    knobs: Sequence[str] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +123,10 @@ def finetune(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchO
     from dvfs_mlops.job.run import Job, warmup_for
     from dvfs_mlops.job.workloads.prepare import prepare_workload
     from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.fields import parse_knobs
 
     r = resolve_model_names(request)
+    knobs = parse_knobs(r.knobs)  # a misspelt knob: at once
     twin = load_twin(choice)
     if not options.dry_run:  # a dry run asks the store only if its governor is not remembered (mlops.governor)
         tracking.check_reachable()
@@ -132,7 +136,7 @@ def finetune(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchO
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)  # CUDA missing: stop before the probe touches anything
     cfg = FinetuneConfig(steps=r.steps, epochs=r.epochs, batch_size=r.batch_size, learning_rate=default_learning_rate(r), seed=r.seed,
-                         precision=r.precision, peft=r.peft, warmup_steps=warmup_for(r.warmup_steps, board.simulated))
+                         precision=r.precision, peft=r.peft, warmup_steps=warmup_for(r.warmup_steps, board.simulated), **knobs)
     launch = dataclasses.replace(options, announce_device=not quiet)
     summary = run_finetune(dev, board, Job(prepared, cfg, board.torch_device, r.pretrained or None), launch, say=say)
     return FinetuneReport(summary, run_link_lines(summary["run_id"]) if summary.get("run_id") else [])

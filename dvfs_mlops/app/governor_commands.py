@@ -13,7 +13,7 @@ from dvfs_mlops.app.links import production_link_lines, run_link_lines, version_
 from dvfs_mlops.mlops import schema
 
 if TYPE_CHECKING:
-    from dvfs_mlops.mlops.evaluate import EvalReport
+    from dvfs_mlops.mlops.evaluate import EvalReport, EvaluateRequest
     from dvfs_mlops.mlops.train import TrainOutcome, TrainRequest
 
 
@@ -45,7 +45,8 @@ class TrainReport:
         lines.append(f"best governor: {r.family} tree, depth {tree_depth(tree)}, splits on {', '.join(used) or 'nothing (one clock for all)'} "
                      f"(offered: {', '.join(r.best_params.features)})")
         if out.version is not None:
-            lines.append(f"registered dvfs-governor v{out.version} (run {out.run_id}); promote it with: dvfs-mlops registry promote {out.version}")
+            lines.append(f"registered dvfs-governor v{out.version} (run {out.run_id} in {out.experiment}); promote it with: "
+                         f"dvfs-mlops registry promote {out.version}")
         else:
             lines.append(f"logged {out.model_uri} (not registered)")
         return lines
@@ -91,16 +92,11 @@ class EvaluationReport:
         return format_table(self.report)
 
 
-def evaluate(sweep_id: str, experiment: str, split: str, policies: str, objective: str,
-             say: Callable[[str], None] = _quiet) -> EvaluationReport:
+def evaluate(request: EvaluateRequest, say: Callable[[str], None] = _quiet) -> EvaluationReport:
     """`dvfs-mlops evaluate`: compare policies on a sweep's measured points and log the comparison.
 
     Args:
-        sweep_id: the sweep ('': the latest in `experiment`).
-        experiment: where the sweep's runs are.
-        split: eval, train or all.
-        policies: comma-separated policy names or models:/ URIs.
-        objective: energy, edp or max-slowdown:X.
+        request: the sweep, its split, the policies and the objective.
         say: where progress lines go.
 
     Returns:
@@ -111,8 +107,8 @@ def evaluate(sweep_id: str, experiment: str, split: str, policies: str, objectiv
     """
     from dvfs_mlops.mlops.evaluate import evaluate_sweep
 
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    report = evaluate_sweep(sweep_id or None, experiment, split, names, objective, say=say)
+    r = request
+    report = evaluate_sweep(r.sweep_id or None, r.experiment, r.split, r.policy_names, r.objective, say=say)
     return EvaluationReport(report, run_link_lines(report.run_id) if report.run_id else [])
 
 

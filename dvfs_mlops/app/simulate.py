@@ -58,6 +58,8 @@ def simulate_command(request: SimulateRequest, twin: DeviceChoice) -> dict[str, 
     dtype = PRECISIONS[r.precision]
     if r.model and r.model_config:
         raise DvfsError("give either MODEL or --model-config, not both")
+    if r.seq_len is None and not r.task:  # the task's mean length stands in for it
+        raise DvfsError("Missing option '--seq-len' (or --task, whose mean length stands in for it)")
     return simulate_curve(r.model, r.model_config, r.seq_len, r.batch_size, dtype, params=load_twin(twin), task=r.task or None)
 
 

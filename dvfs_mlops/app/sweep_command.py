@@ -49,7 +49,7 @@ class SweepReport:
         label = " (SIMULATED)" if self.simulated else ""
         others = f", {len(out.by_others)} were run by other workers" if out.by_others else ""
         return [(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
-                 f"parent run {out.parent_run_id} in experiment {out.experiment_id}")]
+                 f"parent run {out.parent_run_id} in experiment {out.experiment or out.experiment_id}")]
 
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,

@@ -7,7 +7,10 @@ resumable, the same sweep id on a re-run), read back as curves (`mlops.dataset`)
 re-expressed on this board: its splits (what it learnt about workloads) kept, its leaves' curves moved by the board
 constants fitted from the calibration points. The result is registered as a version of this board's family, tagged
 with its source version and its calibration sweep(s), and promoted to `production-<family>` if it passes the
-calibrated gates of governor.yaml (`promote=False` stops short).
+calibrated gates of governor.yaml, where the family has no production version yet or when asked (`promote=True`); a
+family's production is never replaced unasked, and `promote=False` never promotes. The version's run (in
+dvfs-governor) exists from the calibration's start (`lifecycle.owned_run`); the calibration sweeps' parent runs are
+marked as such (`dvfs.sweep_kind`), so `train` and `evaluate` never take one for their default sweep.
 
 What the gates read (metrics of the version's run): `calibration_regret`, the calibrated policy's mean regret on the
 calibration workloads (the oracle and each choice among the clocks measured, a choice between them at its nearest:
@@ -19,12 +22,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import lifecycle, schema, tracking
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.mlops.lifecycle import OwnedRun
+    from dvfs_mlops.mlops.registry import RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +51,8 @@ class CalibrationRequest:
         steps: training steps per point (None: the preset's; 0 on the twin: profile only).
         batch_size: examples per training step.
         experiment: where the calibration sweeps' runs go.
-        promote: promote the new version to `production-<family>` when it passes the gates.
+        promote: promote the new version to `production-<family>` when it passes the gates: None where the family has
+            no production version yet (never replacing one unasked), True also where it has one, False never.
     """
 
     source: str = ""
@@ -48,7 +60,7 @@ class CalibrationRequest:
     steps: int | None = None
     batch_size: int = 16
     experiment: str = SWEEP_EXPERIMENT
-    promote: bool = True
+    promote: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +80,7 @@ class CalibrationOutcome:
         metrics: what the gates read (`calibration_regret`, `calibration_source_regret`, ...).
         promoted: it is now `production-<family>`.
         gate_lines: the gates' results as `promote` said them.
+        kept: the family's production version that was kept (not promoted over: no --promote), else None.
     """
 
     family: str
@@ -82,6 +95,7 @@ class CalibrationOutcome:
     metrics: dict[str, float]
     promoted: bool
     gate_lines: tuple[str, ...] = ()
+    kept: int | None = None
 
 
 def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
@@ -101,9 +115,18 @@ def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
         return mv
     other = richest_production(c, cfg, family)
     if other is None:
-        raise DvfsError(f"no production governor of another board family to calibrate {family} from; register and promote "
-                        "one first (dvfs-mlops train on another board's sweep, or dvfs-mlops registry bootstrap)")
+        raise DvfsError(_no_source(cfg, family))
     return other[1]
+
+
+def _no_source(cfg: RegistryConfig, family: str) -> str:
+    """What to run first where no other board family has a production governor to calibrate from."""
+    said = f"no production governor of another board family to calibrate {family} from (calibrate moves another board's governor to this one)"
+    if family == cfg.legacy_family:  # the published tree is this family's own: bootstrapping it gives nothing to move
+        return (f"{said}; {family} trains its own: dvfs-mlops sweep, dvfs-mlops train, dvfs-mlops registry promote latest "
+                "(or make run), then calibrate the other boards from it (e.g. --twin-profile sim-orin-nano-8gb)")
+    return (f"{said}; promote one first: dvfs-mlops registry bootstrap, then dvfs-mlops registry promote latest (the published "
+            f"tree of {cfg.legacy_family}), or train and promote one on another board's sweep")
 
 
 def candidates(preset: str) -> list[str]:
@@ -143,7 +166,7 @@ def _by_model(workloads: tuple[str, ...]) -> dict[str, list[str]]:
     return out
 
 
-def measure(device: Any, board: Board, request: CalibrationRequest, workloads: tuple[str, ...], clocks: tuple[float, ...],
+def measure(device: Device, board: Board, request: CalibrationRequest, workloads: tuple[str, ...], clocks: tuple[float, ...],
             say: Callable[[str], None]) -> tuple[list[str], int]:
     """The calibration sweeps: per model, its tasks at `clocks` and maxn (resumable: a re-run finds them finished).
 
@@ -161,7 +184,9 @@ def measure(device: Any, board: Board, request: CalibrationRequest, workloads: t
                                      freqs=",".join(freq_label(f) for f in clocks), steps=request.steps,
                                      batch_size=request.batch_size, experiment=request.experiment)
         spec = sweep_mod.build_spec(board, req)
-        out = sweep_mod.run_sweep(spec, device, board, sweep_mod.RunOptions(announce=say, claims=claims))
+        options = sweep_mod.RunOptions(announce=say, claims=claims, adopt_run=False,
+                                       parent_tags={schema.TAG_SWEEP_KIND: schema.CALIBRATION_SWEEP})
+        out = sweep_mod.run_sweep(spec, device, board, options)
         ids.append(out.sweep_id)
         ran += len(out.ran)
     return ids, ran
@@ -187,21 +212,19 @@ def calibration_metrics(dataset: Any, source_policy: dict[str, Any], calibrated:
     return out
 
 
-def register(policy: dict[str, Any], board: Board, source: Any, sweep_ids: list[str], metrics: dict[str, float],
-             simulated: bool, say: Callable[[str], None]) -> tuple[int, str]:
-    """The calibrated policy as a version of this board's family, tagged with its source and calibration sweep(s).
+def register(run: OwnedRun, policy: dict[str, Any], board: Board, source: ModelVersion, sweep_ids: list[str],
+             metrics: dict[str, float], simulated: bool, say: Callable[[str], None]) -> int:
+    """The calibrated policy as a version of this board's family, tagged with its source and calibration sweep(s),
+    logged into `run` (the calibration's, MLflow's active run).
 
     Returns:
-        (the version, its run).
+        The version.
     """
-    import mlflow
-
     from dvfs_mlops.mlops.pyfunc import log_governor
-    from dvfs_mlops.mlops.registry import governor_experiment, load_config
+    from dvfs_mlops.mlops.registry import load_config
     from dvfs_mlops.model.curve import PowerPrior
 
     cfg = load_config()
-    c = tracking.client()
     sweeps = ",".join(sweep_ids)
     tags = {schema.TAG_OBJECTIVE: str(policy.get("objective", "energy")), schema.TAG_VERSION_PROFILE: board.profile,
             schema.TAG_VERSION_SWEEP: sweeps[:4900], schema.TAG_N_WORKLOADS: str(source.tags.get(schema.TAG_N_WORKLOADS) or ""),
@@ -211,17 +234,17 @@ def register(policy: dict[str, Any], board: Board, source: Any, sweep_ids: list[
     prior = policy.get("power_prior")
     if isinstance(prior, dict):
         tags[schema.TAG_VERSION_POWER_PRIOR] = PowerPrior(**prior).to_json()
-    with mlflow.start_run(experiment_id=governor_experiment(c), run_name=f"calibrate {board.family} from v{source.version}") as run:
-        mlflow.set_tags(tags)
-        info = log_governor(policy, registered_name=cfg.name, metrics=metrics, tags=tags, version_tags=tags)
+    run.log_batch(tags=tags)
+    info = log_governor(policy, registered_name=cfg.name, metrics=metrics, tags=tags, version_tags=tags)
     version = int(info.registered_model_version)
     say(f"registered {cfg.name} v{version} for {board.family}, calibrated from v{source.version} on {sweeps}")
-    return version, run.info.run_id
+    return version
 
 
-def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
+def calibrate_board(device: Device, board: Board, request: CalibrationRequest,
                     say: Callable[[str], None] = log.info) -> CalibrationOutcome:
-    """Calibrate another family's governor for `board`: plan, measure, fit, register, promote (unless told not to).
+    """Calibrate another family's governor for `board`: plan, measure, fit, register, promote (where the family has no
+    production version yet, or asked).
 
     Args:
         device: the open device (its clocks are pinned by the calibration sweep's points).
@@ -236,10 +259,8 @@ def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
         DvfsError: no source governor, a source that is not a curve or classifier tree readable here, a failed sweep
             point, no calibration curve the transfer can use, or (promoting) a failed gate (the version stays registered).
     """
-    from dvfs_mlops.mlops.dataset import load_sweep_dataset
     from dvfs_mlops.mlops.governor import load_governor
-    from dvfs_mlops.mlops.registry import load_config, promote, version_family
-    from dvfs_mlops.model.governor.transfer import calibrate_policy, plan_calibration
+    from dvfs_mlops.mlops.registry import load_config, version_family
 
     cfg = load_config()
     c = tracking.check_reachable()
@@ -250,10 +271,39 @@ def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
     if not isinstance(source_policy, dict):
         raise DvfsError(f"{cfg.name} v{source.version} is not this package's governor code, so its policy cannot be moved; "
                         "pick another with --source")
+    name = f"calibrate {board.family} from v{source.version}"
+    with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=name, client=c, fluent=True) as run:
+        fitted = _fit(c, device, board, request, source, source_policy, f"{cfg.name} v{source.version} ({source_family})", say)
+        version = register(run, fitted.policy, board, source, fitted.sweep_ids, fitted.metrics, fitted.simulated, say)
+    promoted, kept, gate_lines = _maybe_promote(c, cfg, board.family, version, request.promote, say)
+    return CalibrationOutcome(board.family, int(source.version), source_family, fitted.workloads, fitted.clocks_mhz,
+                              tuple(fitted.sweep_ids), fitted.points_run, version, run.run_id, fitted.metrics, promoted,
+                              tuple(gate_lines), kept)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fitted:
+    """A calibration measured and fitted, before it is registered."""
+
+    policy: dict[str, Any]
+    workloads: tuple[str, ...]
+    clocks_mhz: tuple[float, ...]
+    sweep_ids: list[str]
+    points_run: int
+    metrics: dict[str, float]
+    simulated: bool
+
+
+def _fit(c: MlflowClient, device: Device, board: Board, request: CalibrationRequest, source: ModelVersion, source_policy: dict[str, Any],
+         source_label: str, say: Callable[[str], None]) -> _Fitted:
+    """Plan the calibration points, measure them (the calibration sweeps), read them back and move the policy."""
+    from dvfs_mlops.mlops.dataset import load_sweep_dataset
+    from dvfs_mlops.model.governor.transfer import calibrate_policy, plan_calibration
+
     cands = _with_features(c, source, candidates(request.preset))
     plan = plan_calibration(source_policy, board, cands)
     shown = ", ".join(f"{f:g}" for f in plan.clocks_mhz)
-    say(f"calibrating {cfg.name} v{source.version} ({source_family}) for {board.family}: {len(plan.workloads)} workloads "
+    say(f"calibrating {source_label} for {board.family}: {len(plan.workloads)} workloads "
         f"({', '.join(plan.workloads)}) at {shown} MHz and maxn" + (" (SIMULATED)" if board.simulated else ""))
     sweep_ids, ran = measure(device, board, request, plan.workloads, plan.clocks_mhz, say)
     dataset = load_sweep_dataset(",".join(sweep_ids), request.experiment)
@@ -262,18 +312,35 @@ def calibrate_board(device: Any, board: Board, request: CalibrationRequest,
     metrics = calibration_metrics(dataset, source_policy, policy, str(source.tags.get(schema.TAG_OBJECTIVE) or "energy"))
     say(f"calibration regret {100 * metrics['calibration_regret']:.2f}% on its {len(dataset.curves)} workloads "
         f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%)" + (" (SIMULATED)" if dataset.simulated else ""))
-    version, run_id = register(policy, board, source, sweep_ids, metrics, dataset.simulated, say)
+    return _Fitted(policy, plan.workloads, plan.clocks_mhz, sweep_ids, ran, metrics, dataset.simulated)
+
+
+def _maybe_promote(c: MlflowClient, cfg: RegistryConfig, family: str, version: int, asked: bool | None,
+                   say: Callable[[str], None]) -> tuple[bool, int | None, list[str]]:
+    """(promoted, the production version kept instead, the gates' lines): promoted through the gates where the family
+    has no production version yet or `asked`; never with `asked` False; a kept production said in one line.
+
+    Raises:
+        DvfsError: promoting, a gate failed (the version stays registered).
+    """
+    from dvfs_mlops.mlops.registry import alias_version, promote
+
+    current = alias_version(c, cfg.name, cfg.production_alias(family))
+    if asked is False:
+        return False, None, []
+    if asked is None and current is not None:
+        say(f"{family} keeps its production v{current.version}: {cfg.name} v{version} is registered beside it, not promoted "
+            f"(dvfs-mlops registry promote {version}, or calibrate --promote)")
+        return False, int(current.version), []
     gate_lines: list[str] = []
 
     def said(line: str) -> None:
         gate_lines.append(line)
         say(line)
 
-    if request.promote:
-        try:
-            promote(version, say=said)
-        except DvfsError as e:
-            raise DvfsError(f"registered {cfg.name} v{version} for {board.family} but did not promote it: {e} "
-                            f"(dvfs-mlops registry promote {version} --force)") from None
-    return CalibrationOutcome(board.family, int(source.version), source_family, plan.workloads, plan.clocks_mhz, tuple(sweep_ids),
-                              ran, version, run_id, metrics, request.promote, tuple(gate_lines))
+    try:
+        promote(version, say=said)
+    except DvfsError as e:
+        raise DvfsError(f"registered {cfg.name} v{version} for {family} but did not promote it: {e} "
+                        f"(dvfs-mlops registry promote {version} --force)") from None
+    return True, None, gate_lines

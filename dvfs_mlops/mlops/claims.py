@@ -158,10 +158,10 @@ class FileClaims:
             if row and row.get("done"):
                 return Claim.DONE
             if row and row["worker"] != worker and row["expires_at"] > now:
-                if not _holder_died_here(row):
+                if not process_gone(row):
                     return Claim.HELD
                 log.info("point %s: its worker %s is gone from this machine; taking the point over", point_key, row["worker"])
-            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False, **_claimant()}
+            t[f"{sweep_id}|{point_key}"] = {"worker": worker, "expires_at": now + ttl_s, "done": False, **this_process()}
             return Claim.TAKEN
 
     def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
@@ -217,16 +217,18 @@ def _machine() -> str | None:
         return None
 
 
-def _claimant() -> dict[str, Any]:
-    """The claiming process, as another worker on the same machine can check it: machine, pid and the pid's start."""
+def this_process() -> dict[str, Any]:
+    """This process, as another one on the same machine can check it (`process_gone`): machine, pid and the pid's start
+    (a claim's holder, a sweep's parent run)."""
     pid = os.getpid()
     stat = _proc_stat(pid)
     return {"machine": _machine(), "pid": pid, "pid_start": stat[19] if stat else None}
 
 
-def _holder_died_here(row: dict[str, Any]) -> bool:
-    """A claim whose claiming process ran on this machine (same kernel boot, same pid namespace) and is gone
-    (kill -9, a crash): nobody renews it, so waiting out its lease would only stall the worker started in its place.
+def process_gone(row: dict[str, Any]) -> bool:
+    """A process (`this_process`: a claim's holder, a parent run's) that ran on this machine (same kernel boot, same pid
+    namespace) and is gone (kill -9, a crash): nobody renews its claim, so waiting out its lease would only stall the
+    worker started in its place, and nobody will end its run.
     Anything this process cannot be sure of (another machine, a row without the claimant, no /proc) counts as alive."""
     machine, pid, started = row.get("machine"), row.get("pid"), row.get("pid_start")
     if machine is None or machine != _machine() or not isinstance(pid, int) or started is None:
@@ -331,7 +333,7 @@ class TrackingClaims:
         run's own TTL ("lease expired"), or its process ran on this machine and is gone ("claimant gone"); None: live."""
         now = time.monotonic()
         with contextlib.suppress(ValueError, TypeError, AttributeError):
-            if _holder_died_here(json.loads(run.data.tags.get(schema.TAG_CLAIM_PROCESS) or "{}")):
+            if process_gone(json.loads(run.data.tags.get(schema.TAG_CLAIM_PROCESS) or "{}")):
                 return "claimant gone"  # kill -9 on this machine: nobody will beat it again
         beat = run.data.tags.get(schema.TAG_CLAIM_BEAT)
         seen = self._seen.get(run.info.run_id)
@@ -369,7 +371,7 @@ class TrackingClaims:
         started = time.monotonic()
         tags = {schema.TAG_SWEEP: t.sweep_id, schema.TAG_POINT: point_key, schema.TAG_PARENT: t.parent_id,
                 schema.TAG_CLAIM_WORKER: worker, schema.TAG_CLAIM_TTL: f"{ttl_s:g}", schema.TAG_CLAIM_BEAT: "0",
-                schema.TAG_CLAIM_PROCESS: json.dumps(_claimant())}
+                schema.TAG_CLAIM_PROCESS: json.dumps(this_process())}
         run_id = self._call(lambda: t.client.create_run(t.experiment_id, run_name=point_key, tags=tags)).info.run_id
         try:
             seen, stale = self._others(point_key, worker, ttl_s)  # written, now read: who else claims it

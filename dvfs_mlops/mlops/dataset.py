@@ -1,23 +1,56 @@
 """The governor's dataset read from a sweep's MLflow runs (one sweep, or a fleet's several): one `WorkloadCurve` per
-workload, the clocks an adaptive sweep did not measure filled from each workload's curve fit."""
+workload, the clocks an adaptive sweep did not measure filled from each workload's curve fit.
+
+Every column is named by its declaration (`fields.column`) and every value typed by it (`fields.Field.parse`): the
+features come back as `WorkloadFeatures` field by field, and `run_record` reads a whole run back as the `RunRecord`
+its writer logged."""
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import fields, schema, tracking
+from dvfs_mlops.mlops.records import RunRecord
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves
-from dvfs_mlops.model.workload import WorkloadFeatures
+from dvfs_mlops.model.workload import METRIC, WorkloadFeatures
 
 log = logging.getLogger(__name__)
+
+MODEL, TASK, FREQ, SPLIT, PROFILE = (fields.column(n) for n in ("model", "task", "freq_mhz", "split", "device_profile"))
+ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "gpu_util_pct"))
+ENERGY_EXPECTED, TIME_EXPECTED = fields.column("energy_expected_j", METRIC), fields.column("time_expected_s", METRIC)
+EVAL_METRICS = tuple(fields.column(n, METRIC) for n in ("eval_accuracy", "eval_pearson"))  # a workload's accuracy by clock
+# What must agree between sweeps that measured the same workload for their energies to be averaged.
+COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision")) + tuple(k.column for k in fields.KNOBS)
 
 
 def _num(v: Any) -> float:
     return float(v)
+
+
+def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
+    """A point run's `WorkloadFeatures` from its params (each parsed as declared; a feature the run predates takes its
+    default) and the workload's utilisation at maxn."""
+    values = {f.name: f.parse(row.get(f.column)) for f in fields.FEATURES}
+    return WorkloadFeatures(**{k: v for k, v in values.items() if v is not None}, gpu_util_pct=gpu_util_pct)
+
+
+def run_record(params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]) -> RunRecord:
+    """A run as MLflow gives it back (params as text, metrics as floats) -> the `RunRecord` its writer logged: each
+    declared param and metric typed by its declaration (`fields.Field.parse`), undeclared ones as they are."""
+    def typed(name: str, value: Any, kind: str) -> Any:
+        try:
+            return fields.field(name, kind).parse(value)
+        except KeyError:
+            return value
+
+    return RunRecord({k: typed(k, v, "param") for k, v in params.items()},
+                     {k: typed(k, v, METRIC) for k, v in metrics.items()}, dict(tags))
 
 
 def unheld_points(df: Any) -> list[str]:
@@ -46,15 +79,6 @@ def _mean_by_clock(g: Any, column: str) -> dict[float, float]:
     return {float(k): float(x) for k, x in v.items() if not math.isnan(x)}  # drop NaN (a run without the metric)
 
 
-def _present_str(value: Any) -> str | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) or value == "" else str(value)
-
-
-def _optional_int(value: Any) -> int | None:
-    text = _present_str(value)
-    return None if text is None else int(float(text))
-
-
 def _maxn_mean(m: Any, column: str) -> float | None:
     v = float(m[column].mean()) if column in m else math.nan
     return None if math.isnan(v) else v
@@ -77,46 +101,40 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
-    df["_workload"] = df["params.model"] + "/" + df["params.task"]
+    df["_workload"] = df[MODEL] + "/" + df[TASK]
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, sweep_id)
-    pinned = df[df["params.freq_mhz"] != "maxn"]
-    freqs = sorted({_num(f) for f in pinned["params.freq_mhz"]})
+    pinned = df[df[FREQ] != "maxn"]
+    freqs = sorted({_num(f) for f in pinned[FREQ]})
     curves: list[WorkloadCurve] = []
     missing: list[str] = []
     measured: list[Curves] = []
     gaps: list[int] = []  # adaptive workloads among `measured`
     for workload, g in df.groupby("_workload", sort=True):
-        gp = g[g["params.freq_mhz"] != "maxn"].assign(_f=lambda x: x["params.freq_mhz"].map(_num))
-        m = g[g["params.freq_mhz"] == "maxn"]
+        gp = g[g[FREQ] != "maxn"].assign(_f=lambda x: x[FREQ].map(_num))
+        m = g[g[FREQ] == "maxn"]
         if m.empty or gp.empty:
             missing.append(f"{workload}@maxn" if m.empty else f"{workload}@(any pinned clock)")
             continue
-        energy = _mean_by_clock(gp, "metrics.energy_j")
-        time = _mean_by_clock(gp, "metrics.time_s")
-        e_exp = _mean_by_clock(gp, "metrics.energy_expected_j")
-        t_exp = _mean_by_clock(gp, "metrics.time_expected_s")
-        util = {f: u for f, u in _mean_by_clock(gp, "metrics.gpu_util_pct").items() if f in energy}
+        energy = _mean_by_clock(gp, ENERGY)
+        time = _mean_by_clock(gp, TIME)
+        e_exp = _mean_by_clock(gp, ENERGY_EXPECTED)
+        t_exp = _mean_by_clock(gp, TIME_EXPECTED)
+        util = {f: u for f, u in _mean_by_clock(gp, UTIL).items() if f in energy}
         measured.append((energy, time, util))
         if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
             gaps.append(len(measured) - 1)  # filled below, once the sweep's voltage shape and power prior are known
         r0 = g.iloc[0]
-        feats = WorkloadFeatures(
-            model_type=str(r0["params.model_type"]), num_layers=int(r0["params.num_layers"]),
-            hidden_size=int(r0["params.hidden_size"]), num_params=int(r0["params.num_params"]),
-            avg_seq_len=_num(r0["params.avg_seq_len"]), gpu_util_pct=float(m["metrics.gpu_util_pct"].mean()),
-            trainable_params=_optional_int(r0.get("params.trainable_params")),  # runs from before it: a full fine-tune
-            precision=_present_str(r0.get("params.precision")) or "fp32",
-        )
-        acc_col = next((c for c in ("metrics.eval_accuracy", "metrics.eval_pearson") if c in g and g[c].notna().any()), None)
-        acc = {str(k): float(v) for k, v in g.groupby("params.freq_mhz")[acc_col].mean().items()} if acc_col else {}
+        feats = features_of(r0, float(m[UTIL].mean()))
+        acc_col = next((c for c in EVAL_METRICS if c in g and g[c].notna().any()), None)
+        acc = {str(k): float(v) for k, v in g.groupby(FREQ)[acc_col].mean().items()} if acc_col else {}
 
-        curves.append(WorkloadCurve(workload, str(r0.get("params.split", "train")), feats, energy, time,
-                                    float(m["metrics.energy_j"].mean()), float(m["metrics.time_s"].mean()), acc,
-                                    e_exp, t_exp, _maxn_mean(m, "metrics.energy_expected_j"), _maxn_mean(m, "metrics.time_expected_s"),
+        curves.append(WorkloadCurve(workload, str(r0.get(SPLIT, "train")), feats, energy, time,
+                                    float(m[ENERGY].mean()), float(m[TIME].mean()), acc,
+                                    e_exp, t_exp, _maxn_mean(m, ENERGY_EXPECTED), _maxn_mean(m, TIME_EXPECTED),
                                     dict(util)))
-    repeats = int(pinned.groupby(["_workload", "params.freq_mhz"]).size().median()) if len(pinned) else 1
+    repeats = int(pinned.groupby(["_workload", FREQ]).size().median()) if len(pinned) else 1
     if gaps:
         shape = fill_from_curves(measured, freqs, gaps, board, repeats)
         log.info("sweep %s: %d adaptive workload(s) filled from their curve fits (voltage shape %.2f, fitted across the sweep)",
@@ -133,14 +151,15 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
 
 
 def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, *, sweeps_filter: str = "",
-                       mix_profiles: bool = False) -> GovernorDataset:
+                       mix_profiles: bool = False, split: str = "train", say: Callable[[str], None] | None = None) -> GovernorDataset:
     """The dataset of one sweep or several (`sweep_id` "a,b,..."; or every sweep of the experiment with point runs
-    matching the MLflow filter `sweeps_filter`); default the latest sweep of the experiment.
+    matching the MLflow filter `sweeps_filter`); default the newest sweep of the experiment with workloads of `split`
+    (`queries.newest_sweep`: never a calibration's), said through `say`.
 
     Several sweeps are one dataset (a fleet's boards, each with its own sweep): a workload measured by several is
     averaged over them, as repeats are, so its sweeps must agree on steps, batch size and precision. Sweeps of
     different device profiles are refused unless `mix_profiles`: one board's clock table is not another's."""
-    from dvfs_mlops.mlops.queries import find_sweep_ids, latest_sweep_id, sweeps_frame
+    from dvfs_mlops.mlops.queries import find_sweep_ids, newest_sweep, sweeps_frame
 
     c = tracking.check_reachable()
     exp = c.get_experiment_by_name(experiment)
@@ -156,16 +175,20 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
         if not ids:
             raise DvfsError(f"no sweep in experiment {experiment!r} has FINISHED points matching {sweeps_filter!r}")
     else:
-        ids = [s.strip() for s in (sweep_id or "").split(",") if s.strip()] or [latest_sweep_id(c, experiment)]
+        ids = [s.strip() for s in (sweep_id or "").split(",") if s.strip()]
+        if not ids:
+            ids = [newest_sweep(c, experiment, split=split)]
+            (say or log.info)(f"sweep {ids[0]}: the newest in {experiment} with {split if split != 'all' else 'finished'} "
+                              "workloads (no --sweep-id given)")
     ids = list(dict.fromkeys(ids))
     try:
         df = sweeps_frame([exp.experiment_id], ids)
     except DvfsError as e:
         raise DvfsError(f"{e} in experiment {experiment!r}") from None
     label = ids[0] if len(ids) == 1 else ",".join(ids)
-    profiles = sorted({str(p) for p in df["params.device_profile"].dropna()})
+    profiles = sorted({str(p) for p in df[PROFILE].dropna()})
     if len(profiles) > 1 and not mix_profiles:
-        by = {p: sorted(set(df[df["params.device_profile"] == p][f"tags.{schema.TAG_SWEEP}"])) for p in profiles}
+        by = {p: sorted(set(df[df[PROFILE] == p][f"tags.{schema.TAG_SWEEP}"])) for p in profiles}
         shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
         raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
                         "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
@@ -186,14 +209,14 @@ def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any)
     same = {(b.frequencies_mhz, b.voltage_shape, b.voltage_shape_known, b.noise_time, b.noise_power) for b in boards}
     if len(same) == 1:
         return boards[0]
-    clocks = sorted({float(f) for f in df["params.freq_mhz"] if f != "maxn"})
+    clocks = sorted({float(f) for f in df[FREQ] if f != "maxn"})
     return legacy_board("+".join(sorted({b.profile for b in boards})), clocks)
 
 
 def _check_comparable(df: Any) -> None:
     """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
-    cols = [c for c in ("params.steps", "params.profile_steps", "params.batch_size", "params.precision") if c in df]
-    names = df["params.model"] + "/" + df["params.task"]
+    cols = [c for c in COMPARABLE if c in df]
+    names = df[MODEL] + "/" + df[TASK]
     for workload, g in df.groupby(names):
         differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
         if differ:

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from dvfs_mlops import settings
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import lifecycle, schema
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
 from dvfs_mlops.mlops.governor import Governor
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
@@ -39,6 +38,29 @@ from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
 logger = logging.getLogger(__name__)
 
 BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateRequest:
+    """What `dvfs-mlops evaluate` is asked.
+
+    Attributes:
+        sweep_id: the sweep ('': the newest in `experiment` with workloads of `split`, never a calibration sweep).
+        experiment: where the sweep's runs are.
+        split: eval (held-out workloads), train or all.
+        policies: comma-separated policy names (`BUILTIN`) or models:/ URIs.
+        objective: energy, edp or max-slowdown:X.
+    """
+
+    sweep_id: str = ""
+    experiment: str = SWEEP_EXPERIMENT
+    split: str = "eval"
+    policies: str = ",".join(BUILTIN)
+    objective: str = "energy"
+
+    @property
+    def policy_names(self) -> list[str]:
+        return [p.strip() for p in self.policies.split(",") if p.strip()]
 
 
 @dataclasses.dataclass
@@ -105,6 +127,7 @@ class EvalReport:
     rows: list[PolicyRow]
     summaries: list[PolicySummary]
     run_id: str | None = None
+    experiment: str = ""  # the run's experiment (under `mlflow run`: the one MLflow chose)
 
     def to_json(self) -> list[dict[str, Any]]:
         """`evaluate --json`: one object per policy."""
@@ -182,6 +205,17 @@ def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySum
     return out
 
 
+def check_policies(names: Sequence[str]) -> None:
+    """Every name is a built-in policy or a models:/ URI.
+
+    Raises:
+        UnknownNameError: a name that is neither (the message lists the valid ones).
+    """
+    for name in names:
+        if name not in BUILTIN and not name.startswith("models:/"):
+            raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
+
+
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
     from dvfs_mlops.mlops.governor import load_governor
@@ -234,7 +268,7 @@ def format_table(report: EvalReport) -> str:
                  + (", expected = against the expected oracle" if expected else "")
                  + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
     if report.run_id:
-        lines.append(f"logged run {report.run_id} in {schema.EVALUATE_EXPERIMENT}")
+        lines.append(f"logged run {report.run_id} in {report.experiment or schema.EVALUATE_EXPERIMENT}")
     return "\n".join(lines)
 
 
@@ -264,42 +298,61 @@ def savings_chart(report: EvalReport, path: Path) -> None:
 def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, split: str = "eval",
                    policies: Sequence[str] = BUILTIN, objective: str = "energy", log: bool = True,
                    say: Callable[[str], None] = logger.info) -> EvalReport:
+    """Compare `policies` on a sweep's measured points and (with `log`) log the comparison as one run of
+    `dvfs-evaluate` (`lifecycle.owned_run`: it exists from the start, ends FAILED with the reason when the evaluation
+    fails, KILLED when stopped).
+
+    Args:
+        sweep_id: the sweep (None: the newest in `experiment` with `split` workloads, never a calibration sweep).
+        experiment: where the sweep's runs are.
+        split: eval, train or all.
+        policies: policy names or models:/ URIs.
+        objective: energy, edp or max-slowdown:X.
+        log: log the run (False: compare only).
+        say: where progress lines go.
+
+    Returns:
+        The `EvalReport` (its `run_id` and `experiment` where logged).
+
+    Raises:
+        DvfsError: an unknown objective or policy, no such sweep, no workloads of the split.
+    """
     obj = parse_objective(objective)
-    dataset = load_sweep_dataset(sweep_id, experiment)
-    report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
-    if log:
-
-        import pandas as pd
-
-        c = tracking.client()
-        tags = {schema.TAG_SWEEP: report.sweep_id, schema.TAG_SIMULATED: str(report.simulated).lower()}
-        env_run = settings.mlflow_run_id()  # under `mlflow run . -e evaluate`
-        if env_run:
-            run = c.get_run(env_run)
-            tracking.log_run_batch(c, env_run, tags=tags)
-        else:
-            run = c.create_run(tracking.experiment_id(c, schema.EVALUATE_EXPERIMENT), run_name=f"evaluate {report.sweep_id} {split}", tags=tags)
-        metrics = {}
-        for s in report.summaries:
-            key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
-            metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
-                            f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret})
-            if s.mean_regret_expected is not None:
-                metrics[f"{key}_mean_regret_expected"] = s.mean_regret_expected
-            if s.regret_ci is not None:
-                metrics[f"{key}_regret_ci_low"], metrics[f"{key}_regret_ci_high"] = s.regret_ci
-            if s.mean_saving_small is not None:
-                metrics[f"{key}_mean_saving_small"] = s.mean_saving_small
-            if s.mean_saving_big is not None:
-                metrics[f"{key}_mean_saving_big"] = s.mean_saving_big
-        tracking.log_run_batch(c, run.info.run_id, params={"sweep_id": report.sweep_id, "split": split, "objective": obj.name,
-                                                           "policies": ",".join(policies)}, metrics=metrics)
-        with tempfile.TemporaryDirectory() as tmp:
-            pd.DataFrame([dataclasses.asdict(r) for r in report.rows]).to_csv(Path(tmp) / "evaluation.csv", index=False)
-            pd.DataFrame([dataclasses.asdict(s) for s in report.summaries]).to_csv(Path(tmp) / "summary.csv", index=False)
-            savings_chart(report, Path(tmp) / "savings.png")
-            c.log_artifacts(run.info.run_id, tmp)
-        if not env_run:
-            c.set_terminated(run.info.run_id, "FINISHED")
-        report.run_id = run.info.run_id
+    check_policies(policies)
+    dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)  # the input: refused before any run is made
+    if not log:
+        return evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
+    tags = {schema.TAG_SWEEP: dataset.sweep_id, schema.TAG_SIMULATED: str(dataset.simulated).lower()}
+    with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {dataset.sweep_id} {split}", tags=tags) as run:
+        run.log_batch(params={"sweep_id": dataset.sweep_id, "split": split, "objective": obj.name, "policies": ",".join(policies)})
+        report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
+        run.log_batch(metrics=_summary_metrics(report.summaries))
+        _log_tables(run, report)
+        report.run_id, report.experiment = run.run_id, run.experiment_name
     return report
+
+
+def _summary_metrics(summaries: Sequence[PolicySummary]) -> dict[str, float | None]:
+    """Each policy's summary as metrics: `<policy>_mean_saving`, `_max_saving`, `_worst_saving`, `_mean_regret`, and where
+    known `_mean_regret_expected`, `_regret_ci_low`/`_high`, `_mean_saving_small`/`_big`."""
+    metrics: dict[str, float | None] = {}
+    for s in summaries:
+        key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+        metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
+                        f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret,
+                        f"{key}_mean_regret_expected": s.mean_regret_expected, f"{key}_mean_saving_small": s.mean_saving_small,
+                        f"{key}_mean_saving_big": s.mean_saving_big})
+        if s.regret_ci is not None:
+            metrics[f"{key}_regret_ci_low"], metrics[f"{key}_regret_ci_high"] = s.regret_ci
+    return metrics
+
+
+def _log_tables(run: lifecycle.OwnedRun, report: EvalReport) -> None:
+    """evaluation.csv (every workload x policy), summary.csv and savings.png."""
+    import pandas as pd
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pd.DataFrame([dataclasses.asdict(r) for r in report.rows]).to_csv(Path(tmp) / "evaluation.csv", index=False)
+        pd.DataFrame([dataclasses.asdict(s) for s in report.summaries]).to_csv(Path(tmp) / "summary.csv", index=False)
+        savings_chart(report, Path(tmp) / "savings.png")
+        run.client.log_artifacts(run.run_id, tmp)

@@ -32,10 +32,6 @@ from dvfs_mlops.model.workload import WorkloadFeatures
 
 log = logging.getLogger(__name__)
 
-# Probe-and-refine's step budget where no governor of the board's family decides (the hardware default, 30 steps:
-# app/finetune.default_refine): the curve model, fitted to the probes, is then all that picks the clock.
-NO_GOVERNOR_REFINE_STEPS = 30
-
 
 class NoAliasError(DvfsError):
     """No version of the registered model holds the alias a URI names."""
@@ -215,26 +211,6 @@ class BoardGovernor:
             return refine_start_mhz(board), "refine"
         return self.governor.decide(features, board.frequencies_mhz, objective)
 
-    def refine_budget(self, requested: int | None, default: int) -> int:
-        """Refine's step budget: the requested one (None: `default`); where no governor decides, refine is what picks
-        the clock, so its budget is at least `NO_GOVERNOR_REFINE_STEPS` unless refine was turned off.
-
-        Raises:
-            DvfsError: no governor and refine turned off (0): nothing would pick the clock.
-        """
-        if self.governor is not None:
-            return default if requested is None else requested
-        if requested == 0:
-            raise DvfsError(f"no production governor for {self.family} and refine is off (0 steps): nothing would pick the "
-                            "clock; drop --refine 0, or run `dvfs-mlops calibrate`, or pass --allow-other-board")
-        return max(requested or 0, NO_GOVERNOR_REFINE_STEPS)
-
-    def tags(self) -> dict[str, str]:
-        """What a run records of this: `decision.reason` without a governor, `governor.other_board` with another's."""
-        if self.governor is None:
-            return {schema.TAG_DECISION_REASON: self.note[:5000]}
-        return {schema.TAG_OTHER_BOARD: "true"} if self.other_board else {}
-
 
 def refine_start_mhz(board: Board) -> float:
     """Where refine starts without a governor: the middle clock of the board's table (the probes go either way)."""
@@ -247,7 +223,7 @@ def governor_for_board(board: Board, uri: str | None = None, *, allow_other_boar
     """What decides on `board`: the one call `dvfs-mlops finetune` and `DvfsCallback` make before deciding.
 
     The family's production governor (or `uri`); with none, a `BoardGovernor` without one whose note says so (the
-    caller refines from the curve model: `BoardGovernor.decide`, `refine_budget`); another family's only with
+    caller refines from the curve model: `BoardGovernor.decide`, `launch.Decision.refine_budget`); another family's only with
     `allow_other_board`, said as a warning. A version of this family trained on another profile of it is said too
     (`Governor.check_board`).
 

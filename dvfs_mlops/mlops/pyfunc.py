@@ -3,6 +3,7 @@ for a curve governor)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import tempfile
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.model.governor import policy_tree
+from dvfs_mlops.model.workload import WorkloadFeatures, feature_types
 
 # The pyfunc's code, shipped with every version: the model class and the stdlib-only decision code beside it.
 CODE = Path(policy_tree.__file__).resolve().parent / "model_code.py"
@@ -20,37 +22,47 @@ TREE_CODE = Path(policy_tree.__file__).resolve()
 EARLIER_CODE_SHA256 = frozenset({
     "b72822c66f2baa16c2f1bb8107314bf2c5502672f602d86127c99b7c2c5698a5",  # dvfs_mlops/governor/model_code.py, before the layer folders
 })
+# ... and of earlier releases of policy_tree.py that decide exactly as this one.
+EARLIER_TREE_SHA256 = frozenset({
+    "a549c01532c98738ef4a3e17080ee78028995435aff5089cc436f2f796774ea6",  # with a copy of the feature list it did not use
+})
 
 
 def is_our_code(model_code: bytes, tree_code: bytes) -> bool:
-    """A registered version's shipped code decides as this package's: the same policy_tree.py byte for byte, and
-    model_code.py this one or an earlier release of the same body."""
+    """A registered version's shipped code decides as this package's: policy_tree.py this one or an earlier release
+    that decides alike, byte for byte, and model_code.py this one or an earlier release of the same body."""
     import hashlib
 
-    if tree_code != TREE_CODE.read_bytes():
+    if tree_code != TREE_CODE.read_bytes() and hashlib.sha256(tree_code).hexdigest() not in EARLIER_TREE_SHA256:
         return False
     return model_code == CODE.read_bytes() or hashlib.sha256(model_code).hexdigest() in EARLIER_CODE_SHA256
+
+
+# Two workloads as the input example of every version (an encoder in fp32, a LoRA decoder in bf16).
+_EXAMPLES = (
+    WorkloadFeatures("encoder", 12, 768, 109_483_778, 71.3, 95.0, 109_483_778, "fp32"),
+    WorkloadFeatures("decoder", 6, 128, 7_628_288, 12.8, 30.0, 98_560, "bf16"),
+)
+# A feature's type -> the MLflow column type of the signature.
+_COLUMN_TYPES = {str: "string", int: "long", float: "double", bool: "boolean"}
 
 
 def input_example() -> list[dict[str, Any]]:
     """Two rows, as records: MLflow saves a list of dicts as JSON itself. (A DataFrame example goes through
     MLflow's split-dict conversion, which raises a pandas deprecation warning under pandas 3.)"""
-    return [
-        {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "num_params": 109_483_778, "avg_seq_len": 71.3, "gpu_util_pct": 95.0,
-         "trainable_params": 109_483_778, "precision": "fp32"},
-        {"model_type": "decoder", "num_layers": 6, "hidden_size": 128, "num_params": 7_628_288, "avg_seq_len": 12.8, "gpu_util_pct": 30.0,
-         "trainable_params": 98_560, "precision": "bf16"},
-    ]
+    return [features.as_row() for features in _EXAMPLES]
 
 
 def signature(default_objective: str = "energy") -> Any:
+    """The pyfunc's signature: one input column per feature (`WorkloadFeatures`, typed as declared; a feature with a
+    default is optional: a row without it means that default, `policy_tree.feature_value`), the decision's columns,
+    and the params `frequencies` and `objective`."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    inputs = Schema([ColSpec("string", "model_type"), ColSpec("long", "num_layers"), ColSpec("long", "hidden_size"),
-                     ColSpec("long", "num_params"), ColSpec("double", "avg_seq_len"), ColSpec("double", "gpu_util_pct"),
-                     # optional columns: a row without them is a full fine-tune in fp32 (policy_tree.feature_value)
-                     ColSpec("long", "trainable_params", required=False), ColSpec("string", "precision", required=False)])
+    types = feature_types()
+    inputs = Schema([ColSpec(_COLUMN_TYPES[types[f.name]], f.name, required=f.default is dataclasses.MISSING)
+                     for f in dataclasses.fields(WorkloadFeatures)])
     outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
     params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),
                           ParamSpec("objective", "string", default=default_objective)])

@@ -7,14 +7,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import ARTIFACT as BOARD_ARTIFACT
 from dvfs_mlops.hw.board import Board, legacy_board
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import fields, schema, tracking
 from dvfs_mlops.model.curve import Measurement, mean_measurement
+from dvfs_mlops.model.workload import METRIC
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+MODEL, TASK, FREQ, PROFILE = (fields.column(n) for n in ("model", "task", "freq_mhz", "device_profile"))
+ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "gpu_util_pct"))
 
 
 def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
@@ -58,16 +65,56 @@ def sweeps_frame(experiment_ids: list[str], sweep_ids: list[str]) -> Any:
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def latest_sweep_id(c: Any, experiment: str) -> str:
-    """The sweep id of the newest point run of `experiment`."""
+def calibration_sweeps(c: MlflowClient) -> set[str]:
+    """The sweeps calibrated versions were measured with (their `calibration_sweep` tag): a calibration's sweeps, also
+    those from before their parent runs said so."""
+    from dvfs_mlops.mlops.registry import load_config
+
+    try:
+        versions = c.search_model_versions(f"name='{load_config().name}'")
+    except Exception:  # noqa: BLE001 - no registered model yet: no calibrations
+        return set()
+    return {s for v in versions for s in str((v.tags or {}).get(schema.TAG_CALIBRATION_SWEEP) or "").split(",") if s}
+
+
+def newest_sweep(c: MlflowClient, experiment: str, *, split: str = "train", workload: str = "") -> str:
+    """The newest sweep of `experiment` that can serve a command, by its parent runs (a resumed sweep's parent is new,
+    so a sweep resumed last counts as the newest): a grid or adaptive sweep with FINISHED points of the `split`'s
+    workloads (train, eval; all: any) or of `workload` (MODEL/TASK, any variant), never a calibration sweep.
+
+    Raises:
+        DvfsError: no such experiment, or no sweep in it that can serve (the message says what to run).
+    """
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{schema.TAG_POINT}` != ''", max_results=1,
-                         order_by=["attributes.start_time DESC"])
-    if not runs:
-        raise DvfsError(f"experiment {experiment!r} has no sweep points; run a sweep first (dvfs-mlops sweep)")
-    return runs[0].data.tags[schema.TAG_SWEEP]
+    calibrations = calibration_sweeps(c)
+    parents = c.search_runs([exp.experiment_id], filter_string=f"tags.`{schema.TAG_RUN_NAME}` LIKE 'sweep %'", max_results=1000,
+                            order_by=["attributes.start_time DESC"])
+    seen: set[str] = set()
+    for parent in parents:
+        sid = parent.data.tags.get(schema.TAG_SWEEP)
+        if not sid or sid in seen:
+            continue
+        seen.add(sid)
+        if parent.data.tags.get(schema.TAG_SWEEP_KIND) == schema.CALIBRATION_SWEEP or sid in calibrations:
+            continue
+        if _serves(c, exp.experiment_id, sid, split, workload):
+            return sid
+    wanted = f"points of {workload}" if workload else "training workloads" if split == "train" else f"{split!r} workloads" \
+        if split != "all" else "finished points"
+    raise DvfsError(f"experiment {experiment!r} has no sweep with {wanted} (calibration sweeps do not count); run a sweep "
+                    "first (dvfs-mlops sweep, e.g. --preset quick) or name one with --sweep-id")
+
+
+def _serves(c: MlflowClient, experiment_id: str, sweep_id: str, split: str, workload: str) -> bool:
+    """The sweep has a FINISHED point of the split's workloads (or of `workload`)."""
+    where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_POINT}` != '' and attributes.status = 'FINISHED'"
+    if workload:
+        where += f" and tags.`{schema.TAG_WORKLOAD}` LIKE '{workload}%'"
+    elif split != "all":
+        where += f" and {fields.column('split')} = '{split}'"
+    return bool(c.search_runs([experiment_id], filter_string=where, max_results=1))
 
 
 def sweep_board(c: Any, experiment_ids: list[str], sweep_id: str, df: Any = None) -> Board:
@@ -90,8 +137,8 @@ def sweep_board(c: Any, experiment_ids: list[str], sweep_id: str, df: Any = None
         with tempfile.TemporaryDirectory() as tmp:
             return Board.from_json(Path(c.download_artifacts(r.info.run_id, BOARD_ARTIFACT, tmp)).read_text())
     df = sweep_frame(experiment_ids, sweep_id) if df is None else df
-    profiles = sorted({str(p) for p in df["params.device_profile"].dropna()}) if len(df) else []
-    clocks = sorted({float(f) for f in df["params.freq_mhz"] if f != MAXN}) if len(df) else []
+    profiles = sorted({str(p) for p in df[PROFILE].dropna()}) if len(df) else []
+    clocks = sorted({float(f) for f in df[FREQ] if f != MAXN}) if len(df) else []
     return legacy_board(profiles[0] if len(profiles) == 1 else "", clocks)
 
 
@@ -117,19 +164,19 @@ def sweep_points(experiment: str, sweep_id: str) -> SweepPoints:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         raise DvfsError(f"experiment {experiment!r} does not exist; run a sweep first (dvfs-mlops sweep)")
-    sid = sweep_id or latest_sweep_id(c, experiment)
+    sid = sweep_id or newest_sweep(c, experiment, split="all")
     df = sweep_frame([exp.experiment_id], sid)
     if not len(df):
         raise DvfsError(f"no FINISHED runs of sweep {sid!r} in experiment {experiment!r}")
     board = sweep_board(c, [exp.experiment_id], sid, df)
-    df = df[df["params.freq_mhz"] != MAXN]
+    df = df[df[FREQ] != MAXN]
     runs: dict[str, dict[float, list[Measurement]]] = {}
     for _, r in df.iterrows():
-        pct = r.get("metrics.gpu_util_pct")
+        pct = r.get(UTIL)
         util = None if pct is None or math.isnan(float(pct)) else float(pct) / 100.0
-        name = r.get(f"tags.{schema.TAG_WORKLOAD}") or f"{r['params.model']}/{r['params.task']}"
-        f = float(r["params.freq_mhz"])
-        runs.setdefault(str(name), {}).setdefault(f, []).append(Measurement(f, float(r["metrics.time_s"]), float(r["metrics.energy_j"]), util))
+        name = r.get(f"tags.{schema.TAG_WORKLOAD}") or f"{r[MODEL]}/{r[TASK]}"
+        f = float(r[FREQ])
+        runs.setdefault(str(name), {}).setdefault(f, []).append(Measurement(f, float(r[TIME]), float(r[ENERGY]), util))
     repeats = max((len(v) for clocks in runs.values() for v in clocks.values()), default=1)
     points = {name: [mean_measurement(f, clocks[f]) for f in sorted(clocks)] for name, clocks in runs.items()}
     return SweepPoints(sid, board, repeats, points)

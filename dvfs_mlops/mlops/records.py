@@ -3,17 +3,28 @@
 A sweep point and `dvfs-mlops finetune` log a job through `job_record`, and `DvfsCallback` logs its session through
 `callback_record`, so `energy_j` (the training steps only), `clock_mhz_measured`, `clock_held` and the flags mean the
 same thing in every run. The callers add only what is theirs: a point its sweep's tags, a fine-tune its governor's.
+Every name written is declared in `fields.py` (the features in `model.workload.WorkloadFeatures`): the workload's
+features and the report's metrics are written from those declarations.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.hw.meter import EnergyReport
-from dvfs_mlops.mlops import schema
+from dvfs_mlops.mlops import fields, schema
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import FreqSession
+    from dvfs_mlops.hw.multi import GpuEnergy
+    from dvfs_mlops.job.finetune import FinetuneResult
+    from dvfs_mlops.job.refine import RefineResult
+    from dvfs_mlops.job.run import Job
+    from dvfs_mlops.mlops.launch import Decision
+    from dvfs_mlops.model.workload import WorkloadFeatures
 
 POWER_SERIES_MAX_POINTS = 1000
 # Backend observations (FreqSession.context) that are numbers: logged as metrics.
@@ -21,11 +32,8 @@ _CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "nvpmodel_gpu_max_mhz", "gpu
 # ... and text: logged as params (nvml: where the power samples come from, MIG mode and then the energy's scope).
 _CONTEXT_PARAMS = ("nvpmodel_mode", "power_source", "mig_mode", "energy_scope")
 # The callback logs into the user's own run: a few report metrics, prefixed (`dvfs_energy_j`, ...).
-_CALLBACK_METRICS = {"energy_j": "dvfs_energy_j", "energy_total_j": "dvfs_energy_total_j", "avg_power_w": "dvfs_avg_power_w",
-                     "peak_power_w": "dvfs_peak_power_w", "time_s": "dvfs_time_s", "gpu_util_pct": "dvfs_gpu_util_pct",
-                     "clock_mhz_measured": "dvfs_clock_mhz_measured", "clock_held": "dvfs_clock_held",
-                     "samples_failed": "dvfs_samples_failed", "emc_mhz": "dvfs_emc_mhz",
-                     "oc_throttle_events": "dvfs_oc_throttle_events"}
+_CALLBACK_METRICS = ("energy_j", "energy_total_j", "avg_power_w", "peak_power_w", "time_s", "gpu_util_pct", "clock_mhz_measured",
+                     "clock_held", "samples_failed", "emc_mhz", "oc_throttle_events")
 
 
 @dataclasses.dataclass
@@ -50,22 +58,16 @@ class RunRecord:
 
 
 def report_metrics(report: EnergyReport) -> dict[str, float | None]:
-    """The training window's energy, time, power, utilisation and the verified clock (None values are not logged)."""
-    return {
-        "energy_j": report.energy_j, "energy_gpu_j": report.energy_gpu_j, "energy_cpu_j": report.energy_cpu_j,
-        "energy_total_j": report.energy_total_j, "avg_power_w": report.avg_power_w, "peak_power_w": report.peak_power_w,
-        "time_s": report.duration_s, "gpu_util_pct": report.gpu_util_pct, "clock_mhz_measured": report.clock_mhz_measured,
-        "clock_held": None if report.clock_held is None else float(report.clock_held),
-        "samples_failed": float(report.samples_failed),
-        # the window's mean memory clock and the over-current throttling the board counted in it (Jetson; else None)
-        "emc_mhz": report.emc_mhz,
-        "oc_throttle_events": None if report.oc_throttle_events is None else float(report.oc_throttle_events),
-        # the twin's noise-free values (None, so not logged, on real backends)
-        "energy_expected_j": report.energy_expected_j, "time_expected_s": report.time_expected_s,
-    }
+    """The training window's energy, time, power, utilisation and the verified clock (`fields.REPORT_METRICS`; None
+    values are not logged)."""
+    out: dict[str, float | None] = {}
+    for f in fields.REPORT_METRICS:
+        value = getattr(report, f.report)
+        out[f.name] = None if value is None else float(value)
+    return out
 
 
-def session_metrics(session: Any) -> dict[str, float | None]:
+def session_metrics(session: FreqSession) -> dict[str, float | None]:
     """Evaluation and whole-session energy beside the training window, and the backend's numeric observations."""
     out: dict[str, float | None] = {}
     evaluation = session.windows.get("eval")
@@ -95,7 +97,7 @@ def report_params(report: EnergyReport) -> dict[str, str]:
     return params
 
 
-def session_tags(session: Any, report: EnergyReport, board: Board) -> dict[str, str]:
+def session_tags(session: FreqSession, report: EnergyReport, board: Board) -> dict[str, str]:
     """Which board, and the flags a reader must see: clock held or not, observe mode, a degraded meter, above the
     nvpmodel mode's cap."""
     tags: dict[str, str] = {schema.TAG_DEVICE_ID: board.device_id}
@@ -110,7 +112,7 @@ def session_tags(session: Any, report: EnergyReport, board: Board) -> dict[str, 
     return tags
 
 
-def session_params(session: Any) -> dict[str, str]:
+def session_params(session: FreqSession) -> dict[str, str]:
     """The backend's text observations (nvpmodel mode) and, on hardware, the GPU's index."""
     device = session.device
     params = {k: str(session.context[k]) for k in _CONTEXT_PARAMS if k in session.context}
@@ -127,7 +129,14 @@ def downsample(series: Sequence[float], n: int = POWER_SERIES_MAX_POINTS) -> lis
     return [series[int(i * step)] for i in range(n)]
 
 
-def job_record(job: Any, board: Board, session: Any, result: Any, freq: FreqRequest, *, profiled: bool = False) -> RunRecord:
+def feature_params(features: WorkloadFeatures) -> dict[str, Any]:
+    """The workload's features a run records as params (`fields.FEATURES`; lengths to 3 decimals)."""
+    row = features.as_row()
+    return {f.name: round(row[f.name], 3) if f.type is float else row[f.name] for f in fields.FEATURES}
+
+
+def job_record(job: Job, board: Board, session: FreqSession, result: FinetuneResult, freq: FreqRequest, *,
+               profiled: bool = False) -> RunRecord:
     """A metered job's run: the workload and its training (params), the training window and the session around it
     (metrics), which board and what the meter saw (tags), and the power series.
 
@@ -142,28 +151,27 @@ def job_record(job: Any, board: Board, session: Any, result: Any, freq: FreqRequ
     Returns:
         The `RunRecord`.
     """
-    f, cfg, report = job.workload.features, job.config, session.report()
-    task = job.workload.task
+    cfg, report, task = job.config, session.report(), job.workload.task
     params = {
-        "model": job.workload.spec.name, "model_type": f.model_type, "num_layers": f.num_layers, "hidden_size": f.hidden_size,
-        "num_params": f.num_params, "task": task.name, "avg_seq_len": round(f.avg_seq_len, 3), "freq_mhz": freq_label(freq),
+        **feature_params(job.workload.features), "model": job.workload.spec.name, "task": task.name, "freq_mhz": freq_label(freq),
         "device": board.backend, "device_profile": board.profile, "batch_size": cfg.batch_size,
         "steps": 0 if profiled else result.steps, "seed": cfg.seed, "split": task.split, "data_source": job.workload.data_source,
-        "precision": cfg.precision, "trainable_params": f.trainable_params, **cfg.peft.params(),
-        **({"profile_steps": result.steps} if profiled else {}), "torch_device": job.torch_device, **session_params(session), **report_params(report),
+        "precision": cfg.precision, **cfg.peft.params(), **{k.name: getattr(cfg, k.name) for k in fields.KNOBS},
+        **({"profile_steps": result.steps} if profiled else {}),
+        "torch_device": job.torch_device, **session_params(session), **report_params(report),
     }
     return RunRecord(params, point_metrics(report, result, _clock_ran(session, freq), session),
                      session_tags(session, report, board), {"power_w": downsample(report.power_series_w)})
 
 
-def _clock_ran(session: Any, freq: FreqRequest) -> float | None:
+def _clock_ran(session: FreqSession, freq: FreqRequest) -> float | None:
     """The clock the job ran at: None when observing; the twin's own (maxn settles somewhere), else the pin."""
     if session.observe:
         return None
     return getattr(session, "effective_mhz", None) or (None if freq == MAXN else float(freq))
 
 
-def point_metrics(report: EnergyReport, result: Any, clock_mhz: float | None, session: Any = None) -> dict[str, float | None]:
+def point_metrics(report: EnergyReport, result: FinetuneResult, clock_mhz: float | None, session: FreqSession | None = None) -> dict[str, float | None]:
     """A job's metrics: the training window (energy_j, time_s, ...), the evaluation, throughput, the clock it ran at
     (`clock_mhz`), and the session around it."""
     t = report.duration_s
@@ -176,7 +184,7 @@ def point_metrics(report: EnergyReport, result: Any, clock_mhz: float | None, se
     }
 
 
-def refine_tags(refined: Any) -> dict[str, str]:
+def refine_tags(refined: RefineResult) -> dict[str, str]:
     """Probe-and-refine's tags (`refine.*`): where it started and settled, the probes, why, and the prior it used."""
     p = schema.REFINE_PREFIX
     return {f"{p}start_mhz": f"{refined.start_mhz:g}", f"{p}chosen_mhz": f"{refined.chosen_mhz:g}",
@@ -189,7 +197,7 @@ def refine_tags(refined: Any) -> dict[str, str]:
 _GPU_METRICS = ("energy_j", "energy_total_j", "avg_power_w", "clock_mhz_measured", "clock_held", "time_s")
 
 
-def gpu_metrics(gpus: Sequence[Any], prefix: str = "") -> dict[str, float | None]:
+def gpu_metrics(gpus: Sequence[GpuEnergy], prefix: str = "") -> dict[str, float | None]:
     """Each GPU's energy, power, time and clock as `<prefix><metric>_gpu<NVML index>` (`hw.multi.GpuEnergy` items)."""
     out: dict[str, float | None] = {}
     for gpu in gpus:
@@ -198,7 +206,7 @@ def gpu_metrics(gpus: Sequence[Any], prefix: str = "") -> dict[str, float | None
     return out
 
 
-def gpu_tags(gpus: Sequence[Any]) -> dict[str, str]:
+def gpu_tags(gpus: Sequence[GpuEnergy]) -> dict[str, str]:
     """How many GPUs, each one's UUID and (under a launcher) the rank that trained on it."""
     tags = {schema.TAG_GPU_COUNT: str(len(gpus))}
     for gpu in gpus:
@@ -208,25 +216,22 @@ def gpu_tags(gpus: Sequence[Any]) -> dict[str, str]:
     return tags
 
 
-def callback_record(session: Any, report: EnergyReport, board: Board, decision: Mapping[str, Any], features: Any,
-                    precision: str, refined: Any = None, gpus: Sequence[Any] = ()) -> RunRecord:
+def callback_record(session: FreqSession, report: EnergyReport, board: Board, decision: Decision, precision: str,
+                    refined: RefineResult | None = None, gpus: Sequence[GpuEnergy] = ()) -> RunRecord:
     """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board.
 
     With several GPUs (`gpus`: every rank's `hw.multi.GpuEnergy`, `report` their sum, `hw.multi.combine`) it adds each
     GPU's metrics (`dvfs_energy_j_gpu<i>`, ...) and tags (how many, each one's UUID and rank); the warm-up is this
     process's GPU's."""
     reported = report_metrics(report)
-    metrics: dict[str, float | None] = {name: reported[key] for key, name in _CALLBACK_METRICS.items()}
+    metrics: dict[str, float | None] = {f"dvfs_{key}": reported[key] for key in _CALLBACK_METRICS}
     warmup = session.windows.get("warmup")
     if warmup is not None:
         metrics.update({"dvfs_warmup_energy_j": warmup.energy_j, "dvfs_warmup_s": warmup.duration_s})
-    g = decision.get("governor", {})
-    tags = {schema.TAG_CALLBACK_FREQ: str(decision.get("freq")), schema.TAG_DECISION_PATH: str(decision.get("path")),
-            schema.TAG_GOVERNOR_URI: str(g.get("uri")), schema.TAG_GOVERNOR_VERSION: str(g.get("version") or ""),
-            schema.TAG_SIMULATED: str(report.simulated).lower(), schema.TAG_CALLBACK_PRECISION: precision,
-            schema.TAG_BOARD_FAMILY: board.family, **decision.get("tags", {})}
-    if features is not None:
-        tags[schema.TAG_CALLBACK_TRAINABLE] = str(features.trainable_params)
+    tags = {**decision.tags(), schema.TAG_CALLBACK_FREQ: str(decision.freq_mhz), schema.TAG_SIMULATED: str(report.simulated).lower(),
+            schema.TAG_CALLBACK_PRECISION: precision, schema.TAG_BOARD_FAMILY: board.family}
+    if decision.features is not None:
+        tags[schema.TAG_CALLBACK_TRAINABLE] = str(decision.features.trainable_params)
     tags.update(session_tags(session, report, board))
     if refined is not None:
         tags.update({**refine_tags(refined), schema.TAG_CALLBACK_FREQ: f"{refined.chosen_mhz:g}"})

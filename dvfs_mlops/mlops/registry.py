@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import lifecycle, schema, tracking
 
 log = logging.getLogger(__name__)
 
@@ -120,22 +120,35 @@ def _client() -> Any:
 
 
 def get_version(c: Any, name: str, version: str | int) -> Any:
-    """A version of the registered model by number, or "latest".
+    """A version of the registered model by number, "latest", or an alias (`production`, `production-<family>`, ...).
 
     Raises:
-        DvfsError: no such version (the message lists the ones there are).
+        DvfsError: no such version or alias (the message lists the ones there are).
     """
     if str(version) == "latest":
         versions = c.search_model_versions(f"name='{name}'")
         if not versions:
             raise DvfsError(f"{name} has no versions yet; run dvfs-mlops train or dvfs-mlops registry bootstrap")
         version = max(int(v.version) for v in versions)
+    elif not str(version).isdigit():
+        mv = alias_version(c, name, str(version))
+        if mv is None:
+            raise DvfsError(f"{name} has no version with alias {version!r}; aliases: {_aliases_shown(c, name)}")
+        return mv
     try:
         return c.get_model_version(name, str(version))
     except Exception:  # noqa: BLE001
         versions = [str(v.version) for v in c.search_model_versions(f"name='{name}'")]
         shown = ", ".join(sorted(versions, key=int)) or "none (run dvfs-mlops train or registry bootstrap)"
         raise DvfsError(f"{name} has no version {version}; versions: {shown}") from None
+
+
+def _aliases_shown(c: Any, name: str) -> str:
+    try:
+        aliases = dict(c.get_registered_model(name).aliases or {})
+    except Exception:  # noqa: BLE001 - no such model
+        aliases = {}
+    return ", ".join(f"{a} (v{v})" for a, v in sorted(aliases.items())) or "none (dvfs-mlops registry promote VERSION sets one)"
 
 
 def alias_version(c: Any, name: str, alias: str) -> Any | None:
@@ -236,9 +249,16 @@ def list_versions(config: RegistryConfig | None = None, family: str = "") -> lis
 
 
 def show_version(version: str | int, config: RegistryConfig | None = None) -> dict[str, Any]:
+    """One version's tags, aliases, family and metrics (`describe`), by number, "latest" or alias.
+
+    Raises:
+        DvfsError: no such version or alias.
+    """
     cfg = config or load_config()
     c = _client()
-    return describe(c, get_version(c, cfg.name, version))
+    ensure_families(c, cfg)
+    mv = get_version(c, cfg.name, version)
+    return describe(c, c.get_model_version(cfg.name, str(mv.version)))  # by number: a search result may lack aliases
 
 
 @dataclasses.dataclass
@@ -396,29 +416,22 @@ def rollback(config: RegistryConfig | None = None, say: Callable[[str], None] = 
     say(_moved(cfg, family, prev, prod))
 
 
-def governor_experiment(c: Any) -> str:
-    return tracking.experiment_id(c, schema.GOVERNOR_EXPERIMENT)
-
-
 def bootstrap(config: RegistryConfig | None = None, say: Callable[[str], None] = log.info) -> int:
-    """Register the published tree (registry data: baselines/paper-mlg.json) as a version."""
-    import mlflow
-
+    """Register the published tree (registry data: baselines/paper-mlg.json) as a version (its run in dvfs-governor,
+    `lifecycle.owned_run`)."""
     from dvfs_mlops.mlops.pyfunc import log_governor
     from dvfs_mlops.model.governor.policies import paper_tree
 
     cfg = config or load_config()
     c = _client()
-    exp = governor_experiment(c)
     policy = paper_tree().policy
     tags = {schema.TAG_BASELINE: "true", schema.TAG_OBJECTIVE: policy.get("objective", "energy"),
             schema.TAG_VERSION_PROFILE: policy.get("device_profile", ""), schema.TAG_VERSION_SWEEP: "", schema.TAG_N_WORKLOADS: "published",
             schema.TAG_SOURCE: "paper-mlg"}
     tags[schema.TAG_BOARD_FAMILY] = version_family(tags, cfg.legacy_family)
-    with mlflow.start_run(experiment_id=exp, run_name="bootstrap paper-mlg") as run:
-        mlflow.set_tags(tags)
+    with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name="bootstrap paper-mlg", tags=tags, client=c, adopt=False, fluent=True) as run:
         info = log_governor(policy, registered_name=cfg.name, version_tags=tags)
     version = int(info.registered_model_version)
-    say(f"registered the published tree as {cfg.name} v{version} for {tags[schema.TAG_BOARD_FAMILY]} (run {run.info.run_id}); "
+    say(f"registered the published tree as {cfg.name} v{version} for {tags[schema.TAG_BOARD_FAMILY]} (run {run.run_id}); "
         f"promote it with: dvfs-mlops registry promote {version}")
     return version

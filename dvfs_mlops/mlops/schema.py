@@ -15,6 +15,10 @@ EVALUATE_EXPERIMENT = "dvfs-evaluate"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_RUN_NAME = "mlflow.runName"
 
+# Every run a command writes (mlops/lifecycle.py).
+TAG_END_REASON = "dvfs.end_reason"  # a run that did not end FINISHED: the signal, or the exception's type and first line
+TAG_PROCESS = "dvfs.process"  # JSON: the process a sweep's parent run belongs to (machine, pid, its start)
+
 # A sweep point (and a sweep's parent run).
 TAG_WORKLOAD = "dvfs.workload"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where the job is not a full fp32 one
 TAG_POINT = "dvfs.point"  # workload@freq#repeat: the resume key
@@ -25,6 +29,8 @@ TAG_PROFILE_ONLY = "dvfs.profile_only"
 TAG_DEVICE_ID = "dvfs.device_id"  # which board: the Jetson's serial, the NVML GPU's UUID, sim@HOST; --device-id
 TAG_DEVICE_PROFILE = "dvfs.device_profile"  # on a sweep's parent run
 TAG_BOARD_FAMILY = "dvfs.board_family"  # on a sweep's parent run
+TAG_SWEEP_KIND = "dvfs.sweep_kind"  # on a sweep's parent run: "calibration" for a calibration's sweeps (else absent)
+CALIBRATION_SWEEP = "calibration"
 # (the same tag names the board family of a governor's run and version and of a fine-tune run: mlops/registry.py)
 TAG_STRATEGY = "dvfs.strategy"  # adaptive: the point was chosen by the curve model (sweep/adaptive.py)
 TAG_PREDICTIONS = "dvfs.predictions"  # an adaptive sweep's parent: predicted.csv is the curve model's, not measurements

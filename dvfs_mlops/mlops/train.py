@@ -8,8 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dvfs_mlops import settings
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import lifecycle, schema, tracking
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
@@ -20,10 +19,13 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TrainOutcome:
+    """What `train_governor` made: the search's result, its run (and the run's experiment), the version, the model."""
+
     result: SearchResult
     run_id: str
     version: int | None
     model_uri: str
+    experiment: str = schema.GOVERNOR_EXPERIMENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,35 +73,31 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     Raises:
         DvfsError: no such sweep or experiment, unusable workloads, too few training workloads, an unknown objective.
     """
-    import mlflow
-
     from dvfs_mlops.mlops.pyfunc import log_governor
     from dvfs_mlops.mlops.registry import load_config
 
     r = request
     obj = parse_objective(r.objective)
-    dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles)
-    c = tracking.client()
     cfg = load_config()
-    env_run = settings.mlflow_run_id()
-    exp_id = c.get_run(env_run).info.experiment_id if env_run else tracking.experiment_id(c, schema.GOVERNOR_EXPERIMENT)
-    label = " (SIMULATED sweep)" if dataset.simulated else ""
-    n_sweeps = len(dataset.sweep_id.split(","))
-    say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
-        f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")
-    with mlflow.start_run(run_id=env_run, experiment_id=None if env_run else exp_id,
-                          run_name=None if env_run else f"governor {_short(dataset.sweep_id)} {obj.name}") as run:
+    c = tracking.check_reachable()
+    with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=f"governor {obj.name}", client=c, fluent=True) as run:
+        dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
+                                     say=say)
+        label = " (SIMULATED sweep)" if dataset.simulated else ""
+        n_sweeps = len(dataset.sweep_id.split(","))
+        say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
+            f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")
         tags = {schema.TAG_OBJECTIVE: obj.name, schema.TAG_VERSION_PROFILE: dataset.device_profile,
                 schema.TAG_VERSION_SWEEP: dataset.sweep_id[:4900], schema.TAG_N_WORKLOADS: str(len(dataset.split("train"))),
                 schema.TAG_SIMULATED: str(dataset.simulated).lower(), schema.TAG_BOARD_FAMILY: dataset_family(dataset),
                 **_prior_tag(dataset, say)}
-        mlflow.set_tags(tags)
+        run.log_batch(tags={**tags, schema.TAG_RUN_NAME: f"governor {_short(dataset.sweep_id)} {obj.name}"})
         result = run_search(dataset, obj, trials=r.trials, seed=r.seed, storage=r.storage or optuna_storage(), study_name=r.study_name or None,
-                            on_trial=_trial_logger(c, run.info.run_id, run.info.experiment_id), cv_split=r.cv_split,
+                            on_trial=_trial_logger(c, run.run_id, run.experiment_id), cv_split=r.cv_split,
                             outer_trials=r.outer_trials)
         tags.update({schema.TAG_FAMILY: result.family, schema.TAG_CV_SPLIT: result.split})
-        mlflow.set_tags({schema.TAG_FAMILY: result.family, schema.TAG_CV_SPLIT: result.split, schema.TAG_OPTUNA_STUDY: result.study_name})
-        mlflow.log_params({f"best_{k}": v for k, v in {"family": result.family, **dataclasses.asdict(result.best_params)}.items()})
+        run.log_batch(tags={schema.TAG_FAMILY: result.family, schema.TAG_CV_SPLIT: result.split, schema.TAG_OPTUNA_STUDY: result.study_name},
+                      params={f"best_{k}": v for k, v in {"family": result.family, **dataclasses.asdict(result.best_params)}.items()})
         with tempfile.TemporaryDirectory() as tmp:
             extra = {}
             if importance_plot(result.study, Path(tmp) / "importance.png"):
@@ -108,7 +106,7 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
                                 feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
                                 tags=tags, version_tags=tags)
     version = int(info.registered_model_version) if r.register and info.registered_model_version else None
-    return TrainOutcome(result, run.info.run_id, version, info.model_uri)
+    return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
 
 
 def dataset_family(dataset: Any) -> str:
@@ -153,11 +151,9 @@ def _trial_logger(c: Any, parent_run_id: str, experiment_id: str) -> Callable[[T
     """Each finished trial of the selection study as a run nested under the governor's training run."""
 
     def log_trial(trial: TrialRecord) -> None:
-        run = c.create_run(experiment_id, run_name=f"trial {trial.number}",
-                           tags={schema.TAG_PARENT: parent_run_id, schema.TAG_OPTUNA_STUDY: trial.study_name,
-                                 schema.TAG_OPTUNA_TRIAL: str(trial.number)})
-        tracking.log_run_batch(c, run.info.run_id, params=trial.params,
-                               metrics={"inner_regret": trial.inner_regret, "inner_accuracy": trial.inner_accuracy})
-        c.set_terminated(run.info.run_id, "FINISHED")
+        tags = {schema.TAG_OPTUNA_STUDY: trial.study_name, schema.TAG_OPTUNA_TRIAL: str(trial.number)}
+        with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, experiment_id=experiment_id, name=f"trial {trial.number}", tags=tags,
+                                 parent_id=parent_run_id, client=c) as run:
+            run.log_batch(params=trial.params, metrics={"inner_regret": trial.inner_regret, "inner_accuracy": trial.inner_accuracy})
 
     return log_trial

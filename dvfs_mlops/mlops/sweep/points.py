@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult
-from dvfs_mlops.job.run import PROFILE, REPLAY, TRAIN, Job, run_job
-from dvfs_mlops.mlops import records, schema, tracking
+from dvfs_mlops.job.run import PROFILE, REPLAY, TRAIN, Job
+from dvfs_mlops.mlops import lifecycle, records, schema, tracking
+from dvfs_mlops.mlops.launch import Decision, Launch
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.job.workloads.prepare import PreparedWorkload
 
 
 @dataclasses.dataclass
@@ -20,25 +26,26 @@ class PointContext:
     """What every point of one sweep on one worker shares: the store, the parent run, the spec, the device and board,
     and, on the twin, each workload's trained run whose numerics the other clocks replay (by repeat)."""
 
-    client: Any
+    client: MlflowClient
     experiment_id: str
     parent_id: str
     spec: SweepSpec
-    device: Any
+    device: Device
     board: Board
     trained: dict[str, dict[int, FinetuneResult]] = dataclasses.field(default_factory=dict)
 
-    def job(self, workload: Any) -> Job:
+    def job(self, workload: PreparedWorkload) -> Job:
         """A point's job: the prepared workload trained as the spec says (profile-only points charge `profile_steps`)."""
         s = self.spec
         cfg = FinetuneConfig(steps=s.steps if s.steps > 0 else s.profile_steps, batch_size=s.batch_size, seed=s.seed,
-                             precision=s.precision, peft=s.peft, warmup_steps=s.warmup_steps)
+                             precision=s.precision, peft=s.peft, warmup_steps=s.warmup_steps, **dict(s.knobs))
         return Job(workload, cfg, self.board.torch_device)
 
 
-def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callable[[], bool] | None = None,
+def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still_mine: Callable[[], bool] | None = None,
               run_id: str | None = None) -> str | None:
-    """Run and log one point; returns its one-line summary.
+    """Run and log one point (`launch.Launch` at the point's clock, its run `lifecycle.owned_run`); returns its one-line
+    summary.
 
     `run_id`: the point's run made already (a claim through the tracking server is the point's run); else one is
     created here.
@@ -52,19 +59,20 @@ def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callab
     spec, c = ctx.spec, ctx.client
     trained = ctx.trained.setdefault(point.workload, {})
     mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
-    tags = {schema.TAG_PARENT: ctx.parent_id, schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
+    tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
             schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
             **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
-    if run_id is None:
-        run_id = tracked(lambda: c.create_run(ctx.experiment_id, run_name=point.key, tags=tags), point).info.run_id
-    else:
-        tracked(lambda: tracking.log_run_batch(c, run_id, tags=tags), point)
     job = ctx.job(workload)
-    try:
-        session = ctx.device.session(point.freq, label=f"{point.workload}#{point.repeat}")
-        with session:
-            result = run_job(job, session, mode=mode, replay_of=trained.get(point.repeat))
+    with contextlib.ExitStack() as stack:
+        run = tracked(lambda: stack.enter_context(lifecycle.owned_run(
+            spec.experiment, experiment_id=ctx.experiment_id, name=point.key, tags=tags, parent_id=ctx.parent_id, run_id=run_id,
+            client=c)), point)
+        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}"),
+                        label=f"{point.workload}#{point.repeat}")
+        done = launch.run(job, mode=mode, replay_of=trained.get(point.repeat))
+        result = done.result
+        assert result is not None
         if mode == TRAIN:
             result.model = None
             if spec.replay:
@@ -73,20 +81,15 @@ def run_point(ctx: PointContext, point: Point, workload: Any, still_mine: Callab
         # as the definition names it (tsv for a folder, whatever its files)
         entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
-        record = records.job_record(job, ctx.board, session, result, point.freq, profiled=mode == PROFILE).plus(
+        record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
             params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source})
-        tracked(lambda: record.log(c, run_id), point)
+        tracked(lambda: run.log(record), point)
         if still_mine is not None and not still_mine():
-            tracked(lambda: c.set_tag(run_id, schema.TAG_CLAIM_LOST, "true"), point)
-            tracked(lambda: c.set_terminated(run_id, "KILLED"), point)
+            tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
+            tracked(lambda: run.end(lifecycle.KILLED, "another worker took the point over"), point)
             return None
-        tracked(lambda: c.set_terminated(run_id, "FINISHED"), point)
-    except BaseException:
-        status = "KILLED" if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)) else "FAILED"
-        with contextlib.suppress(Exception):  # the store itself may be what failed; the resume redoes the point
-            c.set_terminated(run_id, status)
-        raise
-    report = session.report()
+        tracked(lambda: run.end(lifecycle.FINISHED), point)
+    report = done.report
     acc = record.metrics.get(result.eval_metric)
     label = "SIMULATED " if ctx.board.simulated else ""
     held = " (clock did NOT hold)" if report.clock_held is False else ""

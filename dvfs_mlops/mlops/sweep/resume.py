@@ -1,13 +1,15 @@
-"""What a sweep finds in the store before it runs: finished points, stale runs, the parent run."""
+"""What a sweep finds in the store before it runs: finished points, stale runs, stale parent runs."""
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.mlops import schema, tracking
-from dvfs_mlops.mlops.sweep.spec import SweepSpec
+from dvfs_mlops.mlops import lifecycle, schema
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +48,28 @@ def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile
                         "give this profile its own sweep (drop --sweep-id or choose another)")
 
 
-def resolve_parent(c: Any, spec: SweepSpec) -> tuple[str, str, bool]:
-    """(experiment id, parent run id, created by us). Under `mlflow run`, the parent is MLFLOW_RUN_ID."""
-    env_run = settings.mlflow_run_id()
-    if env_run:
+def close_stale_parents(c: MlflowClient, experiment_ids: list[str], sweep_id: str, own_parent: str) -> list[str]:
+    """End as KILLED this sweep's parent runs left RUNNING by a process that ran on this machine and is gone (kill -9,
+    a power cut), so a resumed sweep leaves no parent RUNNING forever; a live worker's parent, or one of another
+    machine, is left alone.
+
+    Returns:
+        The ids of the runs closed.
+    """
+    from dvfs_mlops.mlops.claims import process_gone
+
+    runs = c.search_runs(experiment_ids, max_results=1000,
+                         filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_RUN_NAME}` = 'sweep {sweep_id}' "
+                                       "and attributes.status = 'RUNNING'")
+    closed = []
+    for r in runs:
+        if r.info.run_id == own_parent:
+            continue
         try:
-            run = c.get_run(env_run)
-        except Exception as e:  # noqa: BLE001
-            raise DvfsError(f"MLFLOW_RUN_ID={env_run} does not exist in {tracking.tracking_uri()}: {e}") from None
-        exp_id = run.info.experiment_id
-        exp_name = c.get_experiment(exp_id).name
-        if exp_name != spec.experiment:
-            log.warning("note: the sweep logs into experiment %r (the one `mlflow run` chose); "
-                        "pass --experiment-name %s to `mlflow run` to use %r", exp_name, spec.experiment, spec.experiment)
-        return exp_id, env_run, False
-    exp_id = tracking.experiment_id(c, spec.experiment)
-    run = c.create_run(exp_id, run_name=f"sweep {spec.sweep_id}", tags={schema.TAG_SWEEP: spec.sweep_id})
-    return exp_id, run.info.run_id, True
+            gone = process_gone(json.loads(r.data.tags.get(schema.TAG_PROCESS) or "{}"))
+        except (ValueError, TypeError, AttributeError):
+            gone = False
+        if gone:
+            lifecycle.end_stale(c, r.info.run_id, "the sweep's process is gone (found by a resumed sweep)")
+            closed.append(r.info.run_id)
+    return closed

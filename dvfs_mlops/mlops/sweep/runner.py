@@ -3,9 +3,12 @@
 A strategy says which points to measure, round by round (`Strategy.rounds`): the grid asks for every point in one
 round; the adaptive strategy asks for one clock of one workload at a time and reads back what was measured before
 it asks for the next. The runner owns everything else, the same for both:
-- the parent run (named `sweep <id>` however it was started; under `mlflow run` it is MLflow's run), tagged with
-  the sweep, the board (`board.json`) and the definition (`sweep_definition`);
-- resume: FINISHED points are not run again, RUNNING ones a dead worker left are closed as KILLED and redone;
+- the parent run (`lifecycle.owned_run`: named `sweep <id>` however it was started; under `mlflow run` it is MLflow's
+  run), tagged with the sweep, the board (`board.json`), the definition (`sweep_definition`) and its process; it ends
+  FINISHED once the sweep is complete, KILLED when stopped (Ctrl-C, SIGTERM, SIGHUP: also after the last point), FAILED
+  with the reason otherwise;
+- resume: FINISHED points are not run again, RUNNING ones a dead worker left are closed as KILLED and redone, and so
+  are the parent runs of this sweep whose process died on this machine;
 - claims: workers given the same sweep claim each point before running it (claims.py; through the tracking server
   itself, the claim is the point's run, and each worker starts at its own place in a round), a point another live
   worker holds is waited for (and taken over once its lease expires), a point found FINISHED is never run twice;
@@ -23,13 +26,13 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.hw.board import ARTIFACT as BOARD_ARTIFACT
 from dvfs_mlops.hw.board import Board, board_of
-from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops import lifecycle, schema, tracking
 from dvfs_mlops.mlops.claims import (
     DEFAULT_TTL_S,
     Claim,
@@ -40,11 +43,12 @@ from dvfs_mlops.mlops.claims import (
     claim_scope,
     default_worker,
     open_claims,
+    this_process,
 )
 from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.mlops.sweep.points import PointContext, run_point, tracked
 from dvfs_mlops.mlops.sweep.progress import Progress
-from dvfs_mlops.mlops.sweep.resume import check_same_profile, finished_points, point_runs, resolve_parent
+from dvfs_mlops.mlops.sweep.resume import check_same_profile, close_stale_parents, finished_points, point_runs
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,9 @@ class RunOptions:
         claim_ttl_s: a claim's lease; a dead worker's points are taken over after it.
         worker: this worker's name in the claims (default: host, pid and board).
         wait_poll_s: how often to look at points other workers hold (default from 0.5 s up to ttl/4).
+        adopt_run: the parent is the run `mlflow run` started for the command ($MLFLOW_RUN_ID) where there is one;
+            False for a command that runs several sweeps (calibrate), each with its own parent.
+        parent_tags: more tags of the parent run (a calibration's sweeps: `dvfs.sweep_kind`).
     """
 
     announce: Callable[[str], None] | None = None
@@ -74,6 +81,8 @@ class RunOptions:
     claim_ttl_s: float = DEFAULT_TTL_S
     worker: str = ""
     wait_poll_s: float | None = None
+    adopt_run: bool = True
+    parent_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -86,6 +95,7 @@ class SweepOutcome:
     skipped: list[str]
     experiment_id: str
     by_others: list[str] = dataclasses.field(default_factory=list)  # finished by other workers while this one ran
+    experiment: str = ""  # the experiment's name (under `mlflow run`: the one MLflow chose)
 
 
 class Strategy(Protocol):
@@ -123,11 +133,11 @@ class SweepRunner:
             check_same_profile(c, [exp.experiment_id], spec.sweep_id, board.profile)
         self.claims = options.claims if options.claims is not None else open_claims(None, tracking.tracking_uri())
         self.worker = options.worker or default_worker(board.device_id)
-        self.experiment_id, self.parent_id, self.created = resolve_parent(c, spec)
-        self.claims.bind(ClaimTarget(c, self.experiment_id, spec.sweep_id, self.parent_id))
-        self.done, self.stale = finished_points(c, [self.experiment_id], spec.sweep_id)
-        self.scope = claim_scope(spec.sweep_id, self.experiment_id, tracking.tracking_uri())
-        self.points = PointContext(c, self.experiment_id, self.parent_id, spec, device, board)
+        self.experiment_id, self.parent_id = "", ""  # the parent run's, once `run` opened it
+        self.done: set[str] = set()
+        self.stale: dict[str, list[str]] = {}
+        self.scope = ""
+        self.points: PointContext | None = None
         self.ran: list[str] = []
         self.found: list[str] = []  # asked for and already FINISHED when this worker got to them
         self.others: list[str] = []  # finished by another worker while this one ran
@@ -138,6 +148,22 @@ class SweepRunner:
         self._rng = random.Random()  # its own, from the OS: a job that seeds `random` would give every worker one order
 
     # the parent run ---------------------------------------------------------------------------------
+    def _bind(self, parent: lifecycle.OwnedRun) -> None:
+        """The parent run is open: what the store has of the sweep (finished points, runs dead workers left), and the
+        claims bound to it."""
+        c, spec = self.client, self.spec
+        self.experiment_id, self.parent_id = parent.experiment_id, parent.run_id
+        if parent.adopted and parent.experiment_name != spec.experiment:
+            log.warning("note: the sweep logs into experiment %r (the one `mlflow run` chose); pass --experiment-name %s to "
+                        "`mlflow run` to use %r", parent.experiment_name, spec.experiment, spec.experiment)
+        self.claims.bind(ClaimTarget(c, self.experiment_id, spec.sweep_id, self.parent_id))
+        self.done, self.stale = finished_points(c, [self.experiment_id], spec.sweep_id)
+        self.scope = claim_scope(spec.sweep_id, self.experiment_id, tracking.tracking_uri())
+        self.points = PointContext(c, self.experiment_id, self.parent_id, spec, self.device, self.board)
+        closed = close_stale_parents(c, [self.experiment_id], spec.sweep_id, self.parent_id)
+        if closed:
+            self.say(f"sweep {spec.sweep_id}: {len(closed)} parent run(s) of a process that is gone closed as KILLED")
+
     def log_parent(self) -> None:
         """The parent's tags, the definition and the board record: the same for every strategy, however it started."""
         spec, board = self.spec, self.board
@@ -253,9 +279,10 @@ class SweepRunner:
             assert self.progress is not None
             self.progress.start(point.key)
             for run_id in old_runs:
-                tracked(lambda run_id=run_id: c.set_terminated(run_id, "KILLED"), point)
+                tracked(lambda run_id=run_id: lifecycle.end_stale(c, run_id, "left RUNNING by a worker that is gone"), point)
             if self.ran and self.options.settle_s > 0 and not self.board.simulated:
                 time.sleep(self.options.settle_s)
+            assert self.points is not None
             summary = run_point(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
                                 run_id=self.claims.run_of(self.scope, point.key))
         except BaseException:
@@ -275,32 +302,35 @@ class SweepRunner:
 
     # the whole sweep --------------------------------------------------------------------------------
     def run(self, strategy: Strategy) -> SweepOutcome:
-        """Log the parent, measure every round the strategy asks for, then the artifacts of a complete sweep."""
-        self.log_parent()
-        self.say(strategy.describe(self))
-        self.progress = Progress(strategy.expected_points(), strategy.counted(self.done), self.say)
-        completed = False
-        try:
-            for points in strategy.rounds(self):
-                self.run_round(points)
-            completed = True
-        finally:
-            self.progress.close()
-            self.claims.close()
-            if isinstance(self.claims, TrackingClaims):
-                stats = self.claims.stats
-                self.say(f"sweep {self.spec.sweep_id}: claims through the tracking server: {stats.backoffs} back-off(s) "
-                         f"({stats.backoff_s:.2f} s), {stats.takeovers} stale claim(s) taken over")
-            if completed:  # an interrupted sweep gets its artifacts on resume
-                strategy.finish(self)
-                log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, self.spec.sweep_id, self.board.simulated)
-            if self.created:
-                try:
-                    self.client.set_terminated(self.parent_id, "FINISHED" if completed else "KILLED")
-                except Exception:
-                    if completed:
-                        raise
-        return SweepOutcome(self.spec.sweep_id, self.parent_id, self.ran, sorted(self.found), self.experiment_id, sorted(self.others))
+        """Open the parent run, log it, measure every round the strategy asks for, then the artifacts of a complete
+        sweep; the parent ends FINISHED only then (`lifecycle.owned_run`)."""
+        spec = self.spec
+        tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_PROCESS: json.dumps(this_process()), **self.options.parent_tags}
+        with lifecycle.owned_run(spec.experiment, name=f"sweep {spec.sweep_id}", tags=tags, client=self.client,
+                                 adopt=self.options.adopt_run) as parent:
+            self._bind(parent)
+            self.log_parent()
+            self.say(strategy.describe(self))
+            self.progress = Progress(strategy.expected_points(), strategy.counted(self.done), self.say)
+            try:
+                for points in strategy.rounds(self):
+                    self.run_round(points)
+            finally:
+                self._close_workers()
+            strategy.finish(self)  # an interrupted sweep gets its artifacts on resume
+            log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, spec.sweep_id, self.board.simulated)
+        return SweepOutcome(spec.sweep_id, self.parent_id, self.ran, sorted(self.found), self.experiment_id, sorted(self.others),
+                            parent.experiment_name)
+
+    def _close_workers(self) -> None:
+        """The progress bar and the claims, however the rounds ended; the tracking claims' cost said."""
+        assert self.progress is not None
+        self.progress.close()
+        self.claims.close()
+        if isinstance(self.claims, TrackingClaims):
+            stats = self.claims.stats
+            self.say(f"sweep {self.spec.sweep_id}: claims through the tracking server: {stats.backoffs} back-off(s) "
+                     f"({stats.backoff_s:.2f} s), {stats.takeovers} stale claim(s) taken over")
 
 
 def run_sweep(spec: SweepSpec, device: Any, board: Board | None = None, options: RunOptions | None = None) -> SweepOutcome:

@@ -18,6 +18,7 @@ from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.job.workloads.zoo import ModelEntry, model_entry
+from dvfs_mlops.mlops.fields import parse_knobs
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 
@@ -90,6 +91,7 @@ class SweepSpec:
     precision: str = "fp32"  # fp32 | bf16 | fp16: how every point trains (and what the twin charges)
     peft: PeftSpec = FULL  # full fine-tuning or LoRA, for every point
     warmup_steps: int = 0  # each point's first steps, metered apart (FinetuneConfig.warmup_steps)
+    knobs: tuple[tuple[str, Any], ...] = ()  # the job's settings set by name (mlops.fields.KNOBS), sorted
 
     @property
     def variant(self) -> str:
@@ -142,7 +144,7 @@ class SweepSpec:
 IDENTITY_SCHEMA = 1
 IDENTITY_FIELDS = ("models", "tasks", "freqs", "steps", "profile_steps", "batch_size", "repeats", "seed", "data_source", "data_dir",
                    "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft",
-                   "warmup_steps")
+                   "warmup_steps", "knobs")
 # Fields that joined the identity after the first sweeps, and the value under which they stay out of it.
 _FIRST_VALUES: dict[str, Any] = {
     "twin_digest": lambda v: v == "",  # a built-in twin profile
@@ -150,6 +152,7 @@ _FIRST_VALUES: dict[str, Any] = {
     "precision": lambda v: v == "fp32",
     "peft": lambda v: not v.is_lora,  # full fine-tuning
     "warmup_steps": lambda v: v == 0,  # every step in the training window (the twin's default)
+    "knobs": lambda v: not v,  # every knob at its FinetuneConfig default
 }
 
 
@@ -159,6 +162,8 @@ def _identity_value(name: str, value: Any) -> Any:
         return [freq_label(f) for f in value]
     if name == "peft":
         return dataclasses.asdict(value)
+    if name == "knobs":
+        return dict(value)
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -194,6 +199,7 @@ def check_request(request: SweepRequest) -> None:
         model_entry(text)
     for t in _split_list(request.tasks) or []:
         get_task(t)
+    parse_knobs(request.knobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +226,7 @@ class SweepRequest:
     precision: str = "fp32"
     peft: PeftSpec = FULL
     warmup_steps: int | None = None  # None: 3 on hardware, 0 on the twin (job.run.warmup_for)
+    knobs: Sequence[str] = ()  # NAME=VALUE settings of the job (mlops.fields.KNOBS)
 
 
 def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
@@ -263,6 +270,7 @@ def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
         shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
         model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
         warmup_steps=warmup_for(r.warmup_steps, board.simulated, n_steps),  # what runs: at most a quarter of the steps
+        knobs=tuple(sorted(parse_knobs(r.knobs).items())),
     )
     return spec.with_default_id()
 

@@ -20,9 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 FORMAT = "dvfs-governor-policy/1"
-INPUT_COLUMNS = ("model_type", "num_layers", "hidden_size", "num_params", "avg_seq_len", "gpu_util_pct", "trainable_params",
-                 "precision")
-
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
