@@ -29,7 +29,7 @@ Figures (all against the expected oracle, mean over workloads, bootstrap 95 % in
   points (DVFS_BENCH_ADAPTIVE=0 skips it).
 
 usage: python -m benchmarks governor   (DVFS_BENCH_TWIN_PROFILES: a comma-separated subset of the built-in profiles,
-default all; DVFS_BENCH_TRIALS, default 60; DVFS_BENCH_OUTER_TRIALS, default 15; DVFS_BENCH_REPEATS, default 1;
+default all; DVFS_BENCH_TRIALS, default 60; DVFS_BENCH_OUTER_TRIALS, default 15; DVFS_BENCH_SWEEP_REPEATS (runs per sweep point), default 1;
 DVFS_BENCH_GOVERNOR_SEEDS, default 1; DVFS_BENCH_ADAPTIVE, default 1; DVFS_BENCH_ABLATION, default 1)
 """
 from __future__ import annotations
@@ -200,7 +200,7 @@ def run() -> list[tuple[str, str, str]]:
 def _settings() -> str:
     return (f"SIMULATED paper preset; {os.environ.get('DVFS_BENCH_TRIALS', '60')} trials, "
             f"{os.environ.get('DVFS_BENCH_OUTER_TRIALS', '15')} per outer fold, "
-            f"{os.environ.get('DVFS_BENCH_REPEATS', '1')} repeat(s), {os.environ.get('DVFS_BENCH_GOVERNOR_SEEDS', '1')} seed(s); "
+            f"{os.environ.get('DVFS_BENCH_SWEEP_REPEATS', '1')} repeat(s), {os.environ.get('DVFS_BENCH_GOVERNOR_SEEDS', '1')} seed(s); "
             "held-out tasks, regret against the twin's expected oracle")
 
 
@@ -213,7 +213,7 @@ def run_profile(profile: str) -> ProfileResult:
 
     trials = int(os.environ.get("DVFS_BENCH_TRIALS", "60"))
     outer = int(os.environ.get("DVFS_BENCH_OUTER_TRIALS", "15"))
-    repeats = int(os.environ.get("DVFS_BENCH_REPEATS", "1"))
+    repeats = int(os.environ.get("DVFS_BENCH_SWEEP_REPEATS", "1"))
     seeds = int(os.environ.get("DVFS_BENCH_GOVERNOR_SEEDS", "1"))
     t0 = time.process_time()
     ds = paper_dataset(profile, repeats)

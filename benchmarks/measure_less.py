@@ -36,13 +36,13 @@ def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]
                                             list[float], Any]:
     """(clock table, eval workloads' expected per-step energy, time and GPU utilisation (0..1), the production governor's
     choice for each, the power prior its version would carry: `train`'s, from the train-split workloads only)."""
-    from benchmarks.governor_quality import paper_curves
-    from dvfs_mlops.model.governor.dataset import GovernorDataset, board_power_prior
+    from benchmarks.governor_quality import paper_dataset
+    from dvfs_mlops.model.governor.dataset import board_power_prior
     from dvfs_mlops.model.governor.objectives import parse_objective
     from dvfs_mlops.model.governor.search import run_search
 
-    curves, freqs = paper_curves(1, profile=profile)
-    ds = GovernorDataset(curves, freqs, "paper-twin", profile, True)
+    ds = paper_dataset(profile)
+    freqs = ds.frequencies
     trials = int(os.environ.get("DVFS_BENCH_TRIALS", "60"))
     gov = run_search(ds, parse_objective("energy"), trials=trials, seed=0, storage="sqlite:///:memory:", outer_trials=1).policy
     evals = ds.split("eval").curves

@@ -13,12 +13,13 @@ in-memory study selects on the outer fold's training workloads only, and the hel
 scored. So neither this study nor an older one can leak selection into the reported figure. The
 production study is fresh per training request unless `study_name` joins one on purpose.
 
-The fixed clock is the floor: where the search's held-out regret (nested, on the split the gates read) is above
+The fixed clock is the floor: where the search's held-out regret (nested, on the split the gates read) is not below
 FFG's, the version registered is FFG's clock, not the search's choice (`SearchResult.floored`), so a version is never
 worse than one fixed clock on the held-out folds. `SearchResult.description()` says which family won and why.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import uuid
@@ -34,6 +35,7 @@ from dvfs_mlops.model.governor import policy_tree
 from dvfs_mlops.model.governor.curve_tree import GROW_ON, CurveParams, fit_curve_policy
 from dvfs_mlops.model.governor.dataset import (
     NUMERIC_FEATURES,
+    FitCheck,
     GovernorDataset,
     WorkloadCurve,
     feature_matrix,
@@ -417,7 +419,7 @@ class SearchResult:
 
     Attributes:
         best_params: the configuration registered: the selection study's best (`search_params`), or FFG's fixed
-            clock where the search's held-out regret was above FFG's (`floored`).
+            clock where the search's held-out regret was not below FFG's (`floored`).
         tree: the registered configuration on the selection folds (inner: optimistic, for reference only).
         ffg: the fixed-frequency governor on the same folds.
         paper: the published tree's score.
@@ -434,10 +436,12 @@ class SearchResult:
         expected_truth: regrets are against the twin's expected curves (else the mean over repeats).
         search_params: the selection study's best configuration (None: the same as `best_params`).
         trials: the selection study's trials.
+        fit_check: whether the curve model describes the training curves (`dataset.check_fit`); the trees learnt from
+            its fits where it does.
         family: (property) curve, classifier, fixed or published.
         floored: (property) FFG's clock replaced the search's choice.
         heldout: (property) the nested score of `split`, None where it has fewer than two groups.
-        version_heldout: (property) the registered configuration's held-out score on `split` (FFG's where floored).
+        version_heldout: (property) the registered configuration's held-out score on `split` (FFG's where it is FFG's clock).
     """
 
     best_params: GovernorParams
@@ -455,6 +459,7 @@ class SearchResult:
     expected_truth: bool = False  # regrets are against the twin's expected curves (else mean over repeats)
     search_params: GovernorParams | None = None
     trials: int = 0
+    fit_check: FitCheck | None = None
 
     @property
     def family(self) -> str:
@@ -469,7 +474,9 @@ class SearchResult:
         return self.nested.get(self.split)
 
     def _version_score(self, ns: NestedScore) -> CVScore:
-        return ns.ffg if self.floored else ns.governor
+        """The registered version's held-out score: FFG's where it is FFG's clock (the floor, or the search's own choice),
+        else the search's."""
+        return ns.ffg if isinstance(self.best_params, FixedParams) else ns.governor
 
     @property
     def version_heldout(self) -> CVScore | None:
@@ -481,12 +488,17 @@ class SearchResult:
 
         `tree_outer_*` are the registered version's held-out figures (FFG's where the floor held), `search_outer_*`
         the search's own, `tree_minus_ffg_outer_regret` (with its paired 95 % interval, `_ci_low`/`_ci_high`) the
-        version's held-out regret minus FFG's on the same workloads; `floored` is 1 where FFG's clock was registered."""
+        version's held-out regret minus FFG's on the same workloads; `floored` is 1 where FFG's clock replaced the search's choice;
+        `curve_model_clock_error`/`neighbour_clock_error` the curve model's check (`dataset.FitCheck`) and
+        `fitted_curves` 1 where the trees learnt from the model's fits."""
         m: dict[str, float] = {"n_workloads": float(self.n_workloads), "features_matter": float(self.features_matter),
                                "tree_depth": float(policy_tree.tree_depth(self.policy.policy["tree"])),
                                "n_features_used": float(len(policy_tree.features_used(self.policy.policy["tree"]))),
                                "tree_inner_regret": self.tree.regret, "ffg_inner_regret": self.ffg.regret,
                                "floored": float(self.floored)}
+        if self.fit_check is not None and self.fit_check.points:
+            m.update({"curve_model_clock_error": self.fit_check.model_error, "neighbour_clock_error": self.fit_check.neighbour_error,
+                      "fitted_curves": float(self.fit_check.model_fits)})
         for split, ns in self.nested.items():
             version = self._version_score(ns)
             for name, s in (("tree", version), ("ffg", ns.ffg), ("paper", ns.paper), ("search", ns.governor)):
@@ -500,26 +512,38 @@ class SearchResult:
                           "tree_minus_ffg_outer_regret_ci_high": hi})
         return m
 
+    def _learnt_from(self) -> str:
+        check = self.fit_check
+        if check is None or check.points == 0:
+            return "their measured curves"
+        figures = (f"a clock left out predicted {_pct(check.model_error)} off by the curve model, {_pct(check.neighbour_error)} by "
+                   "the line between its neighbours")
+        if check.model_fits and getattr(self.best_params, "fitted", False):
+            return f"the curve model's fits of their measurements ({figures})"
+        return f"their measured curves (the curve model does not describe them: {figures})"
+
     def _what(self) -> str:
         tree = self.policy.policy["tree"]
         if isinstance(self.best_params, FixedParams):
-            return (f"A fixed clock, {tree['freq_mhz']:g} MHz, for every workload: FFG's clock (least mean normalised cost) "
-                    f"on the {self.n_workloads} training workloads.")
+            return (f"A fixed clock, {tree['freq_mhz']:g} MHz, for every workload: FFG's clock (the least mean normalised cost "
+                    f"over the {self.n_workloads} training workloads).")
         if isinstance(self.best_params, PublishedParams):
-            return f"The published tree ({self.policy.policy.get('baseline', 'paper-mlg')}) as it is, on {', '.join(self.best_params.features)}."
+            return (f"The published tree ({self.policy.policy.get('baseline', 'paper-mlg')}) as it is, splitting on "
+                    f"{', '.join(self.best_params.features)}.")
         used = sorted(policy_tree.features_used(tree))
-        source = "the curve model's fit of each workload's measurements" if getattr(self.best_params, "fitted", False) \
-            else "the measured curves"
-        kind = "curve tree (leaves hold mean normalised energy/time curves)" if isinstance(self.best_params, CurveParams) \
-            else "classifier tree (leaves hold clocks)"
+        if isinstance(self.best_params, CurveParams):
+            grown = "its splits on each workload's best clock" if self.best_params.grow_on == "best-clock" else "its splits on the whole curves"
+            kind = f"curve tree (leaves hold mean normalised energy/time curves; {grown})"
+        else:
+            kind = "classifier tree (leaves hold clocks)"
         return (f"A {kind} of depth {policy_tree.tree_depth(tree)}, splitting on {', '.join(used) or 'nothing (one clock for all)'}, "
-                f"learnt from {source} of {self.n_workloads} training workloads.")
+                f"learnt on {self.n_workloads} training workloads from {self._learnt_from()}.")
 
     def description(self) -> str:
         """The registered version's description: what it is, which family of candidate won, and why (the held-out figures).
 
-        Markdown, a few sentences; the figures are the nested CV's on the split the gates read."""
-        truth = ("the twin's expected curves, SIMULATED" if self.expected_truth else "the mean over repeats")
+        Plain text, a few short paragraphs; the figures are the nested CV's on the split the gates read."""
+        truth = "the twin's expected curves, SIMULATED" if self.expected_truth else "the mean over repeats"
         lines = [self._what()]
         searched = f"{self.trials} Optuna trials over {', '.join(FAMILIES)} candidates, chosen by inner cross-validation"
         ns = self.heldout
@@ -528,20 +552,20 @@ class SearchResult:
             return "\n\n".join(lines)
         held = f"held out (nested CV, one {self.split} out, {ns.n_groups} folds; regret against {truth})"
         version = self._version_score(ns)
-        search_kind = family_of(self.search_params or self.best_params)
+        chose = ", ".join(f"{family} in {n}" for family, n in sorted(collections.Counter(ns.families).items(), key=lambda kv: -kv[1]))
         if self.floored:
-            lines.append(f"Why: the fixed clock is the floor every candidate is measured against. The search ({searched}) chose "
-                         f"a {search_kind} candidate, whose selection procedure scored {_pct(ns.governor.regret)} {held}, above FFG's "
-                         f"{_pct(ns.ffg.regret)}; so FFG's clock is registered instead.")
+            lines.append(f"Why this one: a fixed clock is the floor every candidate is measured against. The search ({searched}) "
+                         f"chose a {family_of(self.search_params)} candidate, and the search scored {_pct(ns.governor.regret)} {held}, "
+                         f"not below FFG's {_pct(ns.ffg.regret)}: FFG's clock is registered instead.")
         else:
-            lines.append(f"Why: the search ({searched}) chose it; {held} its procedure scores {_pct(version.regret)} "
-                         f"[{_pct(version.ci[0])}, {_pct(version.ci[1])}], FFG {_pct(ns.ffg.regret)}, the published tree "
-                         f"{_pct(ns.paper.regret)}.")
+            lines.append(f"Why this one: the search ({searched}) chose it. H{held[1:]}, the search scores "
+                         f"{_pct(version.regret)} [{_pct(version.ci[0])}, {_pct(version.ci[1])}], FFG {_pct(ns.ffg.regret)}, the "
+                         f"published tree {_pct(ns.paper.regret)}.")
         mean, lo, hi = version.minus(ns.ffg)
         verdict = ("features matter here: the search beats one fixed clock by more than the CV's noise" if self.features_matter
                    else "one fixed clock does as well within the CV's noise")
-        lines.append(f"Version minus FFG, paired over held-out workloads: {100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}]; "
-                     f"{verdict}. The folds' own searches chose: {', '.join(ns.families)}.")
+        lines.append(f"This version minus FFG, paired over the held-out workloads: {100 * mean:+.3f} points [{100 * lo:+.3f}, "
+                     f"{100 * hi:+.3f}]; {verdict}. Each fold's own search chose: {chose} of {ns.n_groups}.")
         return "\n\n".join(lines)
 
 
@@ -713,7 +737,8 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     if len(train) < MIN_WORKLOADS:
         raise DvfsError(f"sweep {dataset.sweep_id} has {len(train)} training workload(s); cross-validation needs at least "
                         f"{MIN_WORKLOADS} (sweep more models/tasks, e.g. --preset quick)")
-    curves = with_fitted_curves(train).curves
+    fitted = with_fitted_curves(train)
+    curves = fitted.curves
     freqs = dataset.frequencies
     split = choose_split(curves, cv_split)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -737,8 +762,8 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
         if ns is not None:
             nested[s] = ns
     held = nested.get(split)
-    # the floor: a fixed clock is a governor too, and the search's choice must beat it held out
-    floored = held is not None and held.governor.regret > held.ffg.regret + 1e-12 and not isinstance(searched, FixedParams)
+    # the floor: a fixed clock is a governor too, and the search's choice must beat it held out (a tie goes to the clock)
+    floored = held is not None and held.governor.regret >= held.ffg.regret - 1e-12
     best: GovernorParams = FixedParams(seed=seed) if floored else searched
     tree_score = cross_validate(curves, objective, policy_fitter(objective, best, freqs), inner, INNER_FOLDS)
     ffg = cross_validate(curves, objective, ffg_fitter(objective, freqs), inner, INNER_FOLDS)
@@ -751,10 +776,11 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
         "inner_cv": {"regret": tree_score.regret, "accuracy": tree_score.accuracy},
     }
     if held is not None:
-        version = held.ffg if floored else held.governor
+        version = held.ffg if isinstance(best, FixedParams) else held.governor
         metadata["outer_cv"] = {"split": split, "regret": version.regret, "regret_ci": list(version.ci)}
     policy, est = fit_policy(curves, objective, best, freqs, metadata)
     result = SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), split, nested,
-                          features_matter, name, all(c.has_expected for c in curves), searched, len(study.trials))
+                          features_matter, name, all(c.has_expected for c in curves), searched,
+                          len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))), fitted.fit_check)
     result.policy.policy["description"] = result.description()
     return result
