@@ -3,10 +3,10 @@
 Four families of candidate: `curve` (a regression tree whose leaves hold normalised energy/time curves,
 `curve_tree.py`), `classifier` (a DecisionTreeClassifier on each workload's best clock), `fixed` (one clock for
 every workload, FFG's rule: a depth-0 governor) and `published` (the study's tree, registry/baselines/paper-mlg.json,
-as it is). The trees learn from the measured curves or from the curve model's fit to them (`fitted`,
-dataset.with_fitted_curves), which on flat curves is what separates the best clock from the noise. Optuna chooses
-the family and its hyper-parameters by inner cross-validation regret (judged against the truth: the twin's expected
-curve where logged, else the mean over repeats).
+as it is). The trees learn from the curve model's fits of the measured curves where the model describes the board
+(dataset.with_fitted_curves checks it), which on flat curves is what separates the best clock from the noise, and from
+the measured curves elsewhere. Optuna chooses the family and its hyper-parameters by inner cross-validation regret
+(judged against the truth: the twin's expected curve where logged, else the mean over repeats).
 
 The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
 in-memory study selects on the outer fold's training workloads only, and the held-out group is then
@@ -441,7 +441,6 @@ class SearchResult:
         family: (property) curve, classifier, fixed or published.
         floored: (property) FFG's clock replaced the search's choice.
         heldout: (property) the nested score of `split`, None where it has fewer than two groups.
-        version_heldout: (property) the registered configuration's held-out score on `split` (FFG's where it is FFG's clock).
     """
 
     best_params: GovernorParams
@@ -477,11 +476,6 @@ class SearchResult:
         """The registered version's held-out score: FFG's where it is FFG's clock (the floor, or the search's own choice),
         else the search's."""
         return ns.ffg if isinstance(self.best_params, FixedParams) else ns.governor
-
-    @property
-    def version_heldout(self) -> CVScore | None:
-        ns = self.heldout
-        return None if ns is None else self._version_score(ns)
 
     def metrics(self) -> dict[str, float]:
         """What the governor run logs and the gates read (all fractions).
