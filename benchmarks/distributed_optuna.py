@@ -1,6 +1,7 @@
 """Several `train` processes on one Optuna study (distributed mode) against one process with the same total trials.
 
-The data is the paper preset's twin curves (benchmarks/governor_quality.py: 12 models x 9 tasks, SIMULATED). For each
+The data is the paper preset's twin curves (benchmarks/governor_quality.py: 12 models x 9 tasks, SIMULATED), the
+training workloads with their curve-model fits as `train` searches them. For each
 seed, the selection study of `train` (governor/search.py `select`: inner CV on the 36 characterisation workloads) runs
 - once with N trials in one process, and
 - with P processes x N/P trials on one shared RDB study (each process with `joined_sampler`, as `train --study-name` does).
@@ -27,10 +28,11 @@ _DATA: dict[str, Any] = {}
 
 def _data() -> tuple[list[Any], list[Any], list[float]]:
     if not _DATA:
-        from benchmarks.governor_quality import paper_curves
+        from benchmarks.governor_quality import paper_dataset
+        from dvfs_mlops.model.governor.dataset import with_fitted_curves
 
-        curves, freqs = paper_curves()
-        _DATA["v"] = ([c for c in curves if c.split == "train"], [c for c in curves if c.split != "train"], freqs)
+        ds = paper_dataset()
+        _DATA["v"] = (with_fitted_curves(ds.split("train")).curves, ds.split("eval").curves, ds.frequencies)
     return _DATA["v"]
 
 
@@ -53,12 +55,12 @@ def _judge(storage: str, name: str, seed: int) -> tuple[float, float, int]:
     import optuna
 
     from dvfs_mlops.model.governor.objectives import parse_objective
-    from dvfs_mlops.model.governor.search import _params_from_trial, policy_fitter, score
+    from dvfs_mlops.model.governor.search import policy_fitter, score, study_params
 
     train, heldout, freqs = _data()
     study = optuna.load_study(study_name=name, storage=storage)
     energy = parse_objective("energy")
-    best = _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed)
+    best = study_params(study, train, seed)
     choose = policy_fitter(energy, best, freqs)(train)
     choices = {c.workload: choose(c) for c in heldout}
     return float(study.best_value), score(heldout, choices, energy).regret, len(study.trials)

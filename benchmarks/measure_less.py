@@ -15,6 +15,9 @@ choice for the workload. The governor is trained here as `python -m benchmarks g
 on the governor's version (from the same 36 train-split workloads' clocks and GPU utilisation), as
 `finetune --refine` uses it. Robustness rows start refine from the middle of the table (no
 governor) and from two table steps off the optimum (below it where the table allows, else above).
+
+usage: python -m benchmarks measure_less   (DVFS_BENCH_TWIN_PROFILES, default sim-orin,sim-orin-measured, any built-in
+profiles; DVFS_BENCH_TRIALS, default 60; DVFS_BENCH_MEASURE_DRAWS, default 50; DVFS_BENCH_ADAPTIVE_PRIOR_DRAWS, default 20)
 """
 from __future__ import annotations
 
@@ -23,26 +26,26 @@ from typing import Any
 
 import numpy as np
 
-FOUR = (306.0, 612.0, 918.0, 1300.5)
-
 
 def run() -> list[tuple[str, str, str]]:
-    """Every built-in twin profile (DVFS_BENCH_TWIN_PROFILES narrows it), one block of rows each."""
-    names = os.environ.get("DVFS_BENCH_TWIN_PROFILES", "sim-orin,sim-orin-measured").split(",")
-    return [row for name in names for row in run_profile(name.strip())]
+    """sim-orin and sim-orin-measured, or the built-in profiles DVFS_BENCH_TWIN_PROFILES names, one block of rows each;
+    DVFS_BENCH_MEASURE_DRAWS draws per workload (default 50)."""
+    names = [n.strip() for n in os.environ.get("DVFS_BENCH_TWIN_PROFILES", "sim-orin,sim-orin-measured").split(",") if n.strip()]
+    draws = int(os.environ.get("DVFS_BENCH_MEASURE_DRAWS", "50"))
+    return [row for name in names for row in run_profile(name, repeats=draws)]
 
 
 def _governor_starts(profile: str) -> tuple[list[float], list[dict[float, float]], list[dict[float, float]], list[dict[float, float]],
                                             list[float], Any]:
     """(clock table, eval workloads' expected per-step energy, time and GPU utilisation (0..1), the production governor's
     choice for each, the power prior its version would carry: `train`'s, from the train-split workloads only)."""
-    from benchmarks.governor_quality import paper_curves
-    from dvfs_mlops.model.governor.dataset import GovernorDataset, board_power_prior
+    from benchmarks.governor_quality import paper_dataset
+    from dvfs_mlops.model.governor.dataset import board_power_prior
     from dvfs_mlops.model.governor.objectives import parse_objective
     from dvfs_mlops.model.governor.search import run_search
 
-    curves, freqs = paper_curves(1, profile=profile)
-    ds = GovernorDataset(curves, freqs, "paper-twin", profile, True)
+    ds = paper_dataset(profile)
+    freqs = ds.frequencies
     trials = int(os.environ.get("DVFS_BENCH_TRIALS", "60"))
     gov = run_search(ds, parse_objective("energy"), trials=trials, seed=0, storage="sqlite:///:memory:", outer_trials=1).policy
     evals = ds.split("eval").curves
@@ -57,6 +60,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
     from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES
     from dvfs_mlops.job.refine import WARMUP_STEPS, ProbePlan
     from dvfs_mlops.model.curve import Measurement, fit_curve, next_clock
+    from dvfs_mlops.model.governor.transfer import spread_clocks
     from dvfs_mlops.model.power_prior import board_prior, leave_one_out_priors
 
     p = BUILTIN_PROFILES[profile]
@@ -71,6 +75,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
         return Measurement(f, t[f] * tf, e[f] * tf * pf, None if u is None else u[f])
 
     starts = ("governor", "governor, with its power prior", "mid-table", "two off")
+    four = spread_clocks(table, 4)  # 306/612/918/1300.5 on the AGX Orin 64 GB
     err, reg4, reg11, reg_gov = [], [], [], []
     reg_ref: dict[str, list[float]] = {s: [] for s in starts}
     steps_ref: dict[str, list[int]] = {s: [] for s in starts}
@@ -93,8 +98,8 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
         reg_gov.append(e[g] / emin - 1)
         for rep in range(repeats):
             meas = {f: draw(e, t, f) for f in table}
-            fit = fit_curve([meas[f] for f in FOUR], voltage_shape=shape, f_max_mhz=table[-1])
-            err += [abs(pt.energy_j / e[pt.freq_mhz] - 1) for pt in fit.predict(table) if pt.freq_mhz not in FOUR]
+            fit = fit_curve([meas[f] for f in four], voltage_shape=shape, f_max_mhz=table[-1])
+            err += [abs(pt.energy_j / e[pt.freq_mhz] - 1) for pt in fit.predict(table) if pt.freq_mhz not in four]
             reg4.append(e[fit.optimum(table).freq_mhz] / emin - 1)
             reg11.append(e[min(meas, key=lambda f: meas[f].energy_j)] / emin - 1)
             # (b) refine: the job's warm-up at the start, the probes (one draw each) and the rest at the settled clock
@@ -149,7 +154,7 @@ def run_profile(profile: str = "sim-orin", repeats: int = 50, job_steps: int = 6
     rows = [
         (f"[{profile}] (a) curve model, 4 clocks: mean energy error on the other 7 clocks", pct(err), "<= 3 %"),
         (f"[{profile}] (a) regret of the fitted argmin", pct(reg4), "~0.05 %"),
-        (f"[{profile}] (a) regret of the argmin of 11 measured clocks (reference)", pct(reg11), "-"),
+        (f"[{profile}] (a) regret of the argmin of {len(table)} measured clocks (reference)", pct(reg11), "-"),
         (f"[{profile}] (b) the production governor alone (no probes): regret", pct(reg_gov), "-"),
     ]
     for s in starts:

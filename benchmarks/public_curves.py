@@ -10,6 +10,7 @@ argmin over all measured clocks, and the measured regret of the predicted optimu
     python -m benchmarks.public_curves            # one line per dataset
     python -m benchmarks.public_curves --fit-shape  # also with r fitted on the same 4 clocks (fit_voltage_shape)
     python -m benchmarks.public_curves --rebuild    # regenerate the CSVs from raw/ (the verbatim source rows)
+    python -m benchmarks curves                     # both lines per dataset, as rows of the benchmark report
 
 No network; numpy and dvfs_mlops.model.curve only. The voltage shape is the module's ORIN_VOLTAGE_SHAPE unless
 a dataset is an Orin's (none of these is): for these boards it is NOT the board's own curve.
@@ -93,6 +94,19 @@ def line(r: dict) -> str:
             f"held-out energy error mean {r['mean_err']:.1%} max {r['max_err']:.1%} (at {r['worst_at']:g}); "
             f"optimum predicted {r['pred_opt']:g} vs measured {r['true_opt']:g} MHz, regret {r['regret']:.1%} "
             f"(measured argmin saves {r['saving_at_true_opt']:.1%} vs the top clock)")
+
+
+def run() -> list[tuple[str, str, str]]:
+    """The suite `curves` of `python -m benchmarks`: one row per dataset with the Orin's voltage shape, one with r
+    fitted on the same 4 clocks."""
+    rows = []
+    for name in DATASETS:
+        for label, shape in (("Orin shape", ORIN_VOLTAGE_SHAPE), ("r fitted", None)):
+            r = evaluate(name, shape)
+            rows.append(((f"REAL {name} ({r['device']}, {r['clocks']} clocks; fit on 4, {label} r={r['shape']:.3f}): held-out "
+                         "energy error mean / max; regret of the predicted optimum"),
+                         f"{r['mean_err']:.1%} / {r['max_err']:.1%}; {r['regret']:.1%} ({r['pred_opt']:g} vs {r['true_opt']:g} MHz)", "-"))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ same batches in the same order (same seed), so step k of one arm is compared wit
 other, (3) blocks alternate in ABBA order so slow drift cancels, and (4) the figure is the median of
 the paired per-step ratios, with its bootstrap 95 % interval. Beside it, the overhead is also
 accounted directly (sampler CPU time + hook time per step), which does not depend on VM noise.
+
+usage: python -m benchmarks overhead   (DVFS_BENCH_OVERHEAD_BLOCKS, default 16: ABBA blocks of 10 steps per arm)
 """
 from __future__ import annotations
 
@@ -29,11 +31,15 @@ def _bootstrap_ci(values: list[float], rounds: int = 2000, seed: int = 0) -> tup
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
-def run(blocks: int = 16, steps: int = 10) -> list[tuple[str, str, str]]:
+def run(blocks: int | None = None, steps: int = 10) -> list[tuple[str, str, str]]:
     """Two configurations: torch on every core (the sampler must preempt a compute thread, the
     worst case on this 2-core VM) and torch leaving one core free (as on a Jetson, where training
-    runs on the GPU and the 12 CPU cores are mostly idle)."""
+    runs on the GPU and the 12 CPU cores are mostly idle). `blocks` None: DVFS_BENCH_OVERHEAD_BLOCKS, default 16."""
+    import os
+
     import torch
+
+    blocks = blocks if blocks is not None else int(os.environ.get("DVFS_BENCH_OVERHEAD_BLOCKS", "16"))
 
     cores = torch.get_num_threads()
     rows = _measure(blocks, steps, f"torch on all {cores} cores")

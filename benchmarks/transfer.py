@@ -58,20 +58,14 @@ class _Board:
 
 
 def _load(profile: str, trials: int) -> _Board:
-    from benchmarks.governor_quality import paper_curves
-    from dvfs_mlops.hw.board import board_of
-    from dvfs_mlops.hw.sim import SimDevice
-    from dvfs_mlops.hw.twin.profiles import builtin_profile
+    from benchmarks.governor_quality import paper_dataset
     from dvfs_mlops.mlops.sweep.spec import PRESETS
-    from dvfs_mlops.model.governor.dataset import GovernorDataset
     from dvfs_mlops.model.governor.objectives import parse_objective
     from dvfs_mlops.model.governor.search import run_search
 
-    curves, freqs = paper_curves(profile=profile)
-    ds = GovernorDataset(curves, freqs, f"paper-{profile}", profile, True)
+    ds = paper_dataset(profile)
     res = run_search(ds, parse_objective("energy"), trials=trials, seed=0, outer_trials=2, outer_splits=())
-    return _Board(profile, board_of(SimDevice(builtin_profile(profile))), curves, freqs, res.policy.policy,
-                  PRESETS["paper"].profile_steps)
+    return _Board(profile, ds.board, ds.curves, ds.frequencies, res.policy.policy, PRESETS["paper"].profile_steps)
 
 
 def _mean_regret(policy: Any, curves: list[Any]) -> float:

@@ -125,9 +125,9 @@ def test_nested_cv_reports_three_splits_and_no_study_leaks(tmp_path):
     assert c.study_name == a.study_name and len(c.study.trials) == 5
 
 
-# -- gates that fail ----------------------------------------------------------------------------------------------------
+# -- gates ---------------------------------------------------------------------------------------------------------------
 GOOD = {"tree_outer_regret": 0.001, "tree_outer_regret_ci_high": 0.003, "ffg_outer_regret": 0.02, "n_features_used": 2.0,
-        "features_matter": 1.0}
+        "features_matter": 1.0, "tree_minus_ffg_outer_regret_ci_low": -0.025, "tree_minus_ffg_outer_regret_ci_high": -0.012}
 
 
 class StubClient:
@@ -161,14 +161,26 @@ def test_every_gate_passes_a_good_version():
 @pytest.mark.parametrize("change, production, gate", [
     ({"tree_outer_regret": 0.004}, {**GOOD, "tree_outer_regret": 0.003}, "regret-no-worse-than-production"),
     ({"tree_outer_regret_ci_high": 0.05}, None, "heldout-regret"),
-    ({"ffg_outer_regret": 0.001}, None, "beats-ffg"),  # a tie fails
-    ({"tree_outer_regret": 0.03, "tree_outer_regret_ci_high": 0.01}, None, "beats-ffg"),
+    # worse than FFG by more than the CV's noise: even the low end of the paired interval is above 0
+    ({"tree_minus_ffg_outer_regret_ci_low": 0.0005, "tree_minus_ffg_outer_regret_ci_high": 0.004}, None, "beats-ffg"),
     ({"n_features_used": 0.0}, None, "uses-features"),  # a constant version where features matter
-    ({"tree_outer_regret": None}, None, "beats-ffg"),  # a version without the figure is not promotable
+    ({"tree_minus_ffg_outer_regret_ci_low": None}, None, "beats-ffg"),  # a version without the figure is not promotable
 ])
 def test_each_gate_fails(change, production, gate):
     m = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     assert _gates(m, production)[gate] is False
+
+
+def test_a_version_that_ties_ffg_within_the_noise_passes():
+    """FFG's own clock (the floor) and a tree a hair worse than FFG whose interval holds 0 both pass beats-ffg; with no
+    feature that matters a fixed clock passes uses-features as not applicable."""
+    fixed = {**GOOD, "tree_outer_regret": 0.012, "tree_outer_regret_ci_high": 0.018, "ffg_outer_regret": 0.012,
+             "n_features_used": 0.0, "features_matter": 0.0,
+             "tree_minus_ffg_outer_regret_ci_low": 0.0, "tree_minus_ffg_outer_regret_ci_high": 0.0}
+    assert _gates(fixed) == {"regret-no-worse-than-production": None, "heldout-regret": True, "beats-ffg": True,
+                             "uses-features": None}
+    hair = {**GOOD, "tree_outer_regret": 0.0152, "tree_outer_regret_ci_high": 0.019, "ffg_outer_regret": 0.015, "tree_minus_ffg_outer_regret_ci_low": -0.0004, "tree_minus_ffg_outer_regret_ci_high": 0.0006}
+    assert _gates(hair)["beats-ffg"] is True
 
 
 def test_a_constant_version_is_fine_where_features_do_not_matter():

@@ -5,60 +5,24 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-import numpy as np
 import pytest
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import board_of
 from dvfs_mlops.hw.sim import SimDevice
 from dvfs_mlops.hw.twin.profiles import builtin_profile
-from dvfs_mlops.hw.twin.trace import KIND_KERNEL, KIND_VIEW, StepTrace
 from dvfs_mlops.model.governor.curve_tree import CurveParams, fit_curve_policy
 from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.policies import TreePolicy
 from dvfs_mlops.model.governor.policy_tree import decide
 from dvfs_mlops.model.governor.transfer import CalibrationPlan, calibrate_policy, plan_calibration, spread_clocks
-from dvfs_mlops.model.workload import WorkloadFeatures
+from testkit.governor import twin_curves
 
 ENERGY = parse_objective("energy")
-# (layers, hidden): a size ladder from launch-bound to compute-bound steps
-SIZES = [(2, 128), (4, 256), (4, 512), (6, 512), (8, 768), (12, 768), (12, 1024), (16, 1024), (24, 1024), (24, 1536),
-         (32, 2048), (36, 2560)]
-
-
-def _trace(layers: int, hidden: int, seq: int) -> StepTrace:
-    """A transformer-like step: per layer 4 matmuls (FLOPs by formula) and 4 elementwise kernels, plus view ops."""
-    tokens = 8 * seq
-    kinds, flops, moved, formula = [], [], [], []
-    for _ in range(3 * layers):  # forward, backward (x2)
-        for _ in range(4):
-            kinds.append(KIND_KERNEL), flops.append(2.0 * tokens * hidden * hidden), formula.append(True)
-            moved.append(4.0 * (2 * tokens * hidden + hidden * hidden))
-        for _ in range(4):
-            kinds.append(KIND_KERNEL), flops.append(float(tokens * hidden)), formula.append(False)
-            moved.append(8.0 * tokens * hidden)
-        kinds.append(KIND_VIEW), flops.append(0.0), moved.append(0.0), formula.append(False)
-    params = layers * 12 * hidden * hidden
-    kinds.append(KIND_KERNEL), flops.append(12.0 * params), moved.append(28.0 * params), formula.append(False)
-    return StepTrace(f"synthetic-{layers}-{hidden}-{seq}", np.asarray(kinds, dtype=np.int8), np.asarray(flops), np.asarray(moved),
-                     np.asarray(formula, dtype=bool), params, 8, seq, "float32")
-
-
 def _curves(profile: str) -> list[WorkloadCurve]:
     """Every size at three sequence lengths on the profile's twin, noise-free (expected = measured)."""
-    dev = SimDevice(builtin_profile(profile))
-    out = []
-    for i, (layers, hidden) in enumerate(SIZES):
-        for seq, task in ((64, "short"), (128, "mid"), (256, "long")):
-            curve, maxn = dev.curve(_trace(layers, hidden, seq))
-            e = {f: s.energy_j for f, s in curve.items()}
-            t = {f: s.time_s for f, s in curve.items()}
-            feats = WorkloadFeatures("encoder", layers, hidden, layers * 12 * hidden * hidden, float(seq), 100.0 * maxn.gpu_util)
-            split = "eval" if i % 3 == 1 else "train"
-            out.append(WorkloadCurve(f"m{layers}x{hidden}/{task}", split, feats, e, t, maxn.energy_j, maxn.time_s, {}, dict(e), dict(t),
-                                     maxn.energy_j, maxn.time_s, {f: 100.0 * s.gpu_util for f, s in curve.items()}))
-    return out
+    return twin_curves(profile)
 
 
 def _governor(curves: list[WorkloadCurve]) -> dict:

@@ -1,8 +1,14 @@
 """The curve governor: a multi-output regression tree whose leaves hold normalised energy/time curves.
 
-The tree is grown on each workload's measured curve, normalised so workload size drops out:
-energy E/E_min per workload and (weighted by `time_weight`) time T/T_maxn, at the dataset's clocks
-(a workload that lacks a clock has it interpolated for growing the tree only). Each leaf then holds
+The tree is grown on each workload's measured curve (or, `fitted`, the curve model's fit to it:
+dataset.with_fitted_curves), normalised so workload size drops out: energy E/E_min per workload and
+(weighted by `time_weight`) time T/T_maxn, at the dataset's clocks (a workload that lacks a clock
+has it interpolated for growing the tree only), or (`grow_on="best-clock"`) on the clock each workload
+is best at under the training objective, one-hot: the splits of a classifier (squared error on a
+one-hot target is Gini impurity), the leaves of a curve tree. The whole normalised curve is dominated
+by its far end (15-90 % above the minimum at the lowest clocks), so on a flat curve the splits it
+asks for explain that end and not where the minimum lies; the best clock is the decision itself.
+Each leaf then holds
 the mean of the curves that reached it (measured points only where a clock has any), and the
 largest time ratio seen there (`time_hi`), so `max-slowdown:X` keeps its bound on the leaf's own
 workloads. The objective is applied when deciding (policy_tree.leaf_choice), so one policy serves
@@ -19,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dvfs_mlops.model.governor.dataset import WorkloadCurve, feature_matrix
+from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.governor.policy_tree import FORMAT
 from dvfs_mlops.model.workload import NUMERIC_FEATURES
 
@@ -33,14 +40,17 @@ class CurveParams:
     max_features: float | None = None
     features: tuple[str, ...] = NUMERIC_FEATURES
     seed: int = 0
+    fitted: bool = True  # grow and fill the leaves from each workload's curve-model fit where it has one
+    grow_on: str = "curve"  # what the splits explain: the normalised curves, or each workload's best clock
 
 
-def curve_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """(E/E_min, T/T_maxn) per workload x clock; NaN where a workload did not measure the clock."""
+def curve_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float], fitted: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(E/E_min, T/T_maxn) per workload x clock, measured or (`fitted`) the curve model's; NaN where a workload did not
+    measure the clock."""
     e = np.full((len(curves), len(clocks)), np.nan)
     t = np.full((len(curves), len(clocks)), np.nan)
     for i, c in enumerate(curves):
-        ne, nt = c.normalised()
+        ne, nt = c.normalised(fitted=fitted)
         for j, f in enumerate(clocks):
             if f in ne:
                 e[i, j], t[i, j] = ne[f], nt[f]
@@ -73,11 +83,30 @@ def _leaf(e: np.ndarray, t: np.ndarray, ef: np.ndarray, tf: np.ndarray, idx: np.
             "time_hi": [round(float(a if not math.isnan(a) else b), 6) for a, b in zip(hi, hi_fill)], "samples": int(len(idx))}
 
 
+GROW_ON = ("curve", "best-clock")
+
+
+def best_clock_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float], objective: Objective, fitted: bool = False) -> np.ndarray:
+    """One row per workload, one column per clock: 1 at the clock the workload is best at under `objective` (on its
+    measurements or, `fitted`, on the curve model's fit), 0 elsewhere."""
+    out = np.zeros((len(curves), len(clocks)))
+    index = {float(f): j for j, f in enumerate(clocks)}
+    for i, c in enumerate(curves):
+        out[i, index[float(c.label(objective, fitted))]] = 1.0
+    return out
+
+
 def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], params: CurveParams,
-                     metadata: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
-    """(policy.json dict, the fitted sklearn regressor or None for depth 0)."""
+                     metadata: dict[str, Any] | None = None, objective: Objective | None = None) -> tuple[dict[str, Any], Any]:
+    """(policy.json dict, the fitted sklearn regressor or None for depth 0).
+
+    Raises:
+        ValueError: `grow_on="best-clock"` without the objective that says which clock is best, or an unknown `grow_on`.
+    """
+    if params.grow_on not in GROW_ON:
+        raise ValueError(f"grow_on {params.grow_on!r}; valid: {', '.join(GROW_ON)}")
     clocks = [float(f) for f in clocks]
-    e, t = curve_matrix(curves, clocks)
+    e, t = curve_matrix(curves, clocks, params.fitted)
     ef, tf = _filled(e, clocks), _filled(t, clocks)
     meta = {"format": FORMAT, "family": "curve", "clocks_mhz": clocks, **(metadata or {})}
     if params.max_depth == 0 or len(curves) < 2:
@@ -85,7 +114,12 @@ def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], p
     from sklearn.tree import DecisionTreeRegressor
 
     x = np.asarray(feature_matrix(curves, params.features))
-    y = np.hstack([ef, params.time_weight * tf]) if params.time_weight > 0 else ef
+    if params.grow_on == "best-clock":
+        if objective is None:
+            raise ValueError("grow_on='best-clock' needs the objective that says which clock is best")
+        y = best_clock_matrix(curves, clocks, objective, params.fitted)
+    else:
+        y = np.hstack([ef, params.time_weight * tf]) if params.time_weight > 0 else ef
     reg = DecisionTreeRegressor(max_depth=params.max_depth, min_samples_leaf=params.min_samples_leaf,
                                 min_samples_split=params.min_samples_split, ccp_alpha=params.ccp_alpha,
                                 max_features=params.max_features, random_state=params.seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +18,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NUMERIC_FEATURES", "GovernorDataset", "WorkloadCurve", "feature_matrix", "fill_from_curves"]
+__all__ = ["NUMERIC_FEATURES", "FitCheck", "GovernorDataset", "WorkloadCurve", "check_fit", "feature_matrix", "fill_from_curves",
+           "with_fitted_curves"]
 
 
 @dataclasses.dataclass
 class WorkloadCurve:
     """One workload's curves. `energy_j`/`time_s` are measured (mean over repeats); the `*_expected_*` ones are the
-    twin's noise-free values (metrics energy_expected_j, time_expected_s), empty on hardware and where runs did not log them.
+    twin's noise-free values (metrics energy_expected_j, time_expected_s), empty on hardware and where runs did not log them;
+    the `*_fit_*` ones the curve model's fit to the measured clocks (`with_fitted_curves`), empty until it is made.
 
     A partial sweep leaves some clocks out: every method works on the clocks this workload has."""
 
@@ -40,6 +43,8 @@ class WorkloadCurve:
     maxn_energy_expected_j: float | None = None
     maxn_time_expected_s: float | None = None
     gpu_util_pct: dict[float, float] = dataclasses.field(default_factory=dict)  # mean over repeats, per measured pinned clock
+    energy_fit_j: dict[float, float] = dataclasses.field(default_factory=dict)  # the curve model's fit, per measured clock
+    time_fit_s: dict[float, float] = dataclasses.field(default_factory=dict)
 
     @property
     def model(self) -> str:
@@ -69,9 +74,21 @@ class WorkloadCurve:
             return e, t, float(self.maxn_time_expected_s), float(self.maxn_energy_expected_j or self.maxn_energy_j)  # type: ignore[arg-type]
         return dict(self.energy_j), dict(self.time_s), self.maxn_time_s, self.maxn_energy_j
 
-    def label(self, objective: Objective) -> float:
-        """The measured best clock: what a classifier learns from (all hardware can give)."""
-        return objective.best(self.energy_j, self.time_s, self.maxn_time_s)
+    @property
+    def has_fit(self) -> bool:
+        """True when the curve model's fit covers every measured clock."""
+        return bool(self.energy_fit_j) and set(self.energy_j) <= set(self.energy_fit_j) and set(self.energy_j) <= set(self.time_fit_s)
+
+    def measured(self, fitted: bool = False) -> tuple[dict[float, float], dict[float, float]]:
+        """(energy, time) per measured clock: as measured, or (`fitted`, where the fit was made) the curve model's fit."""
+        if fitted and self.has_fit:
+            return {f: self.energy_fit_j[f] for f in self.energy_j}, {f: self.time_fit_s[f] for f in self.energy_j}
+        return dict(self.energy_j), dict(self.time_s)
+
+    def label(self, objective: Objective, fitted: bool = False) -> float:
+        """The measured best clock (all hardware can give; `fitted`: on the curve model's fit): what a classifier learns."""
+        energy, time = self.measured(fitted)
+        return objective.best(energy, time, self.maxn_time_s)
 
     def true_label(self, objective: Objective) -> float:
         e, t, mt, _ = self.truth()
@@ -90,9 +107,10 @@ class WorkloadCurve:
         f = float(freq)
         return f if f in self.energy_j else min(self.energy_j, key=lambda c: (abs(c - f), -c))
 
-    def normalised(self, truth: bool = False) -> tuple[dict[float, float], dict[float, float]]:
-        """(E/E_min, T/T_maxn) per measured clock: the shape of the curve, comparable across workload sizes."""
-        e, t, mt, _ = self.truth() if truth else (self.energy_j, self.time_s, self.maxn_time_s, self.maxn_energy_j)
+    def normalised(self, truth: bool = False, fitted: bool = False) -> tuple[dict[float, float], dict[float, float]]:
+        """(E/E_min, T/T_maxn) per measured clock: the shape of the curve, comparable across workload sizes; on the truth,
+        on the measurements, or (`fitted`) on the curve model's fit to them where it was made."""
+        e, t, mt, _ = self.truth() if truth else (*self.measured(fitted), self.maxn_time_s, self.maxn_energy_j)
         lo = min(e.values())
         return {f: v / lo for f, v in e.items()}, {f: v / mt for f, v in t.items()}
 
@@ -106,6 +124,7 @@ class GovernorDataset:
     simulated: bool
     repeats: int = 1  # runs per measured point (the median): a point's mean is that much less noisy than one run
     board: Board | None = None  # the sweep's board (its parent run's record); None: nothing is known of it
+    fit_check: FitCheck | None = None  # whether the curve model describes these curves (`with_fitted_curves`)
 
     def split(self, name: str | None) -> GovernorDataset:
         if name is None:
@@ -163,6 +182,100 @@ def fill_from_curves(measured: Sequence[Curves], freqs: Sequence[float], gaps: S
         for pt in fit.predict([f for f in freqs if f not in energy]):
             energy[pt.freq_mhz], time[pt.freq_mhz] = pt.energy_j, pt.time_s
     return shape
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCheck:
+    """Whether the curve model describes a sweep's curves: every interior measured clock of every workload predicted
+    from the rest of that workload's clocks, by the model fitted without it and by the line between its two neighbours.
+
+    The neighbours' line is the model-free yardstick: it gains nothing from a shape, so it is as good as the
+    measurements are smooth (their noise, and the curve's bend across one table step). A model that predicts a clock it
+    did not see worse than that has the wrong shape for this board (on public A100/A40 sweeps it does: their power
+    curve is not c + d V(f)^2 f), and its fit would move the minimum instead of finding it.
+
+    Attributes:
+        model_error: root mean square of (model prediction / measured energy - 1) over the points.
+        neighbour_error: the same for the neighbours' line.
+        points: the interior clocks predicted (of workloads with four or more clocks).
+        model_fits: (property) points were predicted and the model's error is the smaller.
+    """
+
+    model_error: float
+    neighbour_error: float
+    points: int
+
+    @property
+    def model_fits(self) -> bool:
+        return self.points > 0 and self.model_error <= self.neighbour_error
+
+
+def check_fit(workloads: Sequence[Sequence[Any]], voltage_shape: float, f_max_mhz: float) -> FitCheck:
+    """`FitCheck` of the curve model on these workloads' measurements (`curve.Measurement`s, any order)."""
+    from dvfs_mlops.model.curve import fit_curve
+
+    model: list[float] = []
+    neighbours: list[float] = []
+    for points in workloads:
+        pts = sorted(points, key=lambda m: m.freq_mhz)
+        if len(pts) < 4:
+            continue
+        for i in range(1, len(pts) - 1):
+            rest = pts[:i] + pts[i + 1:]
+            try:
+                predicted = fit_curve(rest, voltage_shape=voltage_shape, f_max_mhz=f_max_mhz).predict([pts[i].freq_mhz])[0]
+            except DvfsError:
+                continue
+            lo, mid, hi = pts[i - 1], pts[i], pts[i + 1]
+            line = lo.energy_j + (hi.energy_j - lo.energy_j) * (mid.freq_mhz - lo.freq_mhz) / (hi.freq_mhz - lo.freq_mhz)
+            model.append(predicted.energy_j / mid.energy_j - 1.0)
+            neighbours.append(line / mid.energy_j - 1.0)
+    if not model:
+        return FitCheck(math.nan, math.nan, 0)
+    return FitCheck(_rms(model), _rms(neighbours), len(model))
+
+
+def with_fitted_curves(dataset: GovernorDataset) -> GovernorDataset:
+    """The dataset with each workload's curve-model fit at its measured clocks (`energy_fit_j`, `time_fit_s`) where the
+    model describes this board's curves (`check_fit`, kept as `fit_check`); else the dataset as it is, with its check.
+
+    A flat curve's measured minimum is mostly noise: one run per clock (the twin's 1 % time and 2 % power noise per
+    window) moves the clock with the least measured energy by several table steps, where the expected curve differs
+    by less than that noise between them. The fit (curve.py: time = a + b/f, power = c + d V(f)^2 f, four parameters
+    from every clock the workload measured) averages that noise over all of them. The voltage shape is the board's
+    own where the sweep's record knows it, else one fitted across this dataset's workloads (`_shape`: a board
+    constant). A workload with fewer than three clocks, or points the model refuses, keeps no fit (the governor then
+    reads its measurements).
+    """
+    from dvfs_mlops.model.curve import Measurement, fit_curve
+
+    board = dataset.board or _assumed_board(dataset.frequencies)
+    every = [[Measurement(f, c.time_s[f], c.energy_j[f]) for f in c.clocks] for c in dataset.curves]
+    shape = _shape(board, every)
+    check = check_fit(every, shape, board.f_max_mhz)
+    if not check.model_fits:
+        log.info("the curve model predicts a held-out clock %.2f %% off (rms), the neighbouring clocks %.2f %%: the governor "
+                 "reads the measured curves", 100 * check.model_error, 100 * check.neighbour_error)
+        return dataclasses.replace(dataset, fit_check=check)
+    out = []
+    for curve, points in zip(dataset.curves, every):
+        if len(points) < 3:
+            out.append(curve)
+            continue
+        try:
+            fit = fit_curve(points, voltage_shape=shape, f_max_mhz=board.f_max_mhz)
+        except DvfsError as e:
+            log.info("%s: no curve fit (%s); the governor reads its measurements", curve.workload, e)
+            out.append(curve)
+            continue
+        predicted = fit.predict(curve.clocks)
+        out.append(dataclasses.replace(curve, energy_fit_j={pt.freq_mhz: pt.energy_j for pt in predicted},
+                                       time_fit_s={pt.freq_mhz: pt.time_s for pt in predicted}))
+    return dataclasses.replace(dataset, curves=out, fit_check=check)
+
+
+def _rms(values: Sequence[float]) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values))
 
 
 def board_power_prior(dataset: GovernorDataset) -> PowerPrior | None:

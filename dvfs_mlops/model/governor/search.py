@@ -1,17 +1,25 @@
 """Optuna over governor families and hyper-parameters, with nested cross-validation for the reported score.
 
-Two families: `classifier` (a DecisionTreeClassifier on each workload's measured best clock) and
-`curve` (a regression tree whose leaves hold normalised energy/time curves, `curve_tree.py`). Optuna
-chooses the family and its hyper-parameters by inner cross-validation regret (judged against the
-truth: the twin's expected curve where logged, else the mean over repeats).
+Four families of candidate: `curve` (a regression tree whose leaves hold normalised energy/time curves,
+`curve_tree.py`), `classifier` (a DecisionTreeClassifier on each workload's best clock), `fixed` (one clock for
+every workload, FFG's rule: a depth-0 governor) and `published` (the study's tree, registry/baselines/paper-mlg.json,
+as it is). The trees learn from the curve model's fits of the measured curves where the model describes the board
+(dataset.with_fitted_curves checks it), which on flat curves is what separates the best clock from the noise, and from
+the measured curves elsewhere. Optuna chooses the family and its hyper-parameters by inner cross-validation regret
+(judged against the truth: the twin's expected curve where logged, else the mean over repeats).
 
 The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
 in-memory study selects on the outer fold's training workloads only, and the held-out group is then
 scored. So neither this study nor an older one can leak selection into the reported figure. The
 production study is fresh per training request unless `study_name` joins one on purpose.
+
+The fixed clock is the floor: where the search's held-out regret (nested, on the split the gates read) is not below
+FFG's, the version registered is FFG's clock, not the search's choice (`SearchResult.floored`), so a version is never
+worse than one fixed clock on the held-out folds. `SearchResult.description()` says which family won and why.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import uuid
@@ -24,14 +32,22 @@ import numpy as np
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.governor import policy_tree
-from dvfs_mlops.model.governor.curve_tree import CurveParams, fit_curve_policy
-from dvfs_mlops.model.governor.dataset import NUMERIC_FEATURES, GovernorDataset, WorkloadCurve, feature_matrix
+from dvfs_mlops.model.governor.curve_tree import GROW_ON, CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.dataset import (
+    NUMERIC_FEATURES,
+    FitCheck,
+    GovernorDataset,
+    WorkloadCurve,
+    feature_matrix,
+    with_fitted_curves,
+)
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.governor.policies import FixedPolicy, TreePolicy, paper_tree
 
 MIN_WORKLOADS = 4
 SPLITS = ("workload", "task", "model")
 INNER_FOLDS = 5
+FAMILIES = ("curve", "classifier", "fixed", "published")  # the candidates the selection study chooses among
 Chooser = Callable[[WorkloadCurve], float]
 Fitter = Callable[[Sequence[WorkloadCurve]], Chooser]
 
@@ -41,7 +57,8 @@ def group_of(curve: WorkloadCurve, split: str) -> str:
 
 
 def bootstrap_ci(values: Sequence[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
-    """95 % percentile interval of the mean, resampling workloads."""
+    """95 % percentile interval of the mean, resampling workloads (for a paired difference: the per-workload
+    differences of two policies scored on the same workloads)."""
     v = np.asarray(values, dtype=float)
     if len(v) < 2:
         m = float(v.mean()) if len(v) else math.nan
@@ -77,6 +94,15 @@ class CVScore:
         lo, hi = self.ci
         return {f"{prefix}_regret": self.regret, f"{prefix}_regret_ci_low": lo, f"{prefix}_regret_ci_high": hi,
                 f"{prefix}_accuracy": self.accuracy}
+
+    def minus(self, other: CVScore) -> tuple[float, float, float]:
+        """(mean, 95 % low, 95 % high) of this score's regret minus `other`'s on the same workloads: a paired bootstrap
+        over workloads, so what both policies find hard cancels and the interval is the noise of the difference."""
+        diffs = [self.regrets[w] - other.regrets[w] for w in self.regrets if w in other.regrets]
+        if not diffs:
+            return math.nan, math.nan, math.nan
+        lo, hi = bootstrap_ci(diffs)
+        return float(np.mean(diffs)), lo, hi
 
 
 def score(curves: Sequence[WorkloadCurve], choices: dict[str, float], objective: Objective) -> CVScore:
@@ -117,6 +143,7 @@ class TreeParams:
     class_weight: str | None = None
     features: tuple[str, ...] = NUMERIC_FEATURES
     seed: int = 0
+    fitted: bool = True  # learn each workload's best clock on its curve-model fit where it has one
 
     def classifier(self) -> Any:
         from sklearn.tree import DecisionTreeClassifier
@@ -126,17 +153,51 @@ class TreeParams:
                                       ccp_alpha=self.ccp_alpha, class_weight=self.class_weight, random_state=self.seed)
 
 
-GovernorParams = TreeParams | CurveParams
+@dataclasses.dataclass(frozen=True)
+class FixedParams:
+    """One clock for every workload: FFG's (`FixedPolicy.fit`, least mean normalised cost) on the training workloads.
+
+    A depth-0 governor; it reads no feature."""
+
+    features: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedParams:
+    """The published tree (registry/baselines/paper-mlg.json) as it is: nothing is fitted.
+
+    Attributes:
+        features: the features the tree splits on (`published_features`).
+    """
+
+    features: tuple[str, ...] = ()
+    seed: int = 0
+
+
+GovernorParams = TreeParams | CurveParams | FixedParams | PublishedParams
 
 
 def family_of(params: GovernorParams) -> str:
-    return "curve" if isinstance(params, CurveParams) else "classifier"
+    """curve, classifier, fixed or published."""
+    if isinstance(params, CurveParams):
+        return "curve"
+    if isinstance(params, FixedParams):
+        return "fixed"
+    if isinstance(params, PublishedParams):
+        return "published"
+    return "classifier"
+
+
+def published_features() -> tuple[str, ...]:
+    """The features the published tree splits on, sorted."""
+    return tuple(sorted(policy_tree.features_used(paper_tree().policy["tree"])))
 
 
 def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
     clf = params.classifier()
     # clocks as class names: sklearn takes float labels such as 1300.5 for a regression target
-    labels = [f"{c.label(objective):g}" for c in curves]
+    labels = [f"{c.label(objective, params.fitted):g}" for c in curves]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit(np.asarray(feature_matrix(curves, params.features)), np.asarray(labels))
@@ -145,10 +206,19 @@ def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: Tree
 
 def fit_policy(curves: Sequence[WorkloadCurve], objective: Objective, params: GovernorParams, clocks: Sequence[float],
                metadata: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
-    """(policy.json dict, the sklearn estimator) of one family; every decision then goes through policy_tree."""
+    """(policy.json dict, the sklearn estimator or None) of one family; every decision then goes through policy_tree.
+
+    A fixed clock is a one-leaf tree holding FFG's clock; the published tree is paper-mlg.json's tree under this
+    version's metadata (its `source` and `note` kept, `baseline` naming it)."""
     meta = {"objective": objective.name, **(metadata or {})}
     if isinstance(params, CurveParams):
-        return fit_curve_policy(curves, clocks, params, meta)
+        return fit_curve_policy(curves, clocks, params, meta, objective)
+    if isinstance(params, FixedParams):
+        clock = FixedPolicy.fit(curves, objective).freq_mhz
+        return {"format": policy_tree.FORMAT, **meta, "family": "fixed", "tree": {"freq_mhz": clock, "samples": len(curves)}}, None
+    if isinstance(params, PublishedParams):
+        published = paper_tree().policy
+        return {**published, **meta, "family": "published", "baseline": published.get("name", "paper-mlg"), "tree": published["tree"]}, None
     clf = fit_tree(curves, objective, params)
     return TreePolicy.from_sklearn(clf, list(params.features), {"family": "classifier", **meta}).policy, clf
 
@@ -194,18 +264,25 @@ def search_features(curves: Sequence[WorkloadCurve]) -> tuple[str, ...]:
 
 
 def suggest(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+    """One candidate of the selection study: its family first, then (for a tree grown here) the features it may split on
+    and its hyper-parameters."""
+    family = trial.suggest_categorical("family", list(FAMILIES))
+    if family == "fixed":
+        return FixedParams(seed=seed)
+    if family == "published":
+        return PublishedParams(published_features(), seed)
     use = [f for f in features if trial.suggest_categorical(f"use_{f}", [True, False])]
     if not use:
         use = ["num_layers"]
-    family = trial.suggest_categorical("family", ["curve", "classifier"])
     mf = trial.suggest_categorical("max_features", ["all", "sqrt", "0.5", "0.75"])
     max_features = None if mf == "all" else ("sqrt" if mf == "sqrt" else float(mf))
     if family == "curve":
+        grow_on = trial.suggest_categorical("grow_on", list(GROW_ON))
         return CurveParams(max_depth=trial.suggest_int("curve_max_depth", 0, 5), min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 5),
                            min_samples_split=trial.suggest_int("min_samples_split", 2, 10),
                            ccp_alpha=trial.suggest_float("curve_ccp_alpha", 0.0, 0.002),
-                           time_weight=trial.suggest_categorical("time_weight", [0.0, 0.1, 0.3]),
-                           max_features=max_features, features=tuple(use), seed=seed)  # type: ignore[arg-type]
+                           time_weight=trial.suggest_categorical("time_weight", [0.0, 0.1, 0.3]) if grow_on == "curve" else 0.0,
+                           max_features=max_features, features=tuple(use), seed=seed, grow_on=grow_on)  # type: ignore[arg-type]
     cw = trial.suggest_categorical("class_weight", ["none", "balanced"])
     return TreeParams(
         criterion=trial.suggest_categorical("criterion", ["gini", "entropy", "log_loss"]),
@@ -224,14 +301,29 @@ def _params_from_trial(trial: Any, seed: int, features: Sequence[str] = NUMERIC_
     return suggest(trial, seed, features)
 
 
+def study_params(study: Any, curves: Sequence[WorkloadCurve], seed: int = 0) -> GovernorParams:
+    """The configuration of a selection study's best trial, on the curves it selected on (they decide which features
+    were offered: `search_features`)."""
+    import optuna
+
+    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, search_features(curves))
+
+
 def warm_starts(features: Sequence[str] = NUMERIC_FEATURES) -> list[dict[str, Any]]:
-    """The first trials of a new study: a depth-2 curve tree and a depth-3 classifier on every feature."""
+    """The first trials of a new study, in this order: the fixed clock, two curve trees (depth 3 grown on the best
+    clock, depth 2 on the whole curve) and a depth-3 classifier, all on every feature, and the published tree. The
+    study's best is its first trial of the least regret, so a tie goes to the simpler candidate: one clock before a
+    tree, a tree learnt on this board before the published one."""
     every = {f"use_{f}": True for f in features}
     return [
-        {"family": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2, "curve_ccp_alpha": 0.0,
-         "time_weight": 0.0, "max_features": "all", **every},
+        {"family": "fixed"},
+        {"family": "curve", "grow_on": "best-clock", "curve_max_depth": 3, "min_samples_leaf": 2, "min_samples_split": 2,
+         "curve_ccp_alpha": 0.0, "max_features": "all", **every},
+        {"family": "curve", "grow_on": "curve", "curve_max_depth": 2, "min_samples_leaf": 2, "min_samples_split": 2,
+         "curve_ccp_alpha": 0.0, "time_weight": 0.0, "max_features": "all", **every},
         {"family": "classifier", "criterion": "gini", "max_depth": 3, "min_samples_split": 2, "min_samples_leaf": 1, "max_features": "all",
          "ccp_alpha": 0.0, "class_weight": "none", **every},
+        {"family": "published"},
     ]
 
 
@@ -270,7 +362,7 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
         for warm in warm_starts(features):
             study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
     study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
-    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, features), study
+    return study_params(study, curves, seed), study
 
 
 @dataclasses.dataclass
@@ -280,9 +372,10 @@ class NestedScore:
     Attributes:
         split: the groups held out: workload, task or model.
         n_groups: how many outer groups (folds).
-        governor: the selected governor's score (a fresh selection study per fold).
+        governor: the search's score (a fresh selection study per fold, over every family of candidate).
         ffg: the fixed-frequency governor's (one clock fitted on the other groups).
         paper: the published tree's (no fitting).
+        families: the family each fold's selection chose, fold by fold.
     """
 
     split: str
@@ -290,6 +383,7 @@ class NestedScore:
     governor: CVScore
     ffg: CVScore
     paper: CVScore
+    families: tuple[str, ...] = ()
 
 
 def nested_cv(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int,
@@ -300,43 +394,57 @@ def nested_cv(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Seq
         return None
     gov: dict[str, float] = {}
     ffg: dict[str, float] = {}
+    families = []
     for held in outer:
         hs = set(held)
         train = [c for i, c in enumerate(curves) if i not in hs]
         params, _ = select(train, objective, clocks, split, trials, seed)
+        families.append(family_of(params))
         choose = policy_fitter(objective, params, clocks)(train)
         fixed = ffg_fitter(objective, clocks)(train)
         for i in held:
             gov[curves[i].workload] = choose(curves[i])
             ffg[curves[i].workload] = fixed(curves[i])
     return NestedScore(split, len(outer), score(curves, gov, objective), score(curves, ffg, objective),
-                       paper_score(curves, objective, clocks))
+                       paper_score(curves, objective, clocks), tuple(families))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3f} %"
 
 
 @dataclasses.dataclass
 class SearchResult:
-    """What `run_search` found: the selected configuration, its refit policy and the scores.
+    """What `run_search` found: the registered configuration, its refit policy and the scores.
 
     Attributes:
-        best_params: the selected hyper-parameters (`CurveParams` or `TreeParams`).
-        tree: the selected configuration on the selection folds (inner: optimistic, for reference only).
+        best_params: the configuration registered: the selection study's best (`search_params`), or FFG's fixed
+            clock where the search's held-out regret was not below FFG's (`floored`).
+        tree: the registered configuration on the selection folds (inner: optimistic, for reference only).
         ffg: the fixed-frequency governor on the same folds.
         paper: the published tree's score.
-        policy: the selected configuration refit on every training workload (`TreePolicy`).
-        classifier: the refit sklearn estimator (a regressor for the curve family; None for a depth-0 curve policy).
+        policy: the registered configuration refit on every training workload (`TreePolicy`).
+        classifier: the refit sklearn estimator (a regressor for the curve family; None for a depth-0 curve policy,
+            a fixed clock or the published tree).
         study: the Optuna selection study.
         n_workloads: the training workloads searched.
         split: the split of selection and of the score the gates read.
         nested: split -> `NestedScore` (held-out scores).
-        features_matter: some non-constant configuration beat the best constant policy on the selection folds.
+        features_matter: the search's held-out regret is below FFG's by more than the CV's noise (the upper end of the
+            paired 95 % interval of search minus FFG is below 0), on `split`.
         study_name: the selection study's name.
         expected_truth: regrets are against the twin's expected curves (else the mean over repeats).
-        family: (property) curve or classifier.
+        search_params: the selection study's best configuration (None: the same as `best_params`).
+        trials: the selection study's trials.
+        fit_check: whether the curve model describes the training curves (`dataset.check_fit`); the trees learnt from
+            its fits where it does.
+        family: (property) curve, classifier, fixed or published.
+        floored: (property) FFG's clock replaced the search's choice.
         heldout: (property) the nested score of `split`, None where it has fewer than two groups.
     """
 
     best_params: GovernorParams
-    tree: CVScore  # the selected configuration on the selection folds (inner: optimistic, for reference only)
+    tree: CVScore  # the registered configuration on the selection folds (inner: optimistic, for reference only)
     ffg: CVScore  # FFG on the same folds
     paper: CVScore
     policy: TreePolicy
@@ -348,29 +456,111 @@ class SearchResult:
     features_matter: bool = False
     study_name: str = ""
     expected_truth: bool = False  # regrets are against the twin's expected curves (else mean over repeats)
+    search_params: GovernorParams | None = None
+    trials: int = 0
+    fit_check: FitCheck | None = None
 
     @property
     def family(self) -> str:
         return family_of(self.best_params)
 
     @property
+    def floored(self) -> bool:
+        return self.search_params is not None and self.search_params != self.best_params
+
+    @property
     def heldout(self) -> NestedScore | None:
         return self.nested.get(self.split)
 
+    def _version_score(self, ns: NestedScore) -> CVScore:
+        """The registered version's held-out score: FFG's where it is FFG's clock (the floor, or the search's own choice),
+        else the search's."""
+        return ns.ffg if isinstance(self.best_params, FixedParams) else ns.governor
+
     def metrics(self) -> dict[str, float]:
-        """What the governor run logs and the gates read (all fractions)."""
+        """What the governor run logs and the gates read (all fractions).
+
+        `tree_outer_*` are the registered version's held-out figures (FFG's where the floor held), `search_outer_*`
+        the search's own, `tree_minus_ffg_outer_regret` (with its paired 95 % interval, `_ci_low`/`_ci_high`) the
+        version's held-out regret minus FFG's on the same workloads; `floored` is 1 where FFG's clock replaced the search's choice;
+        `curve_model_clock_error`/`neighbour_clock_error` the curve model's check (`dataset.FitCheck`) and
+        `fitted_curves` 1 where the trees learnt from the model's fits."""
         m: dict[str, float] = {"n_workloads": float(self.n_workloads), "features_matter": float(self.features_matter),
                                "tree_depth": float(policy_tree.tree_depth(self.policy.policy["tree"])),
                                "n_features_used": float(len(policy_tree.features_used(self.policy.policy["tree"]))),
-                               "tree_inner_regret": self.tree.regret, "ffg_inner_regret": self.ffg.regret}
+                               "tree_inner_regret": self.tree.regret, "ffg_inner_regret": self.ffg.regret,
+                               "floored": float(self.floored)}
+        if self.fit_check is not None and self.fit_check.points:
+            m.update({"curve_model_clock_error": self.fit_check.model_error, "neighbour_clock_error": self.fit_check.neighbour_error,
+                      "fitted_curves": float(self.fit_check.model_fits)})
         for split, ns in self.nested.items():
-            for name, s in (("tree", ns.governor), ("ffg", ns.ffg), ("paper", ns.paper)):
+            version = self._version_score(ns)
+            for name, s in (("tree", version), ("ffg", ns.ffg), ("paper", ns.paper), ("search", ns.governor)):
                 m[f"{name}_outer_regret_{split}"] = s.regret
                 if split == self.split:
                     m.update(s.as_metrics(f"{name}_outer"))
             if split == self.split:
                 m["n_outer_groups"] = float(ns.n_groups)
+                mean, lo, hi = version.minus(ns.ffg)
+                m.update({"tree_minus_ffg_outer_regret": mean, "tree_minus_ffg_outer_regret_ci_low": lo,
+                          "tree_minus_ffg_outer_regret_ci_high": hi})
         return m
+
+    def _learnt_from(self) -> str:
+        check = self.fit_check
+        if check is None or check.points == 0:
+            return "their measured curves"
+        figures = (f"a clock left out predicted {_pct(check.model_error)} off by the curve model, {_pct(check.neighbour_error)} by "
+                   "the line between its neighbours")
+        if check.model_fits and getattr(self.best_params, "fitted", False):
+            return f"the curve model's fits of their measurements ({figures})"
+        return f"their measured curves (the curve model does not describe them: {figures})"
+
+    def _what(self) -> str:
+        tree = self.policy.policy["tree"]
+        if isinstance(self.best_params, FixedParams):
+            return (f"A fixed clock, {tree['freq_mhz']:g} MHz, for every workload: FFG's clock (the least mean normalised cost "
+                    f"over the {self.n_workloads} training workloads).")
+        if isinstance(self.best_params, PublishedParams):
+            return (f"The published tree ({self.policy.policy.get('baseline', 'paper-mlg')}) as it is, splitting on "
+                    f"{', '.join(self.best_params.features)}.")
+        used = sorted(policy_tree.features_used(tree))
+        if isinstance(self.best_params, CurveParams):
+            grown = "its splits on each workload's best clock" if self.best_params.grow_on == "best-clock" else "its splits on the whole curves"
+            kind = f"curve tree (leaves hold mean normalised energy/time curves; {grown})"
+        else:
+            kind = "classifier tree (leaves hold clocks)"
+        return (f"A {kind} of depth {policy_tree.tree_depth(tree)}, splitting on {', '.join(used) or 'nothing (one clock for all)'}, "
+                f"learnt on {self.n_workloads} training workloads from {self._learnt_from()}.")
+
+    def description(self) -> str:
+        """The registered version's description: what it is, which family of candidate won, and why (the held-out figures).
+
+        Plain text, a few short paragraphs; the figures are the nested CV's on the split the gates read."""
+        truth = "the twin's expected curves, SIMULATED" if self.expected_truth else "the mean over repeats"
+        lines = [self._what()]
+        searched = f"{self.trials} Optuna trials over {', '.join(FAMILIES)} candidates, chosen by inner cross-validation"
+        ns = self.heldout
+        if ns is None:
+            lines.append(f"Chosen among {searched}; too few {self.split} groups for a held-out figure.")
+            return "\n\n".join(lines)
+        held = f"held out (nested CV, one {self.split} out, {ns.n_groups} folds; regret against {truth})"
+        version = self._version_score(ns)
+        chose = ", ".join(f"{family} in {n}" for family, n in sorted(collections.Counter(ns.families).items(), key=lambda kv: -kv[1]))
+        if self.floored:
+            lines.append(f"Why this one: a fixed clock is the floor every candidate is measured against. The search ({searched}) "
+                         f"chose a {family_of(self.search_params)} candidate, and the search scored {_pct(ns.governor.regret)} {held}, "
+                         f"not below FFG's {_pct(ns.ffg.regret)}: FFG's clock is registered instead.")
+        else:
+            lines.append(f"Why this one: the search ({searched}) chose it. H{held[1:]}, the search scores "
+                         f"{_pct(version.regret)} [{_pct(version.ci[0])}, {_pct(version.ci[1])}], FFG {_pct(ns.ffg.regret)}, the "
+                         f"published tree {_pct(ns.paper.regret)}.")
+        mean, lo, hi = version.minus(ns.ffg)
+        verdict = ("features matter here: the search beats one fixed clock by more than the CV's noise" if self.features_matter
+                   else "one fixed clock does as well within the CV's noise")
+        lines.append(f"This version minus FFG, paired over the held-out workloads: {100 * mean:+.3f} points [{100 * lo:+.3f}, "
+                     f"{100 * hi:+.3f}]; {verdict}. Each fold's own search chose: {chose} of {ns.n_groups}.")
+        return "\n\n".join(lines)
 
 
 def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
@@ -381,8 +571,13 @@ def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
     """
     import optuna
 
+    # the parameters every grown tree has (a fixed clock or the published tree has only `family`): fANOVA reads the
+    # trials that carry all of them
+    grown = [set(t.params) for t in study.trials if t.value is not None and t.params.get("family") in ("curve", "classifier")]
+    params = sorted(set.intersection(*grown)) if grown else None
     try:
-        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
+        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed),
+                                                      params=params)
     except Exception:  # noqa: BLE001 - too few complete trials, or every parameter constant
         return {}
     return {k: float(v) for k, v in sorted(imp.items(), key=lambda kv: -kv[1])}
@@ -524,17 +719,20 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
         outer_splits: the splits that also get a nested held-out score.
 
     Returns:
-        A `SearchResult`: the best parameters, the refit policy, the nested scores.
+        A `SearchResult`: the registered parameters (the search's, or FFG's clock where the floor held), the refit
+        policy, the nested scores.
 
     Raises:
         DvfsError: fewer training workloads than cross-validation needs.
     """
     import optuna
 
-    curves = dataset.split("train").curves
-    if len(curves) < MIN_WORKLOADS:
-        raise DvfsError(f"sweep {dataset.sweep_id} has {len(curves)} training workload(s); cross-validation needs at least "
+    train = dataset.split("train")
+    if len(train) < MIN_WORKLOADS:
+        raise DvfsError(f"sweep {dataset.sweep_id} has {len(train)} training workload(s); cross-validation needs at least "
                         f"{MIN_WORKLOADS} (sweep more models/tasks, e.g. --preset quick)")
+    fitted = with_fitted_curves(train)
+    curves = fitted.curves
     freqs = dataset.frequencies
     split = choose_split(curves, cv_split)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -549,34 +747,34 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
             on_trial(TrialRecord(name, trial.number, dict(trial.params), float(trial.value),
                                  float(trial.user_attrs.get("accuracy", math.nan))))
 
-    best, study = select(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
+    searched, study = select(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
     inner = _inner_split(curves, split)
-    tree_score = cross_validate(curves, objective, policy_fitter(objective, best, freqs), inner, INNER_FOLDS)
-    ffg = cross_validate(curves, objective, ffg_fitter(objective, freqs), inner, INNER_FOLDS)
-    constant = cross_validate(curves, objective, policy_fitter(objective, CurveParams(max_depth=0), freqs), inner, INNER_FOLDS)
-    paper = paper_score(curves, objective, freqs)
     n_outer = trials if outer_trials is None else outer_trials
     nested = {}
     for s in dict.fromkeys([split, *outer_splits]):
         ns = nested_cv(curves, objective, freqs, s, n_outer, seed)
         if ns is not None:
             nested[s] = ns
+    held = nested.get(split)
+    # the floor: a fixed clock is a governor too, and the search's choice must beat it held out (a tie goes to the clock)
+    floored = held is not None and held.governor.regret >= held.ffg.regret - 1e-12
+    best: GovernorParams = FixedParams(seed=seed) if floored else searched
+    tree_score = cross_validate(curves, objective, policy_fitter(objective, best, freqs), inner, INNER_FOLDS)
+    ffg = cross_validate(curves, objective, ffg_fitter(objective, freqs), inner, INNER_FOLDS)
+    paper = paper_score(curves, objective, freqs)
+    features_matter = held is not None and held.governor.minus(held.ffg)[2] < 0.0
     metadata = {
         "name": "dvfs-governor", "device_profile": dataset.device_profile, "sweep_id": dataset.sweep_id, "simulated": dataset.simulated,
         "n_workloads": len(curves), "frequencies_mhz": freqs, "features": list(best.features), "cv_split": split,
         "hyperparameters": {k: v for k, v in dataclasses.asdict(best).items() if k not in ("features",)},
         "inner_cv": {"regret": tree_score.regret, "accuracy": tree_score.accuracy},
     }
-    if split in nested:
-        metadata["outer_cv"] = {"split": split, "regret": nested[split].governor.regret, "regret_ci": list(nested[split].governor.ci)}
+    if held is not None:
+        version = held.ffg if isinstance(best, FixedParams) else held.governor
+        metadata["outer_cv"] = {"split": split, "regret": version.regret, "regret_ci": list(version.ci)}
     policy, est = fit_policy(curves, objective, best, freqs, metadata)
-    features_matter = _features_matter_from(study, min(constant.regret, ffg.regret))
-    return SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), split, nested,
-                        features_matter, name, all(c.has_expected for c in curves))
-
-
-def _features_matter_from(study: Any, constant: float) -> bool:
-    """Some trial that is not a constant (depth 0) policy beat the best constant one on the selection folds."""
-    vals = [t.value for t in study.trials if t.value is not None
-            and not (t.params.get("family") == "curve" and t.params.get("curve_max_depth") == 0)]
-    return bool(vals) and min(vals) < constant - 1e-9
+    result = SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), split, nested,
+                          features_matter, name, all(c.has_expected for c in curves), searched,
+                          len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))), fitted.fit_check)
+    result.policy.policy["description"] = result.description()
+    return result
