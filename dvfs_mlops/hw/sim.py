@@ -377,6 +377,7 @@ class SimSession(FreqSession):
         self._joules_expected = {r: 0.0 for r in rail_names(device.params)}
         self._series: list[float] = []
         self._wall0 = 0.0
+        self._steps: dict[str, tuple[_Step, dict[str, float]]] = {}  # per trace: the step and its rails' watts, until a repin
         self.effective_mhz: float | None = None
         if config.knobs_given:
             p = device.params
@@ -410,6 +411,7 @@ class SimSession(FreqSession):
         measurement of its own)."""
         self._draw_noise(mhz)
         self.config = dataclasses.replace(self.config, freq=mhz)
+        self._steps.clear()
 
     def _restore(self) -> None:
         """Nothing on the host was changed."""
@@ -431,10 +433,13 @@ class SimSession(FreqSession):
         """Charge one training step of `profile` (a StepTrace) at this session's configuration."""
         if profile is None:
             return
-        est = _Step.of(self.device, self.config, profile)
+        known = self._steps.get(profile.key)
+        if known is None:
+            est = _Step.of(self.device, self.config, profile)
+            known = self._steps[profile.key] = (est, board_watts(est.power_by_rail_w, self.device.params))
+        est, rails = known
         t, util = est.time_s, est.gpu_util
         self.effective_mhz = est.settled_mhz
-        rails = board_watts(est.power_by_rail_w, self.device.params)
         self._time_expected_s += t
         for r, w in rails.items():
             self._joules_expected[r] += w * t
