@@ -175,10 +175,41 @@ def test_repin_moves_the_gpu_and_keeps_the_cpu_and_emc(traces):
             s.step(traces[1])
     assert s.windows["b"].duration_s == estimate_step(traces[1], Setting(612.0, 1497.6, 2133.0), p).time_s
     assert s.windows["a"].duration_s == estimate_step(traces[1], Setting(1300.5, 1497.6, 2133.0), p).time_s
-    assert s.config == dataclasses.replace(s.config, freq=612.0) and (s.cpu_mhz, s.emc_mhz) == (1497.6, 2133.0)
-    assert s.joint("b").energy_joint_j < s.joint("a").energy_joint_j * 10 and s.context["cpu_mhz"] == 1497.6
+    assert s.config.freq == 612.0 and (s.cpu_mhz, s.emc_mhz) == (1497.6, 2133.0) and s.pins == [612.0]
+    assert s.context["cpu_mhz"] == 1497.6 and s.context["emc_mhz"] == 2133.0
+    for window, gpu in (("a", 1300.5), ("b", 612.0)):
+        want = device.expected(traces[1], Setting(gpu, 1497.6, 2133.0))
+        assert s.joint(window).energy_joint_j == pytest.approx(want.energy_joint_expected_j, rel=1e-12)
     with pytest.raises(KeyError, match="'c' has not ended"):
         s.joint("c")
+
+
+def test_the_knobs_hook_moves_the_cpu_and_emc_inside_a_session(traces):
+    """`_repin_knobs` (what `FreqSession.repin` calls for the CPU and EMC clocks): the next steps run at the new clocks,
+    the one not given stays, a session that started at the tops names its clocks from then on, and a clock off its
+    table moves nothing."""
+    p = _quiet("sim-orin")
+    device = SimDevice(p)
+    s = device.session(816.0, label="refine")
+    with s:
+        with s.window("a"):
+            s.step(traces[1])
+        assert s.context == {}
+        s._repin_knobs(1190.4, None)
+        with s.window("b"):
+            s.step(traces[1])
+        s._repin_knobs(None, 665.6)
+        with s.window("c"):
+            s.step(traces[1])
+        with pytest.raises(UnknownNameError, match="EMC table"):
+            s._repin_knobs(None, 1000.0)
+    for window, setting in (("a", Setting(816.0)), ("b", Setting(816.0, 1190.4)), ("c", Setting(816.0, 1190.4, 665.6))):
+        assert s.windows[window].duration_s == estimate_step(traces[1], setting, p).time_s
+    assert (s.cpu_mhz, s.emc_mhz) == (1190.4, 665.6) and s.context["cpu_mhz"] == 1190.4 and s.context["emc_mhz"] == 665.6
+    noisy = SimDevice(seed=2).session(816.0, label="x")
+    fresh = SimDevice(seed=2).session(816.0, label="x", cpu_mhz=1190.4)
+    noisy._repin_knobs(1190.4, None)
+    assert (noisy.time_factor, noisy.power_factor) == (fresh.time_factor, fresh.power_factor)
 
 
 def test_the_draw_is_seeded_by_the_whole_configuration():

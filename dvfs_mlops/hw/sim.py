@@ -352,23 +352,25 @@ class SimSession(FreqSession):
     """One session on the twin (`SimDevice.session`): nothing written, the steps charged at the configuration.
 
     Attributes:
-        config: the configuration (its GPU request is the session's `freq`: maxn when observing, and follows `repin`).
+        cpu_mhz: the CPU clock the session was given (a clock of the CPU table), None where it leaves the CPU at its top.
+        emc_mhz: the memory clock the session was given (a clock of the EMC table), None where it leaves it at its top.
         time_factor: this draw's time noise (1 + noise).
         power_factor: this draw's power noise (1 + noise).
         effective_mhz: the GPU clock the last step ran at (maxn: the settled clock).
-        context: where the configuration names a CPU or EMC clock: `cpu_mhz` and `emc_mhz` (the clocks it runs at), and
-            once the session has ended the joint energy of its "train" window (else of the session): `energy_joint_j`,
-            `energy_joint_expected_j`, `energy_joint_rails` (`JointReading`). Empty otherwise, as on the GPU-only twin.
+        context: where the session names a CPU or EMC clock: `cpu_mhz` and `emc_mhz` (the clocks it runs at, the tops
+            for one left out), and once the session has ended the joint energy of its "train" window (else of the
+            session): `energy_joint_j`, `energy_joint_expected_j`, `energy_joint_rails` (`JointReading`). Empty
+            otherwise, as on the GPU-only twin.
     """
 
     device: SimDevice
 
     def __init__(self, device: SimDevice, config: TwinConfig, label: str = "", observe: bool = False):
         super().__init__(device, MAXN if observe else config.freq, observe=observe)
+        self.cpu_mhz = config.cpu_mhz
+        self.emc_mhz = config.emc_mhz
         self._label = label
-        self.config = config
         self._draw_noise(config.freq)  # an observing session draws the noise of the clock it was asked for
-        self.config = dataclasses.replace(config, freq=self.freq)
         self._time_s = 0.0
         self._busy_s = 0.0
         self._joules = {r: 0.0 for r in rail_names(device.params)}
@@ -379,19 +381,19 @@ class SimSession(FreqSession):
         self._wall0 = 0.0
         self._steps: dict[str, tuple[_Step, dict[str, float]]] = {}  # per trace: the step and its rails' watts, until a repin
         self.effective_mhz: float | None = None
+        self._say_configuration()
+
+    @property
+    def config(self) -> TwinConfig:
+        """The configuration the next step runs at: the session's GPU request (maxn when observing; `repin` moves it)
+        and its CPU and EMC clocks."""
+        return TwinConfig(self.freq, self.cpu_mhz, self.emc_mhz)
+
+    def _say_configuration(self) -> None:
+        """Put the CPU and EMC clocks the session runs at in `context`, where it names either."""
+        config, p = self.config, self.device.params
         if config.knobs_given:
-            p = device.params
             self.context.update({CONTEXT_CPU_MHZ: config.cpu_mhz or p.cpu_max_mhz, CONTEXT_EMC_MHZ: config.emc_mhz or p.emc_max_mhz})
-
-    @property
-    def cpu_mhz(self) -> float:
-        """The CPU clock the session runs at (the table's top where the configuration leaves it)."""
-        return self.config.cpu_mhz or self.device.params.cpu_max_mhz
-
-    @property
-    def emc_mhz(self) -> float:
-        """The memory (EMC) clock the session runs at (the table's top where the configuration leaves it)."""
-        return self.config.emc_mhz or self.device.params.emc_max_mhz
 
     def _draw_noise(self, freq: FreqRequest) -> None:
         """This session's run-to-run noise at `freq` with its CPU and EMC clocks (seeded: same seed, label and
@@ -407,11 +409,24 @@ class SimSession(FreqSession):
         """Nothing on the host is changed."""
 
     def _repin(self, mhz: float) -> None:
-        """A new GPU clock for the next steps (the CPU and EMC clocks kept), with its own noise draw (a probe is a
-        measurement of its own)."""
+        """A new GPU clock for the next steps (the session's CPU and EMC clocks kept), with its own noise draw (a probe is
+        a measurement of its own)."""
         self._draw_noise(mhz)
-        self.config = dataclasses.replace(self.config, freq=mhz)
         self._steps.clear()
+
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        """New CPU and memory clocks for the next steps (None: that one stays as it is), with the noise draw of the new
+        configuration (the `FreqSession.repin` hook for the CPU and EMC knobs).
+
+        Raises:
+            UnknownNameError: a clock not in its table (nothing moved).
+        """
+        config = self.device.configuration(self.freq, cpu_mhz if cpu_mhz is not None else self.cpu_mhz,
+                                           emc_mhz if emc_mhz is not None else self.emc_mhz)
+        self.cpu_mhz, self.emc_mhz = config.cpu_mhz, config.emc_mhz
+        self._draw_noise(self.freq)
+        self._steps.clear()
+        self._say_configuration()
 
     def _restore(self) -> None:
         """Nothing on the host was changed."""
@@ -513,13 +528,14 @@ class SimSession(FreqSession):
             power_series_w=series,
             energy_expected_j=cpu_gpu_energy(joules_expected),
             time_expected_s=time_expected_s,
-            emc_mhz=self.emc_mhz if self.config.knobs_given and series else None,
+            emc_mhz=(self.emc_mhz or self.device.params.emc_max_mhz) if self.config.knobs_given and series else None,
         )
 
     def _stop_meter(self) -> EnergyReport:
         if not self._series:
             self._charge_wall_time()
         if self.config.knobs_given:
+            self._say_configuration()
             self.context.update(self.joint().context())
         return self._build()
 
