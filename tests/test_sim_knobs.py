@@ -370,3 +370,25 @@ def test_twin_fit_csv_gate_still_refuses_a_bad_joint_fit(trace_cache_dir, tmp_pa
     out = tmp_path / "odd.yaml"
     r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out)])
     assert r.exit_code == 2 and not out.exists() and "is not written: mean error energy" in r.stderr, r.output
+
+
+def test_an_external_command_is_charged_its_wall_time_at_the_session_clocks():
+    """A session with no step trace (`dvfs-mlops run CMD`) charges its wall time at the assumed load, with the CPU rail
+    at the session's CPU clock and the DRAM's background at its EMC clock; the context names the clocks and the joint
+    energy as for steps."""
+    import time
+
+    p = _quiet("sim-orin")
+    watts = {}
+    for knobs in ({}, {"cpu_mhz": 729.6, "emc_mhz": 665.6}):
+        s = SimDevice(p).session(816.0, label="cmd", **knobs)
+        with s:
+            time.sleep(0.02)
+        r = s.report()
+        watts[bool(knobs)] = {rail: j / r.duration_s for rail, j in r.energy_by_rail_j.items()}
+        if knobs:
+            assert s.context["cpu_mhz"] == 729.6 and r.emc_mhz == 665.6
+            assert s.context["energy_joint_j"] == pytest.approx(sum(r.energy_by_rail_j[x] for x in joint_energy(AGX_ORIN_RAILS).rails))
+    assert watts[True]["VDD_CPU_CV"] < watts[False]["VDD_CPU_CV"]
+    assert watts[True]["VDDQ_VDD2_1V8AO"] < watts[False]["VDDQ_VDD2_1V8AO"]
+    assert watts[True]["VDD_GPU_SOC"] == pytest.approx(watts[False]["VDD_GPU_SOC"], rel=1e-12)
