@@ -357,10 +357,12 @@ def test_fit_of_noisy_points_is_within_the_noise_of_the_truth(trace_cache_dir):
     assert result.errors_before["energy"].mean > 5 * result.errors["energy"].mean
 
 
-def _grid_csv(path, points, steps, *, with_steps=True, cpu_mhz=None):
+def _grid_csv(path, points, steps, *, with_steps=True, cpu_mhz=None, board=None):
     """The points as a measured grid in the replay format: time and energy of `steps` steps per row (`steps` column
-    unless `with_steps` is False); `cpu_mhz` adds a CPU column at that clock, and a row at half of it whose values are
-    nonsense (the fit reads the GPU-only slice at the highest CPU clock only)."""
+    unless `with_steps` is False); `cpu_mhz` = (top, low) adds a CPU column: each point's row at the top, and a row of
+    the same work at the lower CPU clock with `board`'s noise-free values (the fit reads every row at its clocks)."""
+    from dvfs_mlops.hw.replay import Setting
+
     head = "workload,gpu_mhz,time_s,energy_j,power_w" + (",steps" if with_steps else "") + ",seq_len" + (",cpu_mhz" if cpu_mhz else "")
     rows = [head]
     for i, p in enumerate(points):  # every other row states its power too
@@ -368,9 +370,11 @@ def _grid_csv(path, points, steps, *, with_steps=True, cpu_mhz=None):
         cells += [str(steps)] if with_steps else []
         cells += [str(p.steps[0][0].seq_len)]
         if cpu_mhz:
-            rows.append(",".join([*cells, f"{cpu_mhz:g}"]))
-            cells[2:5] = [repr(50 * p.time_s), repr(p.energy_j), ""]
-            rows.append(",".join([*cells, f"{cpu_mhz / 2:g}"]))
+            top, low = cpu_mhz
+            rows.append(",".join([*cells, f"{top:g}"]))
+            e = SimDevice(board).expected(p.steps[0][0], Setting(p.freq_mhz, low, None), steps=steps)
+            cells[2:5] = [repr(e.time_expected_s), repr(e.energy_expected_j), ""]
+            rows.append(",".join([*cells, f"{low:g}"]))
         else:
             rows.append(",".join(cells))
     path.write_text("\n".join(rows) + "\n")
@@ -386,12 +390,14 @@ def test_twin_fit_csv_writes_a_loadable_profile(trace_cache_dir, tmp_path):
     from dvfs_mlops.hw.twin.profiles import load_twin_params
 
     points = _simulated_points(TraceCache(trace_cache_dir), _known_board(), steps=3)
-    csv = _grid_csv(tmp_path / "board-a.csv", points, 3, cpu_mhz=2201.6)
+    csv = _grid_csv(tmp_path / "board-a.csv", points, 3, cpu_mhz=(2201.6, 1113.6), board=_known_board())
     out = tmp_path / "fitted" / "a.yaml"
     r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(out), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert report["profile"] == "fit-board-a" and report["n_points"] == len(points) and report["simulated_input"] is False
+    # every row is a point at its clocks, those below the CPU's top too: the host's CPU-bound share is fitted with them
+    assert report["profile"] == "fit-board-a" and report["n_points"] == 2 * len(points) and report["simulated_input"] is False
+    assert "cpu_bound_share" in report["fitted"]
     assert set(report["errors"]) == {"time", "power", "energy"} and report["errors"]["energy"]["mean_rel"] < 0.03
     assert report["errors_base"]["energy"]["mean_rel"] > 0.1
     loaded = load_twin_params(None, out)  # loadable by --twin-params, under its own name

@@ -3,17 +3,20 @@
 A sweep's point is rebuilt the way the sweep ran it: the same data plan (model, task, data
 source, seed, sizes from the sweep's definition) gives the padded length of every step, so each
 point is charged exactly the step traces it ran. Its measured time is `time_s` and its CPU + GPU
-power `energy_j / time_s`. Unpinned (maxn, observe) points and points whose clock did not hold
-are left out.
+power `energy_j / time_s`; where the run's params name its CPU and memory clocks (`cpu_mhz`,
+`emc_mhz`) the point is at that configuration. Unpinned (maxn, observe) points and points whose
+clock did not hold are left out.
 
 A CSV is a measured grid in the replay format (`hw/replay.py`): `workload` (MODEL/TASK: a model preset and a GLUE
 task), `gpu_mhz` (MHz), `time_s` (s) and `energy_j` (J, CPU + GPU) of the SAME work: `steps` training steps (default
 1, i.e. both per step) of `batch_size` (default 16) at padded length `seq_len` (default: the task's mean tokenised
-length), `dtype` float32 unless given; optional `cpu_mhz`/`emc_mhz` (the GPU-only slice at their highest is fitted),
-`power_w`, `repeat` (every repeat is a point) and the governor's feature columns (not read here). The profile is named
-`fit-<grid name>` (the file's stem: the board it was measured on). A grid whose GPU clocks are all clocks of the base
-profile is that board, measured: the profile keeps the base's family and clock table. Any other grid is another board:
-the profile's family is the grid's name and its table the grid's clocks.
+length), `dtype` float32 unless given; optional `cpu_mhz`/`emc_mhz` (every row is a point at its configuration: rows
+below the CPU table's top fit how much of the host's time follows the CPU clock, `cpu_bound_share`), `power_w`,
+`repeat` (every repeat is a point) and the governor's feature columns (not read here). The profile is named
+`fit-<grid name>` (the file's stem: the board it was measured on). A grid whose GPU, CPU and EMC clocks are all clocks of
+the base profile's tables is that board, measured: the profile keeps the base's family and tables. Any other grid is
+another board: the profile's family is the grid's name and its tables the grid's clocks (a domain the grid does not
+name keeps the base's table).
 
 A fit whose mean energy or power error is above the unfitted base's, or above `MAX_FIT_ERROR`, says more about the
 points (time and energy of different work, another kind of board) than about the board: it is not written without
@@ -173,21 +176,32 @@ class CsvPoints:
 
     Attributes:
         name: the grid's name (the file's stem: the board it was measured on).
-        points: one `FitPoint` per row of the GPU-only slice (every repeat).
+        points: one `FitPoint` per row (every repeat), at the row's configuration.
         frequencies_mhz: the grid's GPU clocks, ascending.
+        cpu_frequencies_mhz: the grid's CPU clocks, ascending; () where it has no `cpu_mhz` column.
+        emc_frequencies_mhz: the grid's memory (EMC) clocks, ascending; () where it has no `emc_mhz` column.
     """
 
     name: str
     points: list[FitPoint]
     frequencies_mhz: tuple[float, ...]
+    cpu_frequencies_mhz: tuple[float, ...] = ()
+    emc_frequencies_mhz: tuple[float, ...] = ()
 
     def board(self, base: OrinTwinParams) -> OrinTwinParams:
-        """`base` as the board the grid was measured on: itself where every clock of the grid is one of its table's,
-        else another board, whose family is the grid's name and whose table is the grid's clocks."""
-        table = set(base.frequencies_mhz)
-        if all(any(math.isclose(f, t, abs_tol=0.5) for t in table) for f in self.frequencies_mhz):
+        """`base` as the board the grid was measured on: itself where every clock of the grid is one of its tables',
+        else another board, whose family is the grid's name and whose tables are the grid's clocks (a domain the grid
+        does not name keeps the base's table)."""
+        tables = {"frequencies_mhz": self.frequencies_mhz, "cpu_frequencies_mhz": self.cpu_frequencies_mhz,
+                  "emc_frequencies_mhz": self.emc_frequencies_mhz}
+        if all(_within_table(clocks, getattr(base, field)) for field, clocks in tables.items()):
             return base
-        return dataclasses.replace(base, family=self.name, frequencies_mhz=self.frequencies_mhz)
+        return dataclasses.replace(base, family=self.name, **{field: clocks for field, clocks in tables.items() if clocks})
+
+
+def _within_table(clocks: tuple[float, ...], table: tuple[float, ...]) -> bool:
+    """Every clock is one of the table's (to within the 0.5 MHz a `--freq` resolves)."""
+    return all(any(math.isclose(f, t, abs_tol=0.5) for t in table) for f in clocks)
 
 
 def csv_points(csv_path: str) -> CsvPoints:
@@ -208,8 +222,6 @@ def csv_points(csv_path: str) -> CsvPoints:
     traces = TraceCache()
     points = []
     for row in grid.rows:
-        if row.setting != grid.slice_setting(row.setting.gpu_mhz):
-            continue  # another CPU or EMC clock: the GPU-only slice is fitted
         where = f"{csv_path} line {row.line}"
         model, _, task_name = row.workload.partition("/")
         if not model or not task_name:
@@ -223,8 +235,9 @@ def csv_points(csv_path: str) -> CsvPoints:
         dtype = row.extra.get("dtype", "float32")
         config = classifier_config(spec, task.num_labels, None, task.kind) if task.causal_lm else spec.config
         trace = traces.get(config, batch, seq, dtype, task.num_labels, kind=task.kind)
-        points.append(FitPoint(f"{spec.name}/{task.name}", row.setting.gpu_mhz, ((trace, steps),), row.time_s, row.power_w))
-    return CsvPoints(grid.name, points, grid.gpu_mhz)
+        points.append(FitPoint(f"{spec.name}/{task.name}", row.setting.gpu_mhz, ((trace, steps),), row.time_s, row.power_w,
+                               cpu_mhz=row.setting.cpu_mhz, emc_mhz=row.setting.emc_mhz))
+    return CsvPoints(grid.name, points, grid.gpu_mhz, grid.cpu_mhz, grid.emc_mhz)
 
 
 def _number(row: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -266,7 +279,8 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
         for _, r in rows.iterrows():
             time_s, energy = float(r["metrics.time_s"]), float(r["metrics.energy_j"])
             points.append(FitPoint(f"{model}/{task}", float(r["params.freq_mhz"]), steps, time_s, energy / time_s,
-                                   _present(r.get("metrics.time_expected_s")), _present(r.get("metrics.energy_expected_j"))))
+                                   _present(r.get("metrics.time_expected_s")), _present(r.get("metrics.energy_expected_j")),
+                                   _clock(r.get("params.cpu_mhz"), "cpu_mhz"), _clock(r.get("params.emc_mhz"), "emc_mhz")))
     say(f"sweep {sweep_id}: {len(points)} pinned points of {pinned['params.model'].nunique()} models"
         + (" (SIMULATED)" if simulated else ""))
     return points, simulated
@@ -309,6 +323,21 @@ def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[
     lengths = Counter(padded_length([prepared.train_lengths[i] for i in b]) for b in plan_batches(prepared.n_train, steps, batch, seed))
     trace_for = prepared.trace_provider(batch, PRECISIONS[str(_present(run.get("params.precision")) or "fp32")])
     return tuple((trace_for(n), k) for n, k in sorted(lengths.items()))
+
+
+def _clock(value: Any, name: str) -> float | None:
+    """A run's CPU or EMC clock param (`name`) in MHz; None where it was not logged (a GPU-only point: the tables' tops).
+
+    Raises:
+        DvfsError: the param is not a number.
+    """
+    value = _present(value)
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise DvfsError(f"a point's {name} param is {value!r}, not a clock in MHz; fit from a CSV of the sweep instead") from None
 
 
 def _present(value: Any) -> Any:

@@ -1,8 +1,9 @@
 """Fit a profile's timing and power constants to measured points (`dvfs-mlops twin fit`).
 
-A point is one pinned clock of one workload: the steps it ran (step traces and how often each
-ran), its measured time and its CPU + GPU power (the study's energy over that time). Knows
-nothing of workloads or MLflow: the command (`twin_fit.py`) builds the points.
+A point is one pinned configuration of one workload (a GPU clock, and the CPU and memory clocks
+where it ran them below their tops): the steps it ran (step traces and how often each ran), its
+measured time and its CPU + GPU power (the study's energy over that time). Knows nothing of
+workloads or MLflow: the command (`twin_fit.py`) builds the points.
 
 What is fitted, and why these constants:
 - Timing first (power does not change time): `host_per_step_s` (the fixed per-step overhead),
@@ -17,8 +18,10 @@ What is fitted, and why these constants:
   itself stays the base profile's: only k V^2 is observable, k absorbs the scale. For a given
   shape the CPU + GPU power is linear in (static, k, k * idle share), so those come from a
   bounded linear least-squares solve, and r from a 1-D search. The CPU rail's constants stay
-  the base profile's: CPU + GPU energy alone cannot tell the CPU's base power from the GPU
-  rail's static part (both are constant), so the static part absorbs any difference.
+  the base profile's (its power at each point's CPU clock is theirs, physics.py `rail_terms`):
+  CPU + GPU energy alone cannot tell the CPU's base power from the GPU rail's static part (both
+  are constant at one CPU clock), so the static part absorbs any difference. A memory clock
+  below its top moves a point's time through the DRAM bandwidth (a data-sheet fact, not fitted).
 Relative errors are reported per quantity (time, power, energy), before and after the fit.
 
 A measured grid of every (GPU, CPU, EMC) setting without step traces (BoFL's, `fit_grid`) is fitted differently: each
