@@ -341,7 +341,7 @@ def test_plain_tree_has_thermal_zones_emc_and_nvpmodel(tmp_path, jetpack, gpu_ty
     assert (tmp_path / "var/lib/nvpmodel/status").read_text() == "pmode:0000 fmode:quiet\n"
     conf = (tmp_path / "etc/nvpmodel.conf").read_text()
     heads = re.findall(r"< POWER_MODEL ID=(\d+) NAME=(\S+) >", conf)
-    assert [(int(i), n) for i, n in heads] == [(m, n) for m, n, _, _ in NVPMODEL_MODES]
+    assert [(int(i), n) for i, n in heads] == [(m.mode_id, m.name) for m in NVPMODEL_MODES]
     assert re.findall(r"GPU MAX_FREQ (-?\d+)", conf) == ["-1", "408000000", "612000000", "816000000"]
     assert re.findall(r"TPC_POWER_GATING TPC_PG_MASK (\d+)", conf) == ["0", "12", "8", "0"]
     # the PARAM section names each knob's file: the GPU's clock is this tree's devfreq node
