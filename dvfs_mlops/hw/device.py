@@ -104,7 +104,7 @@ def parse_knob(value: str | float, frequencies_mhz: Sequence[float], knob: str, 
     for f in frequencies_mhz:
         if math.isclose(f, mhz, abs_tol=tolerance_mhz):
             return float(f)
-    raise unknown(what, value, _fmt_table(frequencies_mhz))
+    raise unknown(what, f"{mhz:g}", _fmt_table(frequencies_mhz))
 
 
 def knob_table(device: Any, knob: str) -> list[float]:

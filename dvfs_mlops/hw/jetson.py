@@ -986,6 +986,9 @@ class JetsonSession(PinnedSession):
         self.context.update(self.device.check_knobs(cpu_mhz, emc_mhz, self.power_mode, refuse_above_cap=True))
         super()._repin_knobs(cpu_mhz, emc_mhz)
         if self._sampler is not None:  # later windows are judged against the new pins
+            if cpu_mhz is not None and self._cpu_close is None:  # the CPU clock pinned the first time: read it from here on
+                read_cpu, self._cpu_close, self.context["cpu_clock_source"] = self.device.cpu.reader(measured=True)
+                self._sampler.read_cpu_from(read_cpu)
             self._sampler.knobs = self._knob_pins(cpu_mhz if cpu_mhz is not None else self.pinned_cpu_mhz,
                                                   emc_mhz if emc_mhz is not None else self.pinned_emc_mhz)
 

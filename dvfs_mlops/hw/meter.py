@@ -336,6 +336,21 @@ class KnobPins:
     emc: tuple[float, tuple[float, ...]] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class KnobReadings:
+    """The memory and CPU clocks read at each sample (empty: not read) and the pins they are judged against.
+
+    Attributes:
+        emc_mhz: the memory clock at each sample.
+        cpu_mhz: each sample's per-policy CPU clocks.
+        pins: the CPU and memory clocks pinned (None: not judged).
+    """
+
+    emc_mhz: Sequence[float | None] = ()
+    cpu_mhz: Sequence[Sequence[float | None] | None] = ()
+    pins: KnobPins | None = None
+
+
 def build_report(
     times_s: Sequence[float],
     watts: Sequence[Sequence[float]],
@@ -349,17 +364,16 @@ def build_report(
     pinned_mhz: float | None = None,
     table_mhz: Sequence[float] = (),
     clock_source: str | None = None,
-    emc_mhz: Sequence[float | None] = (),
-    cpu_mhz: Sequence[Sequence[float | None] | None] = (),
-    knobs: KnobPins | None = None,
+    readings: KnobReadings = KnobReadings(),
 ) -> EnergyReport:
     """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter, `energy_source` "counter";
     without it the samples integrated, "samples").
 
     With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample, and so are the CPU and memory
-    clocks pinned (`knobs`). The total power of a sample (peak, series) is the sum of the plan's total rails, like
-    `energy_total_j`.
+    clocks pinned (`readings.pins`). The total power of a sample (peak, series) is the sum of the plan's total rails,
+    like `energy_total_j`.
     """
+    emc_mhz, cpu_mhz, knobs = readings.emc_mhz, readings.cpu_mhz, readings.pins
     duration = (times_s[-1] - times_s[0]) if len(times_s) >= 2 else 0.0
     by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts, rails)
     plan = rail_plan(rails if rails else by_rail)
@@ -531,6 +545,11 @@ class PowerSampler:
             if next_t < clock():  # fell behind (suspended): skip, don't burst
                 next_t = clock() + period
 
+    def read_cpu_from(self, read_cpu: Callable[[], Sequence[float | None]]) -> None:
+        """Read each policy's CPU clock from the next sample on (a session that pins the CPU clock only from a repin)."""
+        with self._lock:
+            self._read_cpu = read_cpu
+
     def start(self) -> None:
         """Take the first sample on the caller's thread, then start the sampling thread."""
         self._sample()
@@ -578,8 +597,9 @@ class PowerSampler:
                             clocks_mhz=[s.clock_mhz for s in window] if self._read_clock is not None else (),
                             samples_failed=failed, energy_override_j=energy_override_j,
                             pinned_mhz=pinned_mhz, table_mhz=table_mhz, clock_source=self.clock_source,
-                            emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else (),
-                            cpu_mhz=[s.cpu_mhz for s in window] if self._read_cpu is not None else (), knobs=self.knobs)
+                            readings=KnobReadings([s.emc_mhz for s in window] if self._read_emc is not None else (),
+                                                  [s.cpu_mhz for s in window] if self._read_cpu is not None else (),
+                                                  self.knobs))
 
     def span_s(self, start: int, end: int) -> float:
         """Seconds between samples `start` and `end` (two `mark()`s)."""
