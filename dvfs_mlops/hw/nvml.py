@@ -281,12 +281,21 @@ class NvmlDevice:
     @property
     def emc_frequencies_mhz(self) -> list[float]:
         """The memory clocks a session can pin (nvmlDeviceGetSupportedMemoryClocks), ascending; [] where the GPU lists
-        one (no memory knob) or NVML cannot say."""
+        one (no memory knob), is older than Ampere (nvmlDeviceSetMemoryLockedClocks: "For Ampere or newer") or NVML
+        cannot say."""
+        if self._before_ampere():
+            return []
         try:
             clocks = sorted({float(c) for c in self.nvml.nvmlDeviceGetSupportedMemoryClocks(self.handle)})
         except self.nvml.NVMLError:
             return []
         return clocks if len(clocks) > 1 else []
+
+    def _before_ampere(self) -> bool:
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+            ampere = getattr(self.nvml, "NVML_DEVICE_ARCH_AMPERE", NVML_DEVICE_ARCH_AMPERE)
+            return int(self.nvml.nvmlDeviceGetArchitecture(self.handle)) < ampere
+        return False
 
     @property
     def memory_key(self) -> str:
@@ -301,6 +310,9 @@ class NvmlDevice:
 
     def emc_unavailable(self) -> str:
         """Why this GPU's memory clock cannot be pinned, in one line with what to do."""
+        if self._before_ampere():
+            return (f"GPU {self.index} ({self.gpu_name}) is older than Ampere: NVML locks memory clocks on Ampere or newer "
+                    "only (nvmlDeviceSetMemoryLockedClocks); drop --emc-freq")
         try:
             listed = sorted({float(c) for c in self.nvml.nvmlDeviceGetSupportedMemoryClocks(self.handle)})
         except self.nvml.NVMLError as e:
@@ -313,7 +325,19 @@ class NvmlDevice:
                 "backend does not pin: drop --cpu-freq")
 
     def lock_memory_clocks(self, mhz: float) -> None:
-        self._call("lock the memory clock", self.nvml.nvmlDeviceSetMemoryLockedClocks, int(mhz), int(mhz))
+        """Lock the memory clock at `mhz`.
+
+        Raises:
+            DevicePermissionError, DvfsError: NVML refused it (`partial` False: a lock call NVML refused is undone, so
+                nothing is left to restore).
+        """
+        try:
+            self._call("lock the memory clock", self.nvml.nvmlDeviceSetMemoryLockedClocks, int(mhz), int(mhz))
+        except DvfsError as e:
+            with contextlib.suppress(Exception):  # a lock call that failed half-way: undo whatever it did
+                self.reset_memory_clocks()
+            e.partial = False  # type: ignore[attr-defined]
+            raise
 
     def reset_memory_clocks(self) -> None:
         self._call("reset the locked memory clock", self.nvml.nvmlDeviceResetMemoryLockedClocks)

@@ -344,6 +344,7 @@ def _cpufreq(root: Path, spec: OrinModule) -> list[int]:
                            ("scaling_max_freq", f"{table[-1]}\n"), ("scaling_cur_freq", f"{table[-1]}\n"),
                            ("scaling_setspeed", "<unsupported>\n")):
             _w(pol / name, text)
+        (pol / "cpuinfo_cur_freq").chmod(0o400)  # cpufreq.rst: "only root can read it"
         for c in cpus:
             _link(root / f"sys/devices/system/cpu/cpu{c}/cpufreq", f"../cpufreq/policy{first}")
             _w(root / f"sys/devices/system/cpu/cpu{c}/online", "1\n")
@@ -362,6 +363,7 @@ def _emc(root: Path, spec: OrinModule) -> None:
         _w(emc / name, f"{value}\n")
     _w(root / EMC_POSSIBLE_RATES, " ".join(str(r // 1000) for r in rates) + "\n")
     _w(root / EMC_ISO_CAP, "0\n")
+    (root / "sys/kernel/debug").chmod(0o700)  # debugfs is root's
 
 
 def _agx_rails(root: Path) -> list[Path]:
