@@ -198,7 +198,9 @@ def test_the_power_mode_is_one_record_on_the_board_and_in_the_session(orin6_kern
     k.set_nvpmodel_mode(1)
     dev = JetsonDevice(sample_hz=200)
     mode = dev.power_mode()
-    assert mode == PowerMode(1, "MODE_15W", gpu_max_mhz=408.0, gpu_min_mhz=None, tpc_pg_mask=0xC)
+    cpu = ((0, 729600, 1113600), (4, 729600, 1113600), (8, 729600, 1113600))  # each cluster's CPU_A78_<k> range, kHz
+    assert mode == PowerMode(1, "MODE_15W", gpu_max_mhz=408.0, gpu_min_mhz=None, tpc_pg_mask=0xC, cpu_ranges=cpu,
+                             emc_max_mhz=2133.0)
     board = board_of(dev, "cpu")
     assert board.power_mode == mode and Board.from_json(board.to_json()).power_mode == mode
     assert board.power_mode_key == "nvpmodel 1:MODE_15W gpu_max_mhz=408 tpc_pg_mask=12"

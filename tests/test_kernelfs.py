@@ -5,6 +5,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,15 @@ import pytest
 from testkit.fakes import kernelfs
 from testkit.fakes.sysfs import (
     BOOT_ID,
+    EMC_ISO_CAP,
+    EMC_POSSIBLE_RATES,
     EMC_RATE_HZ,
     GPC_CLOCK_FILES,
     NVPMODEL_MODES,
     ORIN_TABLE_HZ,
     TPC_PG_MASK_FILE,
     make_orin_tree,
+    nvpmodel_mode,
     set_gpc_clock_hz,
 )
 
@@ -341,7 +345,7 @@ def test_plain_tree_has_thermal_zones_emc_and_nvpmodel(tmp_path, jetpack, gpu_ty
     assert (tmp_path / "var/lib/nvpmodel/status").read_text() == "pmode:0000 fmode:quiet\n"
     conf = (tmp_path / "etc/nvpmodel.conf").read_text()
     heads = re.findall(r"< POWER_MODEL ID=(\d+) NAME=(\S+) >", conf)
-    assert [(int(i), n) for i, n in heads] == [(m, n) for m, n, _, _ in NVPMODEL_MODES]
+    assert [(int(i), n) for i, n in heads] == [(m.mode_id, m.name) for m in NVPMODEL_MODES]
     assert re.findall(r"GPU MAX_FREQ (-?\d+)", conf) == ["-1", "408000000", "612000000", "816000000"]
     assert re.findall(r"TPC_POWER_GATING TPC_PG_MASK (\d+)", conf) == ["0", "12", "8", "0"]
     # the PARAM section names each knob's file: the GPU's clock is this tree's devfreq node
@@ -370,3 +374,100 @@ def test_plain_tree_has_the_module_device_tree_boot_id_and_throttle_counters(tmp
     labels = sorted((h / f"in{n}_label").read_text().strip() for h in fake.hwmon for n in (1, 2, 3))
     assert labels == ["VDD_CPU_GPU_CV", "VDD_IN", "VDD_SOC"]
     assert not any((fake.root / rel).exists() for rel in GPC_CLOCK_FILES)  # only as root, added by set_gpc_clock_hz
+
+
+# -- cpufreq policies (drivers/cpufreq/cpufreq.c) ------------------------------------------------------------------------
+def _policy(k, name: str = "policy4") -> Path:
+    return k.policy(name)
+
+
+def test_cpufreq_accepts_min_above_max_and_reads_the_max_for_both(orin6_kernel):
+    k = orin6_kernel
+    pol = _policy(k)
+    write(pol / "scaling_max_freq", "1420800")
+    write(pol / "scaling_min_freq", "2201600")  # freq QoS: no EINVAL; verify makes min the max
+    assert k.cpu_range_khz("policy4") == (1420800, 1420800)
+    assert (k.backing.policy("policy4") / "scaling_min_freq").read_text() == "2201600\n"  # the request as written
+    write(pol / "scaling_max_freq", "2201600")
+    assert k.cpu_range_khz("policy4") == (2201600, 2201600)
+
+
+def test_cpufreq_values_parse_like_sscanf_and_resolve_to_the_table(orin6_kernel):
+    k = orin6_kernel
+    pol = _policy(k, "policy0")
+    for bad in ("abc", "-1", " "):
+        assert refused(pol / "scaling_max_freq", bad) == errno.EINVAL
+    write(pol / "scaling_max_freq", "1000000\n")  # between two table clocks: down to 960000 (CPUFREQ_RELATION_H)
+    write(pol / "scaling_min_freq", "900000")  # up to 960000 (CPUFREQ_RELATION_L)
+    assert k.cpu_range_khz("policy0") == (960000, 960000)
+    write(pol / "scaling_max_freq", "9999999")  # above cpuinfo_max_freq: the table's top
+    write(pol / "scaling_min_freq", "0")
+    assert k.cpu_range_khz("policy0") == (115200, 2201600)
+
+
+def test_cpufreq_reads_aggregate_a_cooling_devices_cap_and_cur_is_the_top(orin6_kernel):
+    k = orin6_kernel
+    pol = _policy(k)
+    write(pol / "scaling_min_freq", "1420800")
+    write(pol / "scaling_max_freq", "1420800")
+    k.set_cpu_cap_khz("policy4", 1036800)
+    assert k.cpu_range_khz("policy4") == (1036800, 1036800)  # the cap, never the user's request
+    assert int((pol / "scaling_cur_freq").read_text()) == 1036800 == int((pol / "cpuinfo_cur_freq").read_text())
+    assert (k.backing.policy("policy4") / "scaling_max_freq").read_text() == "1420800\n"
+    k.set_cpu_cap_khz("policy4", None)
+    assert k.cpu_range_khz("policy4") == (1420800, 1420800)
+    assert k.cpu_range_khz("policy0") == (115200, 2201600)  # another policy's range is its own
+
+
+def test_cpufreq_read_only_attributes_and_the_cpu_links(orin6_kernel):
+    k = orin6_kernel
+    pol = _policy(k, "policy8")
+    for name in ("scaling_available_frequencies", "cpuinfo_max_freq", "scaling_cur_freq", "related_cpus"):
+        assert refused(pol / name, "1") == errno.EACCES
+    assert stat.S_IMODE(os.stat(pol / "cpuinfo_cur_freq").st_mode) == 0o400  # cpufreq.rst: "only root can read it"
+    assert (pol / "related_cpus").read_text().split() == ["8", "9", "10", "11"]
+    assert os.path.realpath(k.mountpoint / "sys/devices/system/cpu/cpu10/cpufreq") == str(pol)
+    write(k.mountpoint / "sys/devices/system/cpu/cpu10/cpufreq/scaling_max_freq", "960000")
+    assert k.cpu_range_khz("policy8") == (115200, 960000)
+    assert ("policy8/scaling_max_freq", "960000", 0) in k.log
+    assert refused(pol / "scaling_governor", "turbo") == errno.EINVAL
+
+
+# -- BPMP's EMC clock (jetson_clocks' files) -----------------------------------------------------------------------------
+def test_emc_rate_written_holds_only_while_mrq_rate_locked(orin6_kernel):
+    k = orin6_kernel
+    assert k.emc_state() == (0, EMC_RATE_HZ)
+    write(k.emc / "rate", "665600000")  # unlocked: the kernel's choice shows
+    assert k.emc_state() == (0, EMC_RATE_HZ)
+    write(k.emc / "mrq_rate_locked", "1")
+    assert k.emc_state() == (1, 665600000)  # the rate written last holds
+    k.set_emc_kernel_rate_hz(2133000000)
+    assert k.emc_state() == (1, 665600000)
+    write(k.emc / "mrq_rate_locked", "0")
+    assert k.emc_state() == (0, 2133000000)  # given back to the kernel
+
+
+def test_emc_files_refuse_what_bpmp_would(orin6_kernel):
+    k = orin6_kernel
+    assert refused(k.emc / "mrq_rate_locked", "2") == errno.EINVAL
+    assert refused(k.emc / "rate", "fast") == errno.EINVAL
+    for name in ("min_rate", "max_rate"):
+        assert refused(k.emc / name, "204000000") == errno.EACCES
+    assert refused(k.mountpoint / EMC_POSSIBLE_RATES, "1") == errno.EACCES
+    write(k.emc / "mrq_rate_locked", "1")
+    write(k.emc / "rate", "1000000000")  # between two rates of BPMP's table: the fake's BPMP takes the one above
+    assert k.emc_state() == (1, 2133000000)
+    k.set_emc_floor_hz(665600000)
+    write(k.emc / "rate", "204000000")  # below min_rate: held at the floor
+    assert k.emc_state() == (1, 665600000)
+
+
+def test_nvpmodel_writes_each_clusters_cpu_range_and_the_emc_cap(orin6_kernel):
+    k = orin6_kernel
+    k.set_nvpmodel_mode(2)
+    mode = nvpmodel_mode(2)
+    assert {n: k.cpu_range_khz(n) for n in ("policy0", "policy4", "policy8")} == \
+        {n: (mode.cpu_min_khz, mode.cpu_max_khz) for n in ("policy0", "policy4", "policy8")}
+    assert int((k.mountpoint / EMC_ISO_CAP).read_text()) == mode.emc_max_hz == 2133000000
+    k.set_nvpmodel_mode(0)  # MAXN: CPU MIN_FREQ 0 and MAX_FREQ -1, EMC MAX_FREQ 0: no limits
+    assert k.cpu_range_khz("policy0") == (115200, 2201600) and (k.mountpoint / EMC_ISO_CAP).read_text() == "0\n"

@@ -516,3 +516,72 @@ def test_a_limiting_clock_reason_at_the_start_is_recorded():
     with NvmlDevice(nvml=make_module([FakeGPU()]), sample_hz=100).session("maxn") as s:
         pass
     assert "clock_limits_at_start" not in s.context
+
+
+# ---- the memory clock where the GPU offers more than one; no CPU clock --------------------------------------------------
+def _memory_gpu(**kw: Any) -> FakeGPU:
+    return FakeGPU(name="NVIDIA RTX A6000", mem_clocks=[8001, 5001, 810, 405], **kw)  # several memory clocks
+
+
+def test_the_memory_clock_is_locked_in_its_own_domain_read_back_and_reset(state_dir):
+    m = make_module([_memory_gpu()])
+    gpu = m._gpus[0]
+    dev = NvmlDevice(nvml=m, sample_hz=100, assume_unlocked=True)
+    assert dev.emc_frequencies_mhz == [405.0, 810.0, 5001.0, 8001.0] and dev.cpu_frequencies_mhz == []
+    with dev.session(1005, emc_mhz=5001) as s:
+        assert gpu.locked == (1005, 1005) and gpu.mem_locked == (5001, 5001)
+        assert {j.device_key for _p, j in list_journals(state_dir)} == {"nvml-0", "nvml-0-memory"}
+        with s.window("train"):
+            time.sleep(0.1)
+    assert gpu.locked is None and gpu.mem_locked is None and list_journals(state_dir) == []
+    assert gpu.calls == [("lock", 1005, 1005), ("lock_memory", 5001, 5001), ("reset_memory",), ("reset",)]
+    r = s.report()
+    assert r.emc_mhz == pytest.approx(5001) and r.emc_held is True and s.context["emc_held"] is True
+
+
+def test_a_gpu_with_one_memory_clock_refuses_a_memory_clock_in_one_line_and_nvml_has_no_cpu_clock(state_dir):
+    m = make_module()  # an A100: HBM at one clock, 1215 MHz
+    dev = NvmlDevice(nvml=m, assume_unlocked=True)
+    assert dev.emc_frequencies_mhz == []
+    with pytest.raises(DvfsError) as e:
+        dev.session(1005, emc_mhz=1215)
+    assert "offers one memory clock (1215 MHz, nvmlDeviceGetSupportedMemoryClocks)" in str(e.value)
+    assert "drop --emc-freq" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(DvfsError, match=r"NVML sets GPU clocks only.*drop --cpu-freq"):
+        dev.session(1005, cpu_mhz=1000)
+    assert m._gpus[0].calls == [] and list_journals(state_dir) == []
+    with pytest.raises(UnknownNameError, match=r"unknown memory .EMC. clock '5000'"):
+        NvmlDevice(nvml=make_module([_memory_gpu()])).session(1005, emc_mhz=5000)
+
+
+def test_a_memory_lock_left_by_a_dead_run_is_reset_by_restore(state_dir):
+    from dvfs_mlops.hw.nvml import NvmlPin
+
+    m = make_module([_memory_gpu()])
+    gpu = m._gpus[0]
+    pin = NvmlPin(NvmlDevice(nvml=m, assume_unlocked=True))
+    pin.pin(1005, emc_mhz=810)
+    pin._memory._ownership.abandon()  # the process dies: the locks go (flock), the journals stay
+    pin._ownership.abandon()
+    assert gpu.mem_locked == (810, 810) and len(list_journals(state_dir)) == 2
+    assert restore_journals(announce=lambda _m: None, nvml_module=m) == 2
+    assert gpu.mem_locked is None and gpu.locked is None and list_journals(state_dir) == []
+
+
+def test_the_memory_clock_needs_ampere_and_a_refused_lock_leaves_nothing_to_restore(state_dir):
+    turing = make_module([_memory_gpu(architecture=fake_pynvml.NVML_DEVICE_ARCH_TURING)])
+    with pytest.raises(DvfsError, match="older than Ampere: NVML locks memory clocks on Ampere or newer only"):
+        NvmlDevice(nvml=turing, assume_unlocked=True).session(1005, emc_mhz=5001)
+    m = make_module([_memory_gpu()])
+    gpu = m._gpus[0]
+    real = m.nvmlDeviceSetMemoryLockedClocks
+
+    def refused(h: Any, lo: int, hi: int) -> None:
+        real(h, lo, hi)
+        raise fake_pynvml.NVMLError(fake_pynvml.NVML_ERROR_NOT_SUPPORTED)  # the driver says no after all
+
+    m.nvmlDeviceSetMemoryLockedClocks = refused
+    with pytest.raises(DvfsError, match="NVML could not lock the memory clock on GPU 0: Not Supported"), \
+            NvmlDevice(nvml=m, assume_unlocked=True).session(1005, emc_mhz=5001):
+        pass
+    assert gpu.locked is None and gpu.mem_locked is None and list_journals(state_dir) == []

@@ -267,3 +267,28 @@ def test_a_setting_or_workload_not_in_the_file_is_refused_in_one_line(grid, tmp_
     with pytest.raises(DvfsError, match=r"has no row for workload 'b' at 500 MHz"):
         ragged.session(500, workload="b")
     assert ragged.looked_up("b") == ()  # refused before entering: nothing looked up
+
+
+def test_the_cpu_and_emc_keywords_play_that_setting_and_a_repin_looks_the_new_one_up_once(grid):
+    dev = _device(grid)
+    assert dev.cpu_frequencies_mhz == list(CPU) and dev.emc_frequencies_mhz == list(EMC)
+    with dev.session(612, workload="enc-a", cpu_mhz=1000, emc_mhz=800) as s:
+        s.step()
+        s.repin(918.75, cpu_mhz=2201.6)  # the EMC clock stays
+        s.step()
+    assert [x.setting for x in s.lookups] == [Setting(612.0, 1000.0, 800.0), Setting(918.75, 2201.6, 800.0)]
+    assert dev.looked_up("enc-a") == (Setting(612.0, 1000.0, 800.0), Setting(918.75, 2201.6, 800.0))  # no setting between
+    assert s.report().energy_j == pytest.approx(_energy("enc-a", 612, 1000, 800) + _energy("enc-a", 918.75, 2201.6, 800))
+    assert s.context["cpu_mhz"] == 2201.6 and s.context["emc_mhz"] == 800.0 and s.cpu_mhz == 2201.6
+
+
+def test_a_cpu_or_emc_clock_not_in_the_file_or_a_file_without_that_column_is_one_line(grid, tmp_path):
+    dev = _device(grid)
+    with pytest.raises(UnknownNameError, match=r"unknown CPU clock '1500'; valid CPU clocks: 1000, 2201\.6"):
+        dev.session(612, workload="enc-a", cpu_mhz=1500)
+    with pytest.raises(UnknownNameError, match=r"unknown memory \(EMC\) clock '2133'; valid memory \(EMC\) clocks: 800, 3199"):
+        dev.session(612, workload="enc-a", emc_mhz=2133)
+    gpu_only = _write(tmp_path, "workload,gpu_mhz,time_s,energy_j\nw,306,1.0,10.0\nw,612,0.6,9.0\n")
+    with pytest.raises(DvfsError, match=r"has no cpu_mhz column: its CPU clock was not varied.*drop --cpu-freq"):
+        ReplayDevice(gpu_only).session(612, cpu_mhz=1000)
+    assert dev.looked_up("enc-a") == ()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.app.curve_fit import CurveFitRequest
     from dvfs_mlops.app.devices import DeviceChoice
     from dvfs_mlops.app.finetune_command import FinetuneJobRequest
+    from dvfs_mlops.app.run import RunKnobs
     from dvfs_mlops.app.simulate import SimulateRequest
     from dvfs_mlops.app.sweep_command import SweepWorker
     from dvfs_mlops.mlops.calibration import CalibrationRequest
@@ -84,9 +85,8 @@ def _echo_lines(lines: Iterable[str], err: bool = False) -> None:
 @opts.device_options("device", "gpu_index", "trace")
 @opts.JSON_OPTION
 def devices(device: DeviceChoice, as_json: bool) -> None:
-    """Show the backend, its frequency table, current clock and power rails."""
+    """Show the backend, its frequency tables (GPU; CPU and memory where it has them), current clock and power rails."""
     from dvfs_mlops.app.devices import device_info, info_lines
-
     info = device_info(device, announce=None if as_json else _echo_err)
     _echo_lines([json.dumps(info.to_dict(), indent=2)] if as_json else info_lines(info))
 
@@ -105,18 +105,18 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
+@opts.knob_options
 @opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
 @opts.OBSERVE_OPTION
 @click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default: the GPUs COMMAND uses).")
-@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU cap (recorded).")
+@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU, CPU or EMC cap (recorded).")
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(freq: str, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...], **gpus: bool) -> int:
-    """Pin the clock (nvml: of the GPUs COMMAND uses, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
+def run(freq: str, knobs: RunKnobs, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...], **gpus: bool) -> int:
+    """Pin the clocks (nvml: of the GPUs COMMAND uses, or --gpu-index's), run COMMAND (no shell), meter, restore; exit with its code."""
     from dvfs_mlops.app.run import run_command
-    outcome = run_command(freq, observe, device, command, say=_echo_err, **gpus, gpu_index_given=click.get_current_context()
-                          .get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT)
-    return outcome.emit(as_json, click.echo)
+    return run_command(freq, observe, device, command, say=_echo_err, **gpus, knobs=knobs, gpu_index_given=click.get_current_context()
+                       .get_parameter_source("gpu_index") is not click.core.ParameterSource.DEFAULT).emit(as_json, click.echo)
 
 
 @main.command()
@@ -276,9 +276,8 @@ def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: Devic
 
 @main.command()
 def restore() -> None:
-    """Put back clocks that a killed run left pinned (applies its restore journal)."""
+    """Put back clocks that a killed run left pinned (applies its restore journals: GPU, CPU and memory clocks)."""
     from dvfs_mlops.hw import restore_journals
-
     restore_journals(announce=click.echo)
 
 
@@ -288,5 +287,4 @@ def restore() -> None:
 def clockd(action: str, options: opts.ClockdOptions) -> None:
     """The clock service, so group members pin clocks without root: serve, install/uninstall (root), status, release DEVICE (root)."""
     from dvfs_mlops.app.clockd_command import clockd_command
-
     _echo_lines(clockd_command(action, options, say=_echo_err))

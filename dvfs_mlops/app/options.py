@@ -176,6 +176,9 @@ def device_options(*names: str) -> OptionGroup:
     return option_group("device", DeviceChoice, *chosen)
 
 
+knob_options = option_group("knobs", lazy("dvfs_mlops.app.run", "RunKnobs"),  # beside --freq, in MHz like it: one RunKnobs
+    click.option("--cpu-freq", "cpu_mhz", type=float, metavar="MHZ", help="Also pin every CPU cluster at this clock (jetson)."),
+    click.option("--emc-freq", "emc_mhz", type=float, metavar="MHZ", help="Also pin the memory clock (jetson EMC, nvml memory)."))
 simulate_options = option_group(
     "request", lazy("dvfs_mlops.app.simulate", "SimulateRequest"),
     click.argument("model", required=False),

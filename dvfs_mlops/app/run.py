@@ -10,6 +10,11 @@ naming --gpu-index, CUDA_VISIBLE_DEVICES and --all-gpus (every GPU, from the sta
 What the outcome carries besides energy: the power mode a Jetson ran in, a cap held when the session started
 (`cap_at_start_mhz`), a pin above the mode's cap (`--above-mode-cap`), and where the energy comes from
 (`energy_source`: an energy counter or the power samples).
+
+The CPU and memory clocks (`--cpu-freq`, `--emc-freq`, `RunKnobs`): pinned with the GPU's, through the same session
+(`hw.device.open_session`), each checked against its table (and on a Jetson the power mode's caps and the EMC floor)
+before anything runs; the outcome carries each read back (`cpu_mhz_measured`, `emc_mhz`) and whether it held. nvml pins
+the memory clock of each GPU the command uses and refuses a CPU clock; the twin refuses both for now.
 """
 from __future__ import annotations
 
@@ -32,7 +37,29 @@ from dvfs_mlops.hw.multi import GpuEnergy
 ATTACH_POLL_S = 0.1
 # What a session observed that `run --json` carries (absent keys are null).
 CONTEXT_KEYS = ("nvpmodel_mode", "nvpmodel_gpu_max_mhz", "nvpmodel_tpc_pg_mask", "cap_at_start_mhz", "above_mode_cap",
-                "clock_limits_at_start", "energy_counter_period_s", "power_source")
+                "clock_limits_at_start", "energy_counter_period_s", "power_source", "nvpmodel_cpu_max_mhz",
+                "nvpmodel_emc_max_mhz", "cpu_khz_by_policy", "cpu_clock_source")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKnobs:
+    """The CPU and memory clocks a command pins beside the GPU's (`--cpu-freq`, `--emc-freq`), MHz; None: left alone.
+
+    Raises:
+        DvfsError: a clock that is not a positive number of MHz (one line naming the option).
+    """
+
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
+
+    def __post_init__(self) -> None:
+        for option, value in (("--cpu-freq", self.cpu_mhz), ("--emc-freq", self.emc_mhz)):
+            if value is not None and not value > 0:
+                raise DvfsError(f"{option} is a clock in MHz of the device's table, got {value:g}")
+
+    def keywords(self) -> dict[str, float]:
+        """The knobs given, as `Device.session` keywords."""
+        return {k: v for k, v in (("cpu_mhz", self.cpu_mhz), ("emc_mhz", self.emc_mhz)) if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +85,17 @@ class RunOutcome:
     context: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     power_mode: Mapping[str, Any] | None = None
     found_by_use: bool = False
+    knobs: RunKnobs = RunKnobs()
 
     def to_json(self) -> dict[str, Any]:
-        """The `--json` object: the request, the device, the exit code, every field of the report, `CONTEXT_KEYS` (null
-        where not observed) and `power_mode`; with several GPUs (or GPUs found by use) the report is their sum, `gpus`
-        lists each GPU's (index, uuid, host, key, report) and `gpu_count` how many."""
+        """The `--json` object: the request (`freq`, and `cpu_freq`, `emc_freq` in MHz, null where not pinned), the
+        device, the exit code, every field of the report (`cpu_mhz_measured`, `cpu_held`, `emc_mhz`, `emc_held`
+        included), `CONTEXT_KEYS` (null where not observed) and `power_mode`; with several GPUs (or GPUs found by use)
+        the report is their sum, `gpus` lists each GPU's (index, uuid, host, key, report) and `gpu_count` how many."""
         several = ({"gpu_count": len(self.gpus), "gpus": [g.to_dict() for g in self.gpus]}
                    if len(self.gpus) > 1 or self.found_by_use else {})
-        return {"freq": self.freq, "observe": self.observe, "device": self.device, "device_profile": self.device_profile,
+        return {"freq": self.freq, "cpu_freq": self.knobs.cpu_mhz, "emc_freq": self.knobs.emc_mhz, "observe": self.observe,
+                "device": self.device, "device_profile": self.device_profile,
                 "device_id": self.device_id, "returncode": self.returncode, **self.report.to_dict(),
                 **{k: self.context.get(k) for k in CONTEXT_KEYS}, "power_mode": self.power_mode, **several}
 
@@ -108,14 +138,30 @@ class RunOutcome:
         failed = f", {report.samples_failed} failed" if report.samples_failed else ""
         return (f"energy{label}: {report.energy_j:.2f} J CPU+GPU, {report.energy_total_j:.2f} J all rails, "
                 f"{report.duration_s:.2f} s, avg {report.avg_power_w:.2f} W, peak {report.peak_power_w:.2f} W, "
-                f"{report.samples} samples{failed}{clock}{held}{' [observe]' if self.observe else ''}; exit code {self.returncode}")
+                f"{report.samples} samples{failed}{clock}{held}{_knob_clocks(report, self.knobs)}"
+                f"{' [observe]' if self.observe else ''}; exit code {self.returncode}")
+
+
+def _knob_clocks(report: EnergyReport, knobs: RunKnobs) -> str:
+    """The CPU and memory clocks read back where they were pinned, and whether each held."""
+    held = {True: " (held)", False: " (did NOT hold)", None: ""}
+    out = ""
+    if knobs.cpu_mhz is not None and report.cpu_mhz_measured is not None:
+        out += f", CPU {report.cpu_mhz_measured:.0f} MHz{held[report.cpu_held]}"
+    if knobs.emc_mhz is not None and report.emc_mhz is not None:
+        out += f", memory {report.emc_mhz:.0f} MHz{held[report.emc_held]}"
+    return out
 
 
 def _context_lines(context: Mapping[str, Any]) -> list[str]:
     out = []
     if context.get("nvpmodel_mode"):
         cap = context.get("nvpmodel_gpu_max_mhz")
-        out.append(f"power mode {context['nvpmodel_mode']}" + (f" (GPU cap {cap:g} MHz)" if cap is not None else " (no GPU cap)"))
+        knob_caps = "".join(f", {name} cap {context[key]:g} MHz" for key, name in (("nvpmodel_cpu_max_mhz", "CPU"),
+                                                                                  ("nvpmodel_emc_max_mhz", "EMC"))
+                            if context.get(key) is not None)
+        out.append(f"power mode {context['nvpmodel_mode']}" + (f" (GPU cap {cap:g} MHz{knob_caps})" if cap is not None
+                                                               else f" (no GPU cap{knob_caps})"))
     if context.get("cap_at_start_mhz") is not None:
         out.append(f"the GPU was capped at {context['cap_at_start_mhz']:g} MHz when the session started (max_freq read below "
                    "the power mode's range): a thermal or other cap; a maxn run under it is not the board's MAXN")
@@ -123,7 +169,7 @@ def _context_lines(context: Mapping[str, Any]) -> list[str]:
         out.append(f"the GPU's clock was held down when the session started ({context['clock_limits_at_start']}, NVML's clock "
                    "event reasons): a maxn run under it is not the GPU's own default")
     if context.get("above_mode_cap"):
-        out.append("pinned above the power mode's GPU cap (--above-mode-cap): the board ran outside the mode's power budget")
+        out.append("pinned above the power mode's cap (--above-mode-cap): the board ran outside the mode's power budget")
     return out
 
 
@@ -139,8 +185,8 @@ def _energy(report: EnergyReport) -> str:
 
 def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequence[str],
                 say: Callable[[str], None] = lambda _m: None, *, gpu_index_given: bool = False, all_gpus: bool = False,
-                above_mode_cap: bool = False) -> RunOutcome:
-    """`dvfs-mlops run`: check everything (the clock, the command, the device), then run the command metered.
+                above_mode_cap: bool = False, knobs: RunKnobs | None = None) -> RunOutcome:
+    """`dvfs-mlops run`: check everything (the clocks, the command, the device), then run the command metered.
 
     Args:
         freq: a clock of the device's table in MHz, or 'maxn'; '' with `observe` (meter under the clocks as found).
@@ -150,23 +196,27 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
         say: where the 'device: ...' line goes, once every check has passed.
         gpu_index_given: nvml: --gpu-index was given: that GPU alone.
         all_gpus: nvml: every GPU the command can see, from the start, even with CUDA_VISIBLE_DEVICES unset.
-        above_mode_cap: jetson: allow a pin above the power mode's GPU cap (recorded).
+        above_mode_cap: jetson: allow a pin above the power mode's GPU, CPU or EMC cap (recorded).
+        knobs: the CPU and memory clocks to pin as well (None: neither).
 
     Returns:
         The `RunOutcome` (the command's exit code in it).
 
     Raises:
         DvfsError: a replay device (nothing to run), no --freq and no --observe, --gpu-index with --all-gpus, a clock
-            not in the table, a command that does not exist, a device that cannot be opened, CUDA_VISIBLE_DEVICES naming
-            some GPUs by index, several GPUs whose processes NVML cannot list, a pin above the power mode's cap (all
-            before anything runs), or a refused clock write (every GPU pinned before it is restored).
+            not in its table, a knob the backend cannot set, an EMC clock below the board's floor, a command that does not
+            exist, a device that cannot be opened, CUDA_VISIBLE_DEVICES naming some GPUs by index, several GPUs whose
+            processes NVML cannot list, a pin above the power mode's cap (all before anything runs), or a refused clock
+            write (every clock pinned before it is restored).
     """
+    knobs = knobs or RunKnobs()
     refuse_replay(choice, "run")
     if not freq and not observe:
         raise DvfsError("give --freq MHZ (or maxn), or --observe to meter without touching the clock")
     if gpu_index_given and all_gpus:
         raise DvfsError("--gpu-index pins one GPU and --all-gpus every GPU: give one of them")
     from dvfs_mlops.hw import parse_freq
+    from dvfs_mlops.hw.device import open_session
 
     dev = open_chosen(choice, load_twin(choice))
     if above_mode_cap and dev.name == "jetson":
@@ -178,48 +228,54 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
         devices = open_visible(dev)
         if len(devices) > 1:
             if settings.cuda_visible_devices() is None and not all_gpus:
-                return _run_on_used_gpus(devices, freq, observe, choice, list(command), say)
-            return _run_on_gpus(devices, freq, observe, choice, list(command), say)
+                return _run_on_used_gpus(devices, freq, observe, choice, list(command), say, knobs)
+            return _run_on_gpus(devices, freq, observe, choice, list(command), say, knobs)
         dev = devices[0]
         if choice.device_id.strip():
             dev.device_id = choice.device_id.strip()
     pinned = parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
-    if dev.name == "jetson" and pinned != "maxn" and not observe:
-        dev.check_mode_cap(float(pinned), dev.power_mode())  # the session checks again; refused here before any line
+    session = open_session(dev, freq, observe=observe, **knobs.keywords())  # each knob in its table, or refused
+    if dev.name == "jetson" and not observe:  # the session checks again; refused here before any line
+        mode = dev.power_mode()
+        if pinned != "maxn":
+            dev.check_mode_cap(float(pinned), mode)
+        if knobs.keywords():
+            dev.check_knobs(session.cpu_mhz, session.emc_mhz, mode, refuse_above_cap=True)
     check_command(list(command))
     say(announcement(dev, choice))
-    session = dev.session(freq, observe=observe)
     rc = run_in(session, list(command))
     mode = getattr(session, "power_mode", None)
     return RunOutcome(freq, observe, dev.name, dev.profile, getattr(dev, "device_id", None), rc, session.report(),
-                      context=dict(session.context), power_mode=mode.to_dict() if mode is not None else None)
+                      context=dict(session.context), power_mode=mode.to_dict() if mode is not None else None, knobs=knobs)
 
 
-def _check_gpus(devices: list[Any], freq: str, observe: bool, command: list[str]) -> None:
-    """Every check of a several-GPU run before anything is pinned: the clock in each GPU's table, each GPU pinnable
+def _check_gpus(devices: list[Any], freq: str, observe: bool, command: list[str], knobs: RunKnobs) -> None:
+    """Every check of a several-GPU run before anything is pinned: the clocks in each GPU's tables, each GPU pinnable
     (MIG, application clocks, --assume-unlocked), the command."""
     from dvfs_mlops.hw import parse_freq
+    from dvfs_mlops.hw.device import open_session
 
     for dev in devices:
         try:
-            if parse_freq(freq, dev.frequencies_mhz) != "maxn" and not observe:
+            if (parse_freq(freq, dev.frequencies_mhz) != "maxn" or knobs.keywords()) and not observe:
                 dev.check_can_pin()
+            open_session(dev, freq, observe=observe, **knobs.keywords())  # each knob in the GPU's table, or refused
         except DvfsError as e:
             raise DvfsError(f"GPU {dev.index} ({dev.gpu_name}): {e}") from None
     check_command(command)
 
 
 def _run_on_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
-                 say: Callable[[str], None]) -> RunOutcome:
-    """`run` on several GPUs: every check first (the clock in each GPU's table, the command), then each pinned in NVML
+                 say: Callable[[str], None], knobs: RunKnobs) -> RunOutcome:
+    """`run` on several GPUs: every check first (the clocks in each GPU's tables, the command), then each pinned in NVML
     index order, the command run once, each restored; the outcome holds each GPU's report and their sum."""
     from dvfs_mlops.hw.multi import GpuSessions, combine
 
     try:
-        _check_gpus(devices, freq, observe, command)
+        _check_gpus(devices, freq, observe, command, knobs)
         for dev in devices:
             say(announcement(dev, choice))
-        sessions = GpuSessions(devices, freq, observe=observe)
+        sessions = GpuSessions(devices, freq, observe=observe, **knobs.keywords())
         rc = run_in(sessions, command)
         gpus = tuple(sessions.reports())
     finally:
@@ -228,11 +284,11 @@ def _run_on_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceCho
     names = {dev.profile for dev in devices}
     return RunOutcome(freq, observe, "nvml", ",".join(sorted(names)),
                       choice.device_id.strip() or None, rc, combine([g.report for g in gpus]), gpus,
-                      context=_common_context([s.context for s in sessions.sessions]))
+                      context=_common_context([s.context for s in sessions.sessions]), knobs=knobs)
 
 
 def _run_on_used_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
-                      say: Callable[[str], None]) -> RunOutcome:
+                      say: Callable[[str], None], knobs: RunKnobs) -> RunOutcome:
     """`run` on a box of several GPUs with CUDA_VISIBLE_DEVICES unset: every check first (each GPU's table, each GPU
     pinnable, NVML lists each GPU's processes, the command), then the command started and each GPU it uses pinned and
     metered from when it is seen on it (`JobGpuSessions`); idle GPUs are never pinned and never enter the energy."""
@@ -241,8 +297,8 @@ def _run_on_used_gpus(devices: list[Any], freq: str, observe: bool, choice: Devi
     from dvfs_mlops.hw.multi import JobGpuSessions, combine
 
     try:
-        _check_gpus(devices, freq, observe, command)
-        jobs = JobGpuSessions(devices, freq, observe=observe)
+        _check_gpus(devices, freq, observe, command, knobs)
+        jobs = JobGpuSessions(devices, freq, observe=observe, **knobs.keywords())
         jobs.check()
         say(f"device: nvml ({len(devices)} GPUs, CUDA_VISIBLE_DEVICES unset): pinning and metering the GPUs the command's "
             "processes use, as NVML lists them")
@@ -261,7 +317,7 @@ def _run_on_used_gpus(devices: list[Any], freq: str, observe: bool, choice: Devi
         profile = ",".join(sorted({dev.profile for dev in devices}))
     device_id = choice.device_id.strip() or (gpus[0].uuid if len(gpus) == 1 else None)
     return RunOutcome(freq, observe, "nvml", profile, device_id, rc, report, gpus,
-                      context=_common_context([s.context for _d, s, _t in jobs.attached]), found_by_use=True)
+                      context=_common_context([s.context for _d, s, _t in jobs.attached]), found_by_use=True, knobs=knobs)
 
 
 def _common_context(contexts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -179,7 +179,18 @@ def _restorer_for(journal: Any, nvml_module: Any = None) -> Callable[[dict], Non
         from dvfs_mlops.hw.jetson import JetsonDevice
 
         return JetsonDevice(node=Path(journal.settings["node"])).restore_settings
-    if journal.backend == "nvml":
+    if journal.backend in ("cpufreq", "emc"):
+        # The policies and BPMP's EMC clock found again under the sysfs root, never at a path the journal names.
+        from dvfs_mlops.hw.cpufreq import CpuClocks
+        from dvfs_mlops.hw.emc import EmcClock
+        from dvfs_mlops.hw.jetson import read_power_mode
+        from dvfs_mlops.hw.sysfs import sysfs_root
+
+        root = sysfs_root()
+        if journal.backend == "emc":
+            return EmcClock(root).restore_settings
+        return lambda settings: CpuClocks(root).restore_settings(settings, read_power_mode(root))
+    if journal.backend in ("nvml", "nvml-memory"):
         from dvfs_mlops.hw.nvml import NvmlDevice
 
         def restore_nvml(settings: dict) -> None:
@@ -198,8 +209,12 @@ def _restorer_for(journal: Any, nvml_module: Any = None) -> Callable[[dict], Non
 
 
 def _describe(settings: dict) -> str:
-    keys = [k for k in ("min_freq", "max_freq", "governor", "action") if k in settings]
-    return ", ".join(f"{k}={settings[k]}" for k in keys)
+    keys = [k for k in ("min_freq", "max_freq", "governor", "action", "mrq_rate_locked") if k in settings]
+    parts = [f"{k}={settings[k]}" for k in keys]
+    for name, entry in dict(settings.get("policies", {})).items():
+        if isinstance(entry, dict):
+            parts.append(f"{name} {entry.get('min_khz')}..{entry.get('max_khz')} kHz")
+    return ", ".join(parts)
 
 
 __all__ = ["BACKENDS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "describe_device", "freq_label", "open_device",

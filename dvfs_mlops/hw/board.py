@@ -44,8 +44,10 @@ class PowerMode:
     """A Jetson's power mode as nvpmodel set it (etc/nvpmodel.conf, var/lib/nvpmodel/status).
 
     nvpmodel writes a mode's `GPU MIN_FREQ`/`GPU MAX_FREQ` into the GPU devfreq node's min_freq/max_freq (there is no
-    other GPU cap) and its `TPC_POWER_GATING TPC_PG_MASK` into the GPU's TPC power-gating mask (NVIDIA's Orin nvpmodel
-    template: mlcommons/inference_results_v3.0 closed/Neuchips/code/common/nvpmodel_orin.py).
+    other GPU cap), its `TPC_POWER_GATING TPC_PG_MASK` into the GPU's TPC power-gating mask, each CPU cluster's
+    `CPU_A78_<k> MIN_FREQ`/`MAX_FREQ` (kHz) into the scaling_min_freq/scaling_max_freq of the CPU its PARAM section
+    names, and `EMC MAX_FREQ` (Hz) into /sys/kernel/nvpmodel_emc_cap/emc_iso_cap (NVIDIA's Orin nvpmodel template:
+    mlcommons/inference_results_v3.0 closed/Neuchips/code/common/nvpmodel_orin.py).
 
     Attributes:
         mode_id: nvpmodel's mode id.
@@ -54,6 +56,9 @@ class PowerMode:
         gpu_max_mhz: the mode's GPU MAX_FREQ, its GPU cap (None: none, `GPU MAX_FREQ -1`).
         tpc_pg_mask: the GPU TPCs power-gated (a bit per TPC): the live value where readable, else the mode's; None
             where neither says.
+        cpu_ranges: per CPU cluster the mode names, (the CPU its PARAM section's files belong to, MIN_FREQ kHz, MAX_FREQ
+            kHz), None for no limit (0, -1).
+        emc_max_mhz: the mode's EMC MAX_FREQ, its EMC cap (None: none, 0 or -1).
     """
 
     mode_id: int
@@ -61,6 +66,20 @@ class PowerMode:
     gpu_max_mhz: float | None = None
     gpu_min_mhz: float | None = None
     tpc_pg_mask: int | None = None
+    cpu_ranges: tuple[tuple[int, int | None, int | None], ...] = ()
+    emc_max_mhz: float | None = None
+
+    def cpu_range_khz(self, cpus: tuple[int, ...] | list[int]) -> tuple[int | None, int | None]:
+        """The mode's (MIN_FREQ, MAX_FREQ) in kHz for the cpufreq policy of `cpus` (its related_cpus): the entry whose
+        CPU is one of them; (None, None) where the mode names none of them."""
+        for cpu, lo, hi in self.cpu_ranges:
+            if cpu in cpus:
+                return lo, hi
+        return None, None
+
+    def above_emc_cap(self, mhz: float) -> bool:
+        """Whether a memory clock is above the mode's EMC cap (more than half a MHz)."""
+        return self.emc_max_mhz is not None and mhz > self.emc_max_mhz + 0.5
 
     @property
     def label(self) -> str:
@@ -90,7 +109,10 @@ class PowerMode:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PowerMode:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        if "cpu_ranges" in fields:  # JSON turns the tuples into lists
+            fields["cpu_ranges"] = tuple(tuple(r) for r in fields["cpu_ranges"])
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,12 @@ A backend exposes its frequency table and hands out `FreqSession`s: a context ma
 the GPU clock (or leaves the default governor for "maxn"), meters energy, and restores exactly what
 it found on every exit path. Backends differ only in how they read, write and meter; the ordering
 (lock -> journal -> write -> meter -> restore -> unjournal -> unlock) lives here once.
+
+Besides the GPU clock a session may pin the CPU clock (`cpu_mhz`) and the memory clock (`emc_mhz`: a Jetson's EMC, an
+NVML GPU's memory clock), each a clock of the device's own table for that knob (`cpu_frequencies_mhz`,
+`emc_frequencies_mhz`; empty where the backend has no such knob). None leaves that domain alone: nothing of it is
+locked, journalled or written. A backend that cannot set a knob refuses it in one line before anything is touched
+(`open_session`).
 """
 from __future__ import annotations
 
@@ -16,11 +22,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
-from dvfs_mlops.errors import unknown
+from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.guard import TerminationGuard
 from dvfs_mlops.hw.meter import EnergyReport, at_pin
 
-__all__ = ["MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "parse_freq"]
+__all__ = ["KNOBS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "knob_table", "open_session",
+           "parse_freq", "parse_knob"]
+
+# The knobs a session may pin besides the GPU clock: keyword -> (its name in messages, the table attribute, the option).
+KNOBS = {"cpu_mhz": ("CPU clock", "cpu_frequencies_mhz", "--cpu-freq"),
+         "emc_mhz": ("memory (EMC) clock", "emc_frequencies_mhz", "--emc-freq")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,68 @@ def _fmt_table(frequencies_mhz: Sequence[float]) -> list[str]:
     return [f"{f:g}" for f in frequencies_mhz]
 
 
+def parse_knob(value: str | float, frequencies_mhz: Sequence[float], knob: str, tolerance_mhz: float = 0.5) -> float:
+    """A CPU or memory clock of a knob's table (no "maxn": a knob is pinned or left alone).
+
+    Args:
+        value: a clock in MHz (a number or its text).
+        frequencies_mhz: the knob's table.
+        knob: "cpu_mhz" or "emc_mhz" (`KNOBS`), for the message.
+        tolerance_mhz: how far `value` may be from a table entry and still name it.
+
+    Returns:
+        The table's entry.
+
+    Raises:
+        UnknownNameError: `value` is not within `tolerance_mhz` of a clock of the table; the message lists the table.
+    """
+    what = KNOBS[knob][0]
+    try:
+        mhz = float(value)
+    except (TypeError, ValueError):
+        raise unknown(what, value, _fmt_table(frequencies_mhz)) from None
+    for f in frequencies_mhz:
+        if math.isclose(f, mhz, abs_tol=tolerance_mhz):
+            return float(f)
+    raise unknown(what, f"{mhz:g}", _fmt_table(frequencies_mhz))
+
+
+def knob_table(device: Any, knob: str) -> list[float]:
+    """A device's table for `knob` ("cpu_mhz", "emc_mhz"); [] where the backend has no such knob."""
+    return list(getattr(device, KNOBS[knob][1], ()) or ())
+
+
+def open_session(device: Any, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
+                 emc_mhz: float | None = None) -> FreqSession:
+    """`device.session(...)` with the CPU and memory clocks checked first: the one way in for code that may pin knobs.
+
+    The keywords reach the backend only where given, so a backend without knobs is called as before.
+
+    Args:
+        device: an open `Device`.
+        freq, observe, label: as `Device.session`.
+        cpu_mhz: the CPU clock to pin (None: leave it alone).
+        emc_mhz: the memory clock to pin (None: leave it alone).
+
+    Returns:
+        The session, not yet entered.
+
+    Raises:
+        DvfsError: a knob with `observe` (nothing is pinned), or a knob the backend has no table for (one line naming
+            it and what to do), before anything is touched.
+        UnknownNameError: a clock not in its table.
+    """
+    knobs = {k: v for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None}
+    for knob in knobs:
+        what, attr, option = KNOBS[knob]
+        if observe:
+            raise DvfsError(f"--observe pins nothing, so it cannot pin the {what}; drop {option} or --observe")
+        if not hasattr(device, attr):
+            raise DvfsError(f"the {device.name} backend cannot set the {what} ({option}); drop {option}, or use a backend "
+                            "that sets it (jetson, or replay for a grid measured with it)")
+    return device.session(freq, observe=observe, label=label, **knobs)
+
+
 class FreqSession(abc.ABC):
     """Pin a clock for the duration of a `with` block, meter it, restore on exit.
 
@@ -88,11 +161,14 @@ class FreqSession(abc.ABC):
         device: the backend that opened the session (its table, its name in messages).
         freq: a clock of `device.frequencies_mhz` in MHz, or "maxn" (write nothing: the board's default governor).
         observe: meter only: no lock, no journal, no clock write (no root needed).
+        cpu_mhz: a clock of `device.cpu_frequencies_mhz` to pin the CPUs at (None: the CPU clock is left alone).
+        emc_mhz: a clock of `device.emc_frequencies_mhz` to pin the memory clock at (None: left alone).
 
     Attributes:
         windows: each named window's `EnergyReport`, filled on exit.
         pins: the clocks `repin` pinned inside the session, in order.
-        context: what the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode).
+        context: what the backend observed besides energy (GPU temperature, EMC clock, nvpmodel mode; with a CPU or
+            memory clock pinned, `cpu_mhz_measured`, `cpu_held`, `emc_mhz`, `emc_held` of the whole session).
 
     Raises:
         DeviceBusyError: on enter, another process owns the GPU's clock.
@@ -102,10 +178,13 @@ class FreqSession(abc.ABC):
         RestoreFailedError: on exit (or when enter fails), the clock could not be put back; the journal is kept.
     """
 
-    def __init__(self, device: Device, freq: FreqRequest, observe: bool = False):
+    def __init__(self, device: Device, freq: FreqRequest, observe: bool = False, *, cpu_mhz: float | None = None,
+                 emc_mhz: float | None = None):
         self.device = device
         self.freq = freq
         self.observe = observe
+        self.cpu_mhz = cpu_mhz
+        self.emc_mhz = emc_mhz
         self._report: EnergyReport | None = None
         self._signals = TerminationGuard()
         self._open_windows: dict[str, Any] = {}
@@ -122,6 +201,21 @@ class FreqSession(abc.ABC):
     def pinned_mhz(self) -> float | None:
         """The clock this session pins, or None (maxn, observe)."""
         return None if self.observe or self.freq == MAXN else float(self.freq)
+
+    @property
+    def pinned_cpu_mhz(self) -> float | None:
+        """The CPU clock this session pins, or None (left alone, observe)."""
+        return None if self.observe or self.cpu_mhz is None else float(self.cpu_mhz)
+
+    @property
+    def pinned_emc_mhz(self) -> float | None:
+        """The memory clock this session pins, or None (left alone, observe)."""
+        return None if self.observe or self.emc_mhz is None else float(self.emc_mhz)
+
+    def knobs(self) -> dict[str, float]:
+        """The knobs this session pins besides the GPU clock, as `Device.session` keywords ({} where none)."""
+        out = {"cpu_mhz": self.pinned_cpu_mhz, "emc_mhz": self.pinned_emc_mhz}
+        return {k: v for k, v in out.items() if v is not None}
 
     # hooks -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -150,33 +244,53 @@ class FreqSession(abc.ABC):
     def _repin(self, mhz: float) -> None:
         """Move the pin to `mhz` inside the session (the journal keeps the original settings)."""
 
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        """Move the CPU and memory clocks (None: leave that one as it is) inside the session; a backend that pins them
+        overrides this (a domain first pinned here is locked and journalled first)."""
+        knob = "cpu_mhz" if cpu_mhz is not None else "emc_mhz"
+        raise DvfsError(f"the {self.device.name} backend cannot set the {KNOBS[knob][0]}")
+
     # public ----------------------------------------------------------------------------------
-    def repin(self, freq: FreqRequest) -> float:
-        """Pin another clock of the table inside the open session (refine's probes).
+    def repin(self, freq: FreqRequest, *, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> float:
+        """Pin another clock of the table inside the open session (refine's probes), and the CPU and memory clocks where
+        given.
 
         The journal written on entry holds the settings found BEFORE the session, whatever is pinned
         since, and the exit restores those. The write is shielded from SIGTERM/SIGHUP like the first one.
 
         Args:
             freq: a clock of the device's table (MHz, or its text).
+            cpu_mhz: a CPU clock of `device.cpu_frequencies_mhz` (None: the CPU clock stays as it is).
+            emc_mhz: a memory clock of `device.emc_frequencies_mhz` (None: stays as it is).
 
         Returns:
             The clock pinned, as the table writes it.
 
         Raises:
-            DvfsError: the session observes (it pins nothing), or `freq` is "maxn".
-            UnknownNameError: `freq` is not a clock of the table.
+            DvfsError: the session observes (it pins nothing), `freq` is "maxn", or the backend cannot set a knob given.
+            UnknownNameError: `freq` (or a knob's clock) is not a clock of its table.
         """
-        from dvfs_mlops.errors import DvfsError
-
         if self.observe:
             raise DvfsError("an observing session pins no clock, so it cannot move one (drop --observe to refine)")
         new = parse_freq(freq, self.device.frequencies_mhz)
         if new == MAXN:
             raise DvfsError("repin needs a clock of the table, not maxn")
+        cpu = parse_knob(cpu_mhz, knob_table(self.device, "cpu_mhz"), "cpu_mhz") if cpu_mhz is not None else None
+        emc = parse_knob(emc_mhz, knob_table(self.device, "emc_mhz"), "emc_mhz") if emc_mhz is not None else None
+        before = (self.cpu_mhz, self.emc_mhz)
         with self._signals.deferring():
-            self._repin(float(new))
-            self.freq = new
+            # the knobs are the session's before the GPU moves: a backend that looks a configuration up (replay) looks up
+            # the new one once
+            self.cpu_mhz = cpu if cpu is not None else self.cpu_mhz
+            self.emc_mhz = emc if emc is not None else self.emc_mhz
+            try:
+                self._repin(float(new))
+                self.freq = new
+                if cpu is not None or emc is not None:
+                    self._repin_knobs(cpu, emc)
+            except BaseException:
+                self.cpu_mhz, self.emc_mhz = before
+                raise
         self.pins.append(float(new))
         return float(new)
 
@@ -275,15 +389,33 @@ class FreqSession(abc.ABC):
         raise RuntimeError("report() is available after the session has exited")
 
     def _finish(self, report: EnergyReport, window: str = "") -> EnergyReport:
-        """Judge whether the clock held (None where nothing was pinned): never where the pin was lost during `window`
+        """Judge whether each clock held (None where it was not pinned): never where the pin was lost during `window`
         (`_unheld`), else from the clock read back."""
+        lost = self._lost_during(window)
         if self.pinned_mhz is None:
             report.clock_held = None
-        elif self._lost_during(window):
+        elif lost:
             report.clock_held = False
         elif report.clock_held is None and report.clock_mhz_measured is not None:
             report.clock_held = self._held(report)
+        if self.pinned_cpu_mhz is None:
+            report.cpu_held = None
+        elif lost:
+            report.cpu_held = False
+        if self.pinned_emc_mhz is None:
+            report.emc_held = None
+        elif lost:
+            report.emc_held = False
         return report
+
+    def _say_knobs(self) -> None:
+        """Put the whole session's CPU and memory clocks read back, and whether each held, in `context`."""
+        if self._report is None:
+            return
+        for key, value in (("cpu_mhz_measured", self._report.cpu_mhz_measured), ("cpu_held", self._report.cpu_held),
+                           ("emc_held", self._report.emc_held)):
+            if value is not None:
+                self.context[key] = value
 
     def _lost_during(self, window: str) -> bool:
         begin, end = self._spans.get(window, (-math.inf, math.inf))
@@ -333,6 +465,7 @@ class FreqSession(abc.ABC):
                     self._spans[""] = (self._opened_at.pop(""), time.monotonic())
                     self._report = self._finish(self._stop_meter())
                     self.windows = {name: self._finish(self._window_report(a, b), name) for name, a, b in self._window_marks}
+                    self._say_knobs()
                 finally:
                     self._restore()
         finally:
@@ -352,8 +485,9 @@ class PinnedSession(FreqSession):
     again, every window that overlaps the gap is judged not held and `context` says so (`clock_lost`,
     `clock_unheld_s`); where it was lost for good, the next `step` (or the exit) raises its `ClockLostError`."""
 
-    def __init__(self, device: Any, freq: FreqRequest, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    def __init__(self, device: Any, freq: FreqRequest, observe: bool = False, *, cpu_mhz: float | None = None,
+                 emc_mhz: float | None = None):
+        super().__init__(device, freq, observe=observe, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
         self._pin: Any = None
 
     @abc.abstractmethod
@@ -362,11 +496,17 @@ class PinnedSession(FreqSession):
 
     def _apply(self) -> None:
         self._pin = self._new_pin()
-        self.context.update(self._pin.pin(self.freq))
+        self.context.update(self._pin.pin(self.freq, **self.knobs()))
 
     def _repin(self, mhz: float) -> None:
         """Another clock of the table; the journal still holds what was found before the session."""
         self._pin.repin(mhz)
+
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        """Move the CPU and memory clocks through the same pin (a domain pinned the first time here is locked and
+        journalled first)."""
+        knobs = {k: v for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None}
+        self._pin.repin_knobs(**knobs)
 
     def _restore(self) -> None:
         if self._pin is not None:
@@ -413,6 +553,12 @@ class PinnedSession(FreqSession):
         reader = getattr(self._pin, "measured_clock_reader", None)
         return reader() if reader is not None else None
 
+    def _relayed_emc_reader(self) -> Any:
+        """The memory clock the clock service reads for this session (`ServicePin.emc_reader`: BPMP's debugfs, root
+        only), None where the pin is this process's own or the service cannot read it."""
+        reader = getattr(self._pin, "emc_reader", None)
+        return reader() if reader is not None else None
+
 
 @runtime_checkable
 class Device(Protocol):
@@ -436,20 +582,34 @@ class Device(Protocol):
     @property
     def frequencies_mhz(self) -> list[float]: ...
 
-    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> FreqSession:
-        """A session that pins `freq` for a `with` block and meters it.
+    @property
+    def cpu_frequencies_mhz(self) -> list[float]:
+        """The CPU clocks a session can pin (`cpu_mhz`), ascending; [] where the backend has no CPU knob."""
+        ...
+
+    @property
+    def emc_frequencies_mhz(self) -> list[float]:
+        """The memory clocks a session can pin (`emc_mhz`), ascending; [] where the backend has no memory knob."""
+        ...
+
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
+                emc_mhz: float | None = None) -> FreqSession:
+        """A session that pins `freq` (and the CPU and memory clocks where given) for a `with` block and meters it.
 
         Args:
             freq: a clock of `frequencies_mhz` in MHz, or "maxn" (write nothing: the board's default).
             observe: meter only: no lock, no journal, no clock write.
             label: names what the session measures (a sweep point, a probe); the twin seeds its run-to-run noise
                 from it, hardware ignores it.
+            cpu_mhz: a clock of `cpu_frequencies_mhz` (None: leave the CPU clock alone).
+            emc_mhz: a clock of `emc_frequencies_mhz` (None: leave the memory clock alone).
 
         Returns:
             The `FreqSession`, not yet entered.
 
         Raises:
-            UnknownNameError: `freq` is not a clock of the table.
+            UnknownNameError: `freq` (or a knob's clock) is not a clock of its table.
+            DvfsError: a knob the backend cannot set, in one line naming it, before anything is touched.
         """
         ...
 

@@ -225,7 +225,7 @@ def _read_private(dir_fd: int, name: str, path: Path) -> str:
 def restore_failed(device_key: str, cause: BaseException | str, journal: Path) -> RestoreFailedError:
     """The one-line error of a restore that failed: what failed, the kept journal, what to run."""
     text = " ".join(str(cause).split()) or type(cause).__name__
-    return RestoreFailedError(f"could not restore the GPU clocks of {device_key}: {text}; the journal {journal} is kept: "
+    return RestoreFailedError(f"could not restore the clocks of {device_key}: {text}; the journal {journal} is kept: "
                               "fix that, then run `dvfs-mlops restore` (as the same user, e.g. with sudo)")
 
 
@@ -374,7 +374,7 @@ class DeviceLock:
             os.close(fd)
             who = f"PID {owner}" if owner else "another process"
             raise DeviceBusyError(
-                f"the GPU clocks of {self.device_key} are in use by {who} (lock {self.path}); "
+                f"the clocks of {self.device_key} are in use by {who} (lock {self.path}); "
                 "wait for it to finish or stop it, then retry"
             ) from None
         except BaseException:

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
+from dvfs_mlops.hw import cpufreq, emc
 from dvfs_mlops.hw.board import PowerMode
+from dvfs_mlops.hw.cpufreq import CpuClocks
 from dvfs_mlops.hw.device import (
     MAXN,
     DeviceInfo,
@@ -41,10 +43,12 @@ from dvfs_mlops.hw.device import (
     PinnedSession,
     freq_label,
     parse_freq,
+    parse_knob,
 )
-from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
+from dvfs_mlops.hw.emc import EmcClock, EmcTable
 from dvfs_mlops.hw.ina3221 import Rail, find_rails
-from dvfs_mlops.hw.meter import CLOCK_MEASURED, CLOCK_REQUESTED, ENERGY_SAMPLES, EnergyReport, PowerSampler
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, CLOCK_REQUESTED, ENERGY_SAMPLES, EnergyReport, KnobPins, PowerSampler
+from dvfs_mlops.hw.pins import DomainPin, claim_all, restore_all
 from dvfs_mlops.hw.sysfs import read_sysfs as _read
 from dvfs_mlops.hw.sysfs import sysfs_root
 
@@ -103,14 +107,48 @@ _SECTION_HEAD = re.compile(r"\s*<\s*(\w+)")
 _PARAM_HEAD = re.compile(r"\s*<\s*PARAM\s+TYPE=\w+\s+NAME=(\w+)\s*>")
 
 
+_CPU_FILE = re.compile(r"/sys/devices/system/cpu/cpu(\d+)/cpufreq/scaling_(?:max|min)_freq$")
+
+
+def _parse_conf(conf: str, mode_id: int | None) -> tuple[str | None, dict[tuple[str, str], int], dict[str, int], str | None,
+                                                          list[int]]:
+    """One pass over nvpmodel.conf: (the mode's name, its (knob, arg) -> value, each CPU clock PARAM's CPU number, the
+    TPC_POWER_GATING file, every mode's EMC MAX_FREQ). A mode's values come from its own block only."""
+    name, found, param_cpu, tpc_file, emc_caps = None, {}, {}, None, []
+    param, current = None, None
+    for line in conf.splitlines():
+        if _SECTION_HEAD.match(line):
+            head, param_head = _MODE_HEAD.match(line), _PARAM_HEAD.match(line)
+            current = int(head.group(1)) if head else None
+            if head and current == mode_id:
+                name = head.group(2)
+            param = param_head.group(1) if param_head else None
+            continue
+        words = line.split()
+        if param == "TPC_POWER_GATING" and len(words) == 2 and words[0] == "TPC_PG_MASK":
+            tpc_file = words[1]
+        cpu = _CPU_FILE.search(words[1]) if param is not None and len(words) == 2 else None
+        if cpu is not None:
+            param_cpu[param] = int(cpu.group(1))
+        if current is not None and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
+            if current == mode_id:
+                found[(words[0], words[1])] = int(words[2])
+            if (words[0], words[1]) == ("EMC", "MAX_FREQ"):
+                emc_caps.append(int(words[2]))
+    return name, found, param_cpu, tpc_file, emc_caps
+
+
 def read_power_mode(root: Path) -> PowerMode | None:
-    """nvpmodel's current mode (var/lib/nvpmodel/status) and its GPU range and TPC mask in etc/nvpmodel.conf.
+    """nvpmodel's current mode (var/lib/nvpmodel/status) and its GPU range, TPC mask, CPU ranges and EMC cap in
+    etc/nvpmodel.conf.
 
     Read from the files nvpmodel itself keeps, so neither jtop nor the nvpmodel binary is needed. A mode's values come
     from its own `< POWER_MODEL ... >` block only (the PARAM section above the modes holds bare `MAX_FREQ /sys/...`
     lines too). The TPC mask is the live one where the PARAM section's TPC_POWER_GATING file is readable under `root`,
     else the mode's `TPC_POWER_GATING TPC_PG_MASK` (jetson-stats reads the same key: rbonghi/jetson_stats
-    jtop/core/nvpmodel.py, TPC_POWER_GATING_RE).
+    jtop/core/nvpmodel.py, TPC_POWER_GATING_RE). A CPU cluster's range is the mode's `<NAME> MIN_FREQ`/`MAX_FREQ` (kHz)
+    for a clock PARAM whose files are a CPU's cpufreq scaling_min_freq/scaling_max_freq (NVIDIA's template: CPU_A78_<k>,
+    the cluster's first CPU); the EMC cap the mode's `EMC MAX_FREQ` (Hz).
 
     Returns:
         The mode; None where either file is missing or the status names no mode.
@@ -124,25 +162,28 @@ def read_power_mode(root: Path) -> PowerMode | None:
     if not m:
         return None
     mode_id = int(m.group(1))
-    name, found = f"mode {mode_id}", {}
-    tpc_file, param, current = None, None, None
-    for line in conf.splitlines():
-        if _SECTION_HEAD.match(line):
-            head, param_head = _MODE_HEAD.match(line), _PARAM_HEAD.match(line)
-            current = int(head.group(1)) if head else None
-            if head and current == mode_id:
-                name = head.group(2)
-            param = param_head.group(1) if param_head else None
-            continue
-        words = line.split()
-        if param == "TPC_POWER_GATING" and len(words) == 2 and words[0] == "TPC_PG_MASK":
-            tpc_file = words[1]
-        if current == mode_id and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
-            found[(words[0], words[1])] = int(words[2])
+    name, found, param_cpu, tpc_file, _caps = _parse_conf(conf, mode_id)
     gpu_max, gpu_min = found.get(("GPU", "MAX_FREQ"), -1), found.get(("GPU", "MIN_FREQ"), 0)
     live = _live_tpc_mask(root, tpc_file)
-    return PowerMode(mode_id, name, gpu_max / 1e6 if gpu_max > 0 else None, gpu_min / 1e6 if gpu_min > 0 else None,
-                     live if live is not None else found.get(("TPC_POWER_GATING", "TPC_PG_MASK")))
+    cpu_ranges = []
+    for param, cpu in sorted(param_cpu.items(), key=lambda kv: kv[1]):
+        lo, hi = found.get((param, "MIN_FREQ"), 0), found.get((param, "MAX_FREQ"), -1)
+        if (param, "MIN_FREQ") in found or (param, "MAX_FREQ") in found:
+            cpu_ranges.append((cpu, lo if lo > 0 else None, hi if hi > 0 else None))
+    emc_max = found.get(("EMC", "MAX_FREQ"), 0)
+    return PowerMode(mode_id, name or f"mode {mode_id}", gpu_max / 1e6 if gpu_max > 0 else None,
+                     gpu_min / 1e6 if gpu_min > 0 else None,
+                     live if live is not None else found.get(("TPC_POWER_GATING", "TPC_PG_MASK")), tuple(cpu_ranges),
+                     emc_max / 1e6 if emc_max > 0 else None)
+
+
+def modes_emc_caps_hz(root: Path) -> tuple[int, ...]:
+    """Every power mode's EMC MAX_FREQ in nvpmodel.conf (Hz, the positive ones); () where there is no conf."""
+    try:
+        conf = (root / NVPMODEL_CONF).read_text()
+    except OSError:
+        return ()
+    return tuple(sorted({c for c in _parse_conf(conf, None)[4] if c > 0}))
 
 
 def _live_tpc_mask(root: Path, rel: str | None) -> int | None:
@@ -280,14 +321,17 @@ class KernelRefusedError(DvfsError):
 
 
 class JetsonDevice:
-    """A Jetson's GPU through its devfreq node (clock) and INA3221 rails (power).
+    """A Jetson's GPU through its devfreq node (clock) and INA3221 rails (power); its CPU clocks through cpufreq
+    (`cpufreq.CpuClocks`) and its memory clock through BPMP's debugfs (`emc.EmcClock`), the knobs a session may pin
+    besides the GPU's.
 
     Args:
         node: the GPU's devfreq node (None: found under `root`).
         root: the sysfs root every path is read under (None: `$DVFS_SYSFS_ROOT`, default `/`).
         sample_hz: the meter thread's sampling rate.
         writer: performs each sysfs write (default: a plain write); tests pass a fake kernel's.
-        above_mode_cap: allow a pin above the power mode's GPU cap (refused otherwise; recorded in the session's context).
+        above_mode_cap: allow a pin above the power mode's GPU, CPU or EMC cap (refused otherwise; recorded in the
+            session's context).
 
     Raises:
         DeviceNotFoundError: no GPU devfreq node under `root`.
@@ -312,6 +356,111 @@ class JetsonDevice:
         self.profile = board_profile(self.root)
         self.device_key = f"jetson-{self.node.name}"
         self.device_id = _board_serial(self.root) or self.device_key
+        self.emc = EmcClock(self.root, self._writer)
+        self._cpu: CpuClocks | None = None
+        self._service_emc: list[float] | None = None
+
+    # the CPU and memory clocks -----------------------------------------------------------------------------------------
+    @property
+    def cpu(self) -> CpuClocks:
+        """The board's cpufreq policies (discovered once)."""
+        if self._cpu is None:
+            self._cpu = CpuClocks(self.root, self._writer)
+        return self._cpu
+
+    @property
+    def cpu_frequencies_mhz(self) -> list[float]:
+        """Every clock some cpufreq policy's table has ([] where the kernel shows none)."""
+        return self.cpu.frequencies_mhz
+
+    def emc_table(self) -> EmcTable | None:
+        """BPMP's EMC table and its source (`emc.EmcClock.table`), None where this process cannot read debugfs."""
+        if not self.emc.present():
+            return None
+        return self.emc.table(modes_emc_caps_hz(self.root))
+
+    @property
+    def emc_frequencies_mhz(self) -> list[float]:
+        """The memory clocks a session can pin: BPMP's table read here (root), else the clock service's (which reads it
+        as root), else [] (`emc_unavailable` says why)."""
+        table = self.emc_table()
+        if table is not None:
+            return table.mhz
+        if self._service_emc is None:
+            from dvfs_mlops.hw.clockd.client import service_emc_table
+
+            self._service_emc = service_emc_table()
+        return list(self._service_emc)
+
+    def emc_unavailable(self) -> str:
+        """Why no memory clock can be pinned here, in one line with what to do."""
+        if os.geteuid() != 0:
+            from dvfs_mlops import settings
+
+            return (f"setting the memory (EMC) clock needs root: BPMP's debugfs (/sys/kernel/debug) is root's, and no clock "
+                    f"service listens at {settings.clockd_socket()}: install it once (sudo dvfs-mlops clockd install), or "
+                    "run this command as root; drop --emc-freq to leave the memory clock alone")
+        return (f"no BPMP EMC clock under {self.root / emc.EMC_CLK_DIR} (debugfs not mounted, or not a Jetson with BPMP): "
+                "the memory clock cannot be pinned; drop --emc-freq")
+
+    def cpu_unavailable(self) -> str:
+        """Why no CPU clock can be pinned here, in one line with what to do."""
+        return (f"no cpufreq policy under {self.root / cpufreq.CPUFREQ_DIR} (a kernel without cpufreq, or every cluster "
+                "offline): the CPU clock cannot be pinned; drop --cpu-freq")
+
+    def check_knobs(self, cpu_mhz: float | None, emc_mhz: float | None, mode: PowerMode | None,
+                    refuse_above_cap: bool) -> dict[str, Any]:
+        """Every check of the CPU and memory clocks before anything is written: each in its table, the EMC not below its
+        floor (where this process can read it), neither above the power mode's cap unless `above_mode_cap` (or
+        `refuse_above_cap` is False: the clock service pins what its client's session allowed).
+
+        Returns:
+            What the session records: "above_mode_cap" where a knob is above the mode's cap and allowed;
+            "nvpmodel_cpu_max_mhz", "nvpmodel_emc_max_mhz" (the mode's caps).
+
+        Raises:
+            UnknownNameError: a clock not in its table. DvfsError: no such knob here, below the EMC floor, or above the
+                mode's cap and not allowed, in one line each.
+        """
+        context: dict[str, Any] = {}
+        if cpu_mhz is not None:
+            if not self.cpu.policies:
+                raise DvfsError(self.cpu_unavailable())
+            targets = self.cpu.targets_khz(cpu_mhz)
+            over = self.cpu.above_mode_cap(targets, mode)
+            if over and self._cap_refused(f"{cpu_mhz:g} MHz is above the {min(over.values()):g} MHz CPU cap", mode,
+                                          refuse_above_cap):
+                context["above_mode_cap"] = True
+            cap = self.cpu.mode_cap_mhz(mode)
+            if cap is not None:
+                context["nvpmodel_cpu_max_mhz"] = cap
+        if emc_mhz is not None:
+            table = self.emc_table()
+            if table is not None:
+                hz = self.emc.target_hz(emc_mhz, table)
+                self.emc.check_floor(hz)
+            elif not self.emc_frequencies_mhz:
+                raise DvfsError(self.emc_unavailable())
+            cap_hz = self.emc.cap_hz(mode)
+            if cap_hz is not None:
+                context["nvpmodel_emc_max_mhz"] = cap_hz / 1e6
+                if emc_mhz > cap_hz / 1e6 + 0.5 and self._cap_refused(f"{emc_mhz:g} MHz is above the {cap_hz / 1e6:g} MHz "
+                                                                      "EMC cap", mode, refuse_above_cap):
+                    context["above_mode_cap"] = True
+        return context
+
+    def _cap_refused(self, what: str, mode: PowerMode | None, refuse: bool) -> bool:
+        """A knob above the mode's cap: refused in one line unless allowed (True: allowed, recorded)."""
+        label = mode.label if mode is not None else "?"
+        if refuse and not self.above_mode_cap:
+            raise DvfsError(f"{what} of power mode {label}; pin that or less, switch the mode (sudo nvpmodel -m <id>), "
+                            "or pass --above-mode-cap to run above the mode's power budget on purpose")
+        log.warning("%s of power mode %s (--above-mode-cap): the board leaves the mode's power budget", what, label)
+        return True
+
+    def restore_cpu_settings(self, settings: dict[str, Any]) -> None:
+        """Put back the CPU journal's policies at the user-level range of the mode in force now (`CpuClocks`)."""
+        self.cpu.restore_settings(settings, self.power_mode())
 
     # reading -----------------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
@@ -487,9 +636,25 @@ class JetsonDevice:
                 self._write("governor", gov)
 
     # API ---------------------------------------------------------------------------------------
-    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> JetsonSession:
-        """A session at `freq` (`label` names the measurement; real hardware needs nothing of it)."""
-        return JetsonSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe)
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
+                emc_mhz: float | None = None) -> JetsonSession:
+        """A session at `freq`, and at `cpu_mhz` and `emc_mhz` where given (`label` names the measurement; real hardware
+        needs nothing of it).
+
+        Raises:
+            UnknownNameError: a clock not in its table. DvfsError: a knob this board (or this user) cannot set, in one
+                line, before anything is touched.
+        """
+        if cpu_mhz is not None:
+            if not self.cpu_frequencies_mhz:
+                raise DvfsError(self.cpu_unavailable())
+            cpu_mhz = parse_knob(cpu_mhz, self.cpu_frequencies_mhz, "cpu_mhz")
+        if emc_mhz is not None:
+            table = self.emc_frequencies_mhz
+            if not table:
+                raise DvfsError(self.emc_unavailable())
+            emc_mhz = parse_knob(emc_mhz, table, "emc_mhz")
+        return JetsonSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
 
     def close(self) -> None:
         """Nothing to release: sessions close their own files."""
@@ -506,6 +671,16 @@ class JetsonDevice:
         detail = {"devfreq": str(self.node), "serial": self.device_id, **self.conditions(), **self.start_context(mode)}
         if self.module is not None:
             detail["module"] = self.module
+        cpu = self.cpu_frequencies_mhz
+        detail["cpu_frequencies"] = (f"{', '.join(f'{f:g}' for f in cpu)} MHz ({len(self.cpu.policies)} cpufreq policies: "
+                                     f"{', '.join(p.name for p in self.cpu.policies)})") if cpu else self.cpu_unavailable()
+        table = self.emc_table()
+        if table is not None:
+            detail["emc_frequencies"] = f"{', '.join(f'{f:g}' for f in table.mhz)} MHz (from {table.source})"
+        elif self.emc_frequencies_mhz:
+            detail["emc_frequencies"] = f"{', '.join(f'{f:g}' for f in self.emc_frequencies_mhz)} MHz (from the clock service)"
+        else:
+            detail["emc_frequencies"] = self.emc_unavailable()
         return DeviceInfo("jetson", self.profile, self.frequencies_mhz, self.current_mhz(), gov, names, False, detail)
 
 
@@ -612,100 +787,157 @@ def _board_serial(root: Path) -> str | None:
 
 
 class JetsonPin:
-    """This process's own pin of the devfreq range: lock, journal, write; restore what it found.
+    """This process's own pin of a Jetson's clocks: the GPU's devfreq range, and the CPU's cpufreq policies and BPMP's
+    EMC clock where asked; each domain its own lock and journal (`pins.DomainPin`), restored to what it found.
 
     The one place the Jetson pin is spelt out: a session running as root uses it, and so does the clock service
-    (`clockd.server`) for its clients, journalling the client's PID and uid.
+    (`clockd.server`) for its clients, journalling the client's PID and uid. Every domain's lock is claimed before any
+    write, so a domain someone else holds refuses the pin with nothing touched.
 
     Args:
-        device: the Jetson whose devfreq node is pinned.
-        owner_pid: the PID the journal names (None: this process).
-        owner_uid: the uid the journal names (None: this process's).
+        device: the Jetson whose clocks are pinned.
+        owner_pid: the PID the journals name (None: this process).
+        owner_uid: the uid the journals name (None: this process's).
     """
 
     def __init__(self, device: JetsonDevice, owner_pid: int | None = None, owner_uid: int | None = None):
         self.device = device
-        self._ownership = ClockOwnership("jetson", device.device_key, device.restore_settings)
-        self._owner = (owner_pid, owner_uid)
-        self._original: dict[str, Any] | None = None
-        self._wrote = False  # a clock was pinned: restore writes the user-level range back
+        owner = (owner_pid, owner_uid)
+        self._gpu = DomainPin("jetson", device.device_key, device.settings, device.restore_settings, owner)
+        self._cpu = DomainPin(cpufreq.JOURNAL_BACKEND, cpufreq.DOMAIN_KEY, lambda: device.cpu.settings(device.power_mode()),
+                              device.restore_cpu_settings, owner)
+        self._emc = DomainPin(emc.JOURNAL_BACKEND, emc.DOMAIN_KEY, device.emc.settings, device.emc.restore_settings, owner)
+        self._domains: list[DomainPin] = []
+        self._cpu_targets: dict[str, int] = {}
 
     @property
     def held(self) -> bool:
-        return self._ownership.lock.held
+        return self._gpu.held
 
-    def pin(self, freq: FreqRequest) -> dict[str, Any]:
-        """Claim the GPU, journal the range found, pin `freq` ("maxn": write nothing).
+    @property
+    def domain_keys(self) -> list[str]:
+        """The keys of the domains this pin holds (GPU first)."""
+        return [d.key for d in self._domains]
+
+    def _plan(self, cpu_mhz: float | None, emc_mhz: float | None) -> tuple[dict[str, Any], dict[str, int], int | None]:
+        """Every check before anything is touched (`JetsonDevice.check_knobs`, the cap only flagged): (context, each
+        policy's CPU target, the EMC rate)."""
+        dev = self.device
+        context = dev.check_knobs(cpu_mhz, emc_mhz, dev.power_mode(), refuse_above_cap=False)
+        targets = dev.cpu.targets_khz(cpu_mhz) if cpu_mhz is not None else {}
+        emc_hz = None
+        if emc_mhz is not None:
+            table = dev.emc_table()
+            if table is None:
+                raise DvfsError(dev.emc_unavailable())
+            emc_hz = dev.emc.target_hz(emc_mhz, table)
+        return context, targets, emc_hz
+
+    def pin(self, freq: FreqRequest, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Claim the domains asked for, journal each before its first write, pin `freq` ("maxn": write nothing on the
+        GPU) and the CPU and memory clocks where given.
 
         Returns:
-            What the session logs besides energy: {"above_mode_cap": True} where `freq` is above the power mode's GPU
-            cap (whoever asked for it: a session refuses that unless its device allows it, `check_mode_cap`).
+            What the session logs besides energy: {"above_mode_cap": True} where a clock is above the power mode's cap
+            (whoever asked for it: a session refuses that unless its device allows it), "cpu_khz_by_policy" (each
+            policy's clock) where the CPU clock was pinned, the mode's CPU and EMC caps.
 
         Raises:
-            DeviceBusyError: another process holds the GPU. DevicePermissionError, DvfsError: the write failed.
+            DeviceBusyError: another process holds a domain (nothing is touched). UnknownNameError, DvfsError: a knob's
+                clock is not in its table or below the EMC floor (nothing is touched), or a write failed.
         """
         dev = self.device
-        self._ownership.claim()
-        self._original = dev.settings()
-        self._ownership.record(self._original, freq_label(freq), *self._owner)  # before any write
-        if freq == MAXN:
-            return {}  # the board's default: leave the range nvpmodel (or its administrator) set
-        hz = self._table_hz(float(freq))
-        mode = dev.power_mode()
-        # Always written: a read that equals the pin may be a cap's, not the user's request (module doc).
-        self._write_range(hz)
-        return {"above_mode_cap": True} if mode is not None and mode.above_cap(hz / 1e6) else {}
+        context, targets, emc_hz = self._plan(cpu_mhz, emc_mhz)
+        domains = [self._gpu, *([self._cpu] if targets else []), *([self._emc] if emc_hz is not None else [])]
+        claim_all(domains)
+        self._domains = domains
+        self._gpu.record(freq_label(freq))  # before any write
+        if freq != MAXN:
+            hz = self._table_hz(float(freq))
+            mode = dev.power_mode()
+            # Always written: a read that equals the pin may be a cap's, not the user's request (module doc).
+            self._gpu.write(lambda: dev.write_range(hz, hz))
+            if mode is not None and mode.above_cap(hz / 1e6):
+                context["above_mode_cap"] = True
+        if targets:
+            self._pin_cpu(targets, cpu_mhz)
+            context["cpu_khz_by_policy"] = ",".join(f"{k}:{v}" for k, v in targets.items())
+        if emc_hz is not None:
+            self._emc.record(f"{emc_hz / 1e6:g}")
+            self._emc.write(lambda: dev.emc.pin(emc_hz))
+        return context
+
+    def _pin_cpu(self, targets: dict[str, int], cpu_mhz: float | None) -> None:
+        self._cpu_targets = targets
+        if not self._cpu.recorded:
+            self._cpu.record(f"{cpu_mhz:g}")
+        self._cpu.write(lambda: self.device.cpu.pin(targets))
 
     def _table_hz(self, mhz: float) -> int:
         table_hz = [int(x) for x in self.device.read("available_frequencies").split()]
         return min(table_hz, key=lambda h: abs(h / 1e6 - mhz))
 
     def repin(self, mhz: float) -> None:
-        """Another clock of the table; the journal still holds the range found before the first pin."""
-        self._write_range(self._table_hz(mhz))
+        """Another GPU clock of the table; the journal still holds the range found before the first pin."""
+        hz = self._table_hz(mhz)
+        self._gpu.write(lambda: self.device.write_range(hz, hz))
 
-    def _write_range(self, hz: int) -> None:
-        """Pin [hz, hz]; from the first write that went through on, the restore writes the user-level range back."""
-        try:
-            self.device.write_range(hz, hz)
-        except DvfsError as e:
-            self._wrote = self._wrote or getattr(e, "partial", True)
-            raise
-        self._wrote = True
+    def repin_knobs(self, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Move the CPU and memory clocks (None: leave that one as it is). A domain not pinned before is claimed and
+        journalled first, so its restore puts back what it found before this move.
 
-    def restore(self) -> None:
-        """Put back the user-level range (`JetsonDevice.restore_settings`), remove the journal, unlock (a no-op when
-        nothing is held; a maxn pin wrote nothing and writes nothing back).
+        Returns:
+            What the session logs (as `pin`).
 
         Raises:
-            RestoreFailedError: the write failed; the journal is kept and the lock released.
+            DeviceBusyError: another process holds a domain asked for. UnknownNameError, DvfsError: as `pin`.
         """
-        if not self._ownership.lock.held:
-            return
-        original, self._original = self._original, None
-        try:
-            if original is not None and self._wrote:
-                self.device.restore_settings(original)
-        except Exception as e:  # noqa: BLE001 - whatever failed, the journal must survive it
-            self._ownership.abandon()  # the journal stays: `dvfs-mlops restore` can finish the job
-            raise restore_failed(self.device.device_key, e, self._ownership.journal_path) from None
-        self._ownership.release()
+        dev = self.device
+        context, targets, emc_hz = self._plan(cpu_mhz, emc_mhz)
+        new = [d for d, asked in ((self._cpu, bool(targets)), (self._emc, emc_hz is not None)) if asked and d not in self._domains]
+        claim_all(new)
+        self._domains += new
+        if targets:
+            self._pin_cpu(targets, cpu_mhz)
+            context["cpu_khz_by_policy"] = ",".join(f"{k}:{v}" for k, v in targets.items())
+        if emc_hz is not None:
+            if not self._emc.recorded:
+                self._emc.record(f"{emc_hz / 1e6:g}")
+                self._emc.write(lambda: dev.emc.pin(emc_hz))
+            else:
+                self._emc.write(lambda: dev.emc.move(emc_hz))
+        return context
+
+    def restore(self) -> None:
+        """Put back every domain this pin holds, EMC first, GPU last (`pins.restore_all`: each domain's own journal is
+        kept where its restore failed, the others are still restored); a no-op when nothing is held. A maxn pin wrote
+        nothing on the GPU and writes nothing back there.
+
+        Raises:
+            RestoreFailedError: a domain's restore failed (its journal is kept, every lock released).
+        """
+        domains, self._domains = self._domains or [self._gpu], []
+        restore_all(domains)
 
 
 class JetsonSession(PinnedSession):
-    """Pin devfreq [f, f]; meter the INA3221 rails, GPU load and cur_freq; restore the user-level range.
+    """Pin devfreq [f, f] (and the CPU policies and the EMC clock where asked); meter the INA3221 rails, GPU load, the
+    GPU clock, the EMC clock (and each CPU policy's clock where pinned); restore the user-level ranges.
 
     "maxn" writes nothing: the board's default is whatever range nvpmodel left, and opening the
     full table would override a lower power mode's cap. Who writes: this process as root (`JetsonPin`), else the
-    clock service where one runs (`clockd.client.route_pin`); metering stays in this process either way. Before
-    anything is written the session reads the power mode once (`power_mode`) and a cap held at the start
-    (`context["cap_at_start_mhz"]`), and refuses a pin above the mode's GPU cap unless the device allows it.
+    clock service where one runs (`clockd.client.route_pin`); metering stays in this process either way (the EMC rate,
+    debugfs, through the service where this process cannot read it). Before anything is written the session reads the
+    power mode once (`power_mode`) and a cap held at the start (`context["cap_at_start_mhz"]`), and refuses a pin above
+    the mode's GPU, CPU or EMC cap unless the device allows it.
     """
 
     device: JetsonDevice
 
-    def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    def __init__(self, device: JetsonDevice, freq: FreqRequest, observe: bool = False, *, cpu_mhz: float | None = None,
+                 emc_mhz: float | None = None):
+        super().__init__(device, freq, observe=observe, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
+        self._cpu_close: Callable[[], None] | None = None
         self._sampler: PowerSampler | None = None
         self._rails: list[Rail] = []
         self._fds: list[int] = []
@@ -718,7 +950,16 @@ class JetsonSession(PinnedSession):
     def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
 
-        return route_pin("jetson", lambda: JetsonPin(self.device), writable=self.device.clock_writable)
+        dev = self.device
+        knobs = self.knobs()
+
+        def writable() -> bool:
+            return dev.clock_writable() and ("cpu_mhz" not in knobs or dev.cpu.writable()) and \
+                ("emc_mhz" not in knobs or dev.emc.writable())
+
+        what = "the GPU clock" + "".join(f" and the {name}" for knob, name in (("cpu_mhz", "CPU clock"),
+                                                                            ("emc_mhz", "memory (EMC) clock")) if knob in knobs)
+        return route_pin("jetson", lambda: JetsonPin(dev), writable=writable, what=what)
 
     def _read_start(self) -> None:
         """The power mode and a cap held now, once, before anything is written."""
@@ -731,12 +972,35 @@ class JetsonSession(PinnedSession):
         self._read_start()
         if self.pinned_mhz is not None and self.device.check_mode_cap(self.pinned_mhz, self.power_mode):
             self.context["above_mode_cap"] = True
+        if self.knobs():
+            self.context.update(self.device.check_knobs(self.pinned_cpu_mhz, self.pinned_emc_mhz, self.power_mode,
+                                                        refuse_above_cap=True))
         super()._apply()
 
     def _repin(self, mhz: float) -> None:
         if self.device.check_mode_cap(mhz, self.power_mode):
             self.context["above_mode_cap"] = True
         super()._repin(mhz)
+
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        self.context.update(self.device.check_knobs(cpu_mhz, emc_mhz, self.power_mode, refuse_above_cap=True))
+        super()._repin_knobs(cpu_mhz, emc_mhz)
+        if self._sampler is not None:  # later windows are judged against the new pins
+            if cpu_mhz is not None and self._cpu_close is None:  # the CPU clock pinned the first time: read it from here on
+                read_cpu, self._cpu_close, self.context["cpu_clock_source"] = self.device.cpu.reader(measured=True)
+                self._sampler.read_cpu_from(read_cpu)
+            self._sampler.knobs = self._knob_pins(cpu_mhz if cpu_mhz is not None else self.pinned_cpu_mhz,
+                                                  emc_mhz if emc_mhz is not None else self.pinned_emc_mhz)
+
+    def _knob_pins(self, cpu_mhz: float | None, emc_mhz: float | None) -> KnobPins | None:
+        """The CPU and memory clocks pinned, each policy's with its own table, for the meter's judgement."""
+        if cpu_mhz is None and emc_mhz is None:
+            return None
+        cpu = self.device.cpu
+        targets = cpu.targets_khz(cpu_mhz) if cpu_mhz is not None else {}
+        cpu_pins = tuple((targets[p.name] / 1000.0, p.table_mhz) for p in cpu.policies) if targets else ()
+        emc_pin = (emc_mhz, tuple(self.device.emc_frequencies_mhz)) if emc_mhz is not None else None
+        return KnobPins(cpu_pins, emc_pin)
 
     def _start_meter(self) -> None:
         dev = self.device
@@ -762,10 +1026,16 @@ class JetsonSession(PinnedSession):
 
         read_clock = measured or read_requested
         self.context["clock_source"] = CLOCK_MEASURED if measured is not None else CLOCK_REQUESTED
-        emc = emc_reader(dev.root)
-        self._held = [emc] if emc is not None else []
+        emc_read = emc_reader(dev.root)
+        self._held = [emc_read] if emc_read is not None else []
+        read_emc = emc_read or self._relayed_emc_reader()  # debugfs: as root, or the service's read
+        read_cpu = None
+        if self.pinned_cpu_mhz is not None:
+            read_cpu, self._cpu_close, source = dev.cpu.reader(measured=True)
+            self.context["cpu_clock_source"] = source
         self._sampler = PowerSampler(lambda: [read() for read in readers], [r.name for r in self._rails], read_load, dev.sample_hz,
-                                     read_clock=read_clock, clock_source=self.context["clock_source"], read_emc=emc)
+                                     read_clock=read_clock, clock_source=self.context["clock_source"], read_emc=read_emc,
+                                     read_cpu=read_cpu, knobs=self._knob_pins(self.pinned_cpu_mhz, self.pinned_emc_mhz))
         self._oc_read = oc_throttle_reader(dev.root)
         self._oc_at = {}
         self._sampler.start()
@@ -801,7 +1071,9 @@ class JetsonSession(PinnedSession):
                 os.close(fd)
         for held in self._held:
             held.close()
-        self._fds, self._held = [], []
+        if self._cpu_close is not None:
+            self._cpu_close()
+        self._fds, self._held, self._cpu_close = [], [], None
         report = self._sampler.report(**self._judge())
         last = report.samples - 1
         self._oc_edge(last)

@@ -2,7 +2,8 @@
 
 Real backends hand the meter a `read_rails()` callable (watts per rail), and optionally
 `read_util()` (GPU load in %), `read_clock()` (the GPU clock, MHz, with `clock_source` saying whether it is the
-clock measured or the one requested) and `read_emc()` (the memory controller clock, MHz). A daemon
+clock measured or the one requested), `read_emc()` (the memory controller clock, MHz) and `read_cpu()` (each cpufreq
+policy's clock, MHz). Where a session pinned the CPU or memory clock, each is judged held like the GPU's. A daemon
 thread samples them at a fixed rate (50 Hz by default: jtop's 1 s interval is too coarse for short
 runs) and the energy is the trapezoidal integral of each rail. A failed read (INA3221 reads do fail
 now and then) is retried once, then counted in `samples_failed` and skipped; the thread never dies
@@ -128,6 +129,11 @@ class EnergyReport:
             Orin: the soctherm_oc hwmon counters), None where no counter is readable.
         energy_source: where the energy comes from: "counter" (a hardware energy counter's difference), "samples" (the
             power samples integrated), None (not said: the twin, a sum of several).
+        cpu_mhz_measured: the time-weighted mean CPU clock read back (the mean of the cpufreq policies read), None
+            where no CPU clock was read.
+        cpu_held: whether every policy's CPU clock stayed at the clock pinned on it (as `clock_held` judges the GPU's);
+            None where the CPU clock was not pinned or not read.
+        emc_held: whether the memory clock stayed at the one pinned; None where it was not pinned or not read.
         meter_degraded: (property) more than 1 % of the sample reads failed.
     """
 
@@ -155,6 +161,9 @@ class EnergyReport:
     emc_mhz: float | None = None  # time-weighted mean EMC clock over the interval
     oc_throttle_events: int | None = None  # throttling events the board counted in the interval
     energy_source: str | None = None  # "counter" | "samples" | None
+    cpu_mhz_measured: float | None = None
+    cpu_held: bool | None = None
+    emc_held: bool | None = None
 
     def __post_init__(self) -> None:
         """Fill `energy_rails`, `total_rails` and `cpu_gpu_combined` from the rail names where not given."""
@@ -313,6 +322,35 @@ def clock_held(times_s: Sequence[float], clocks_mhz: Sequence[float | None], pin
     return sum(s for s, good in zip(spans, ok) if good) / total >= HELD_SHARE
 
 
+@dataclasses.dataclass(frozen=True)
+class KnobPins:
+    """The CPU and memory clocks a session pinned, each with its table, so a report judges whether each held.
+
+    Attributes:
+        cpu: per cpufreq policy read (in `read_cpu`'s order), the clock pinned on it and its table; () where the CPU
+            clock was not pinned.
+        emc: the memory clock pinned and its table; None where it was not pinned.
+    """
+
+    cpu: tuple[tuple[float, tuple[float, ...]], ...] = ()
+    emc: tuple[float, tuple[float, ...]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobReadings:
+    """The memory and CPU clocks read at each sample (empty: not read) and the pins they are judged against.
+
+    Attributes:
+        emc_mhz: the memory clock at each sample.
+        cpu_mhz: each sample's per-policy CPU clocks.
+        pins: the CPU and memory clocks pinned (None: not judged).
+    """
+
+    emc_mhz: Sequence[float | None] = ()
+    cpu_mhz: Sequence[Sequence[float | None] | None] = ()
+    pins: KnobPins | None = None
+
+
 def build_report(
     times_s: Sequence[float],
     watts: Sequence[Sequence[float]],
@@ -326,14 +364,16 @@ def build_report(
     pinned_mhz: float | None = None,
     table_mhz: Sequence[float] = (),
     clock_source: str | None = None,
-    emc_mhz: Sequence[float | None] = (),
+    readings: KnobReadings = KnobReadings(),
 ) -> EnergyReport:
     """Assemble an `EnergyReport` from samples (energy_override_j: a hardware energy counter, `energy_source` "counter";
     without it the samples integrated, "samples").
 
-    With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample. The total power of a sample
-    (peak, series) is the sum of the plan's total rails, like `energy_total_j`.
+    With `pinned_mhz` (and the frequency table) `clock_held` is judged sample by sample, and so are the CPU and memory
+    clocks pinned (`readings.pins`). The total power of a sample (peak, series) is the sum of the plan's total rails,
+    like `energy_total_j`.
     """
+    emc_mhz, cpu_mhz, knobs = readings.emc_mhz, readings.cpu_mhz, readings.pins
     duration = (times_s[-1] - times_s[0]) if len(times_s) >= 2 else 0.0
     by_rail = dict(energy_override_j) if energy_override_j is not None else integrate(times_s, watts, rails)
     plan = rail_plan(rails if rails else by_rail)
@@ -363,7 +403,28 @@ def build_report(
         clock_source=clock_source if clocks_known else None,
         emc_mhz=time_weighted_mean(times_s, emc_mhz) if emc_mhz else None,
         energy_source=ENERGY_COUNTER if energy_override_j is not None else ENERGY_SAMPLES,
+        cpu_mhz_measured=time_weighted_mean(times_s, [_mean_clock(c) for c in cpu_mhz]) if cpu_mhz else None,
+        cpu_held=_cpu_held(times_s, cpu_mhz, knobs.cpu) if knobs is not None and knobs.cpu and cpu_mhz else None,
+        emc_held=(clock_held(times_s, emc_mhz, knobs.emc[0], knobs.emc[1])
+                  if knobs is not None and knobs.emc is not None and emc_mhz else None),
     )
+
+
+def _mean_clock(clocks: Sequence[float | None] | None) -> float | None:
+    """The mean of one sample's per-policy CPU clocks (None where none was read)."""
+    values = [c for c in clocks or () if c is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _cpu_held(times_s: Sequence[float], cpu_mhz: Sequence[Sequence[float | None] | None],
+              pins: tuple[tuple[float, tuple[float, ...]], ...]) -> bool | None:
+    """Every policy's clock held at the clock pinned on it (`clock_held`); None where no policy's clock was read."""
+    verdicts = []
+    for i, (pinned, table) in enumerate(pins):
+        series = [c[i] if c is not None and i < len(c) else None for c in cpu_mhz]
+        verdicts.append(clock_held(times_s, series, pinned, table))
+    known = [v for v in verdicts if v is not None]
+    return all(known) if known else None
 
 
 @dataclasses.dataclass
@@ -373,6 +434,7 @@ class _Sample:
     util: float | None
     clock_mhz: float | None
     emc_mhz: float | None = None
+    cpu_mhz: Sequence[float | None] | None = None
 
 
 class PowerSampler:
@@ -391,6 +453,8 @@ class PowerSampler:
         retry_delay_s: the pause before the one retry of a failed read.
         clock_source: what `read_clock` reads: "measured" or "requested" (`EnergyReport.clock_source`); None: not said.
         read_emc: returns the memory controller (EMC) clock in MHz (None: not read); its window mean is `emc_mhz`.
+        read_cpu: returns each cpufreq policy's clock in MHz (None: not read); its window mean is `cpu_mhz_measured`.
+        knobs: the CPU and memory clocks pinned, judged in each report (None: not judged).
 
     Raises:
         ValueError: `hz` is not positive.
@@ -407,6 +471,8 @@ class PowerSampler:
         retry_delay_s: float = 0.001,
         clock_source: str | None = None,
         read_emc: Callable[[], float | None] | None = None,
+        read_cpu: Callable[[], Sequence[float | None]] | None = None,
+        knobs: KnobPins | None = None,
     ):
         if hz <= 0:
             raise ValueError("sample rate must be positive")
@@ -416,6 +482,8 @@ class PowerSampler:
         self._read_clock = read_clock
         self.clock_source = clock_source
         self._read_emc = read_emc
+        self._read_cpu = read_cpu
+        self.knobs = knobs
         self._period = 1.0 / hz
         self._clock = clock
         self._retry_delay_s = retry_delay_s
@@ -436,7 +504,8 @@ class PowerSampler:
         util = self._read_util() if self._read_util is not None else None
         clock_mhz = self._read_clock() if self._read_clock is not None else None
         emc_mhz = self._read_emc() if self._read_emc is not None else None
-        return _Sample(self._clock(), watts, util, clock_mhz, emc_mhz)
+        cpu_mhz = self._read_cpu() if self._read_cpu is not None else None
+        return _Sample(self._clock(), watts, util, clock_mhz, emc_mhz, cpu_mhz)
 
     def _sample(self) -> int:
         """Take one sample (one retry on an I/O error); returns the index of the newest sample."""
@@ -475,6 +544,11 @@ class PowerSampler:
             next_t += period
             if next_t < clock():  # fell behind (suspended): skip, don't burst
                 next_t = clock() + period
+
+    def read_cpu_from(self, read_cpu: Callable[[], Sequence[float | None]]) -> None:
+        """Read each policy's CPU clock from the next sample on (a session that pins the CPU clock only from a repin)."""
+        with self._lock:
+            self._read_cpu = read_cpu
 
     def start(self) -> None:
         """Take the first sample on the caller's thread, then start the sampling thread."""
@@ -523,7 +597,9 @@ class PowerSampler:
                             clocks_mhz=[s.clock_mhz for s in window] if self._read_clock is not None else (),
                             samples_failed=failed, energy_override_j=energy_override_j,
                             pinned_mhz=pinned_mhz, table_mhz=table_mhz, clock_source=self.clock_source,
-                            emc_mhz=[s.emc_mhz for s in window] if self._read_emc is not None else ())
+                            readings=KnobReadings([s.emc_mhz for s in window] if self._read_emc is not None else (),
+                                                  [s.cpu_mhz for s in window] if self._read_cpu is not None else (),
+                                                  self.knobs))
 
     def span_s(self, start: int, end: int) -> float:
         """Seconds between samples `start` and `end` (two `mark()`s)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.hw.device import FreqRequest
+from dvfs_mlops.hw.device import FreqRequest, open_session
 from dvfs_mlops.hw.guard import TerminationGuard
 from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.hw.placement import cuda_uuids, local_gpu, visible_gpus
@@ -80,9 +80,9 @@ def combine(reports: Sequence[EnergyReport]) -> EnergyReport:
 
     Energies add up (per rail name, so `energy_j` and `energy_total_j` are the sums); the duration is the longest;
     `avg_power_w` is the summed energy over it; `peak_power_w` is the sum of the GPUs' peaks (an upper bound of the
-    job's peak: the GPUs' peaks need not coincide); utilisation and the measured clock are the GPUs' means; the clock
-    held only where every GPU held it; samples and failures add up; simulated where any is; the energy source is the
-    GPUs' where they agree, else "mixed".
+    job's peak: the GPUs' peaks need not coincide); utilisation and the measured clocks (GPU, memory) are the GPUs'
+    means; a clock held only where every GPU held it; samples and failures add up; simulated where any is; the energy
+    source is the GPUs' where they agree, else "mixed".
 
     Raises:
         ValueError: no reports.
@@ -98,6 +98,7 @@ def combine(reports: Sequence[EnergyReport]) -> EnergyReport:
     duration = max(r.duration_s for r in reports)
     total = sum(r.energy_total_j for r in reports)
     held = [r.clock_held for r in reports]
+    emc_held = [r.emc_held for r in reports]
     sources = {r.energy_source for r in reports}
     return EnergyReport(
         duration_s=duration, energy_j=sum(r.energy_j for r in reports), energy_total_j=total, energy_by_rail_j=rails,
@@ -107,7 +108,8 @@ def combine(reports: Sequence[EnergyReport]) -> EnergyReport:
         clock_held=None if None in held else all(held), samples_failed=sum(r.samples_failed for r in reports),
         energy_rails=reports[0].energy_rails, total_rails=reports[0].total_rails,
         cpu_gpu_combined=reports[0].cpu_gpu_combined, clock_source=reports[0].clock_source,
-        energy_source=sources.pop() if len(sources) == 1 else "mixed")
+        energy_source=sources.pop() if len(sources) == 1 else "mixed", emc_mhz=_mean([r.emc_mhz for r in reports]),
+        emc_held=None if None in emc_held else all(emc_held))
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -196,9 +198,9 @@ class GpuSessions:
     leaving restores every one (each session's own restore and journal, `FreqSession`).
     """
 
-    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = ""):
+    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = "", **knobs: float):
         self.devices = list(devices)
-        self.sessions = [dev.session(freq, observe=observe, label=label) for dev in self.devices]
+        self.sessions = [open_session(dev, freq, observe=observe, label=label, **knobs) for dev in self.devices]
         self._stack: contextlib.ExitStack | None = None
 
     def __enter__(self) -> GpuSessions:
@@ -230,6 +232,7 @@ class JobGpuSessions:
         freq: the clock to pin ("maxn": write nothing).
         observe: meter only.
         label: the sessions' label.
+        knobs: the memory clock to pin on each GPU as well (`emc_mhz`; `Device.session` keywords).
 
     Attributes:
         attached: (device, session, seconds after the start) for each GPU the job was seen on, in the order seen.
@@ -237,9 +240,10 @@ class JobGpuSessions:
             reports the host's PIDs), so the job's use of those GPUs cannot be told.
     """
 
-    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = ""):
+    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = "", **knobs: float):
         self.devices = list(devices)
         self.freq, self.observe, self.label = freq, observe, label
+        self.knobs = knobs
         self.attached: list[tuple[Any, Any, float]] = []
         self.foreign_pids: set[int] = set()
         self._stack: contextlib.ExitStack | None = None
@@ -294,7 +298,7 @@ class JobGpuSessions:
                 continue
             pids = dev.running_pids() or set()
             if any(self._is_job(pid, job_pid) for pid in pids):
-                session = dev.session(self.freq, observe=self.observe, label=self.label)
+                session = open_session(dev, self.freq, observe=self.observe, label=self.label, **self.knobs)
                 self._stack.enter_context(session)
                 self.attached.append((dev, session, time.monotonic() - self._t0))
                 new.append(dev)

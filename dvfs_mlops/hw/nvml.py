@@ -43,6 +43,15 @@ window spans at least `COUNTER_MIN_PERIODS` periods; else from the power samples
 Which processes. nvmlDeviceGetComputeRunningProcesses lists the processes with a compute context on a GPU (NVML API
 reference: "e.g. CUDA application which have active context"); `running_pids` reads it, so `run` can pin and meter only
 the GPUs a job uses (hw/multi.py).
+
+The memory clock (a session's `emc_mhz`). nvmlDeviceGetSupportedMemoryClocks lists the memory clocks a GPU runs at
+("the list of possible memory clocks that can be used as an argument for nvmlDeviceSetMemoryLockedClocks"), and
+nvmlDeviceSetMemoryLockedClocks "sets the device's memory clocks to the value in the range of minMemClockMHz to
+maxMemClockMHz ... Requires root/admin permissions ... For Ampere or newer fully supported devices", undone by
+nvmlDeviceResetMemoryLockedClocks ("Resets the memory clock to the default value"). A GPU that lists one memory clock
+(a data-centre HBM part) has no memory knob: `emc_frequencies_mhz` is empty and a request is refused in one line. The
+memory lock is its own clock domain (its own lock and journal, `pins.DomainPin`); the clock is read back with
+nvmlDeviceGetClockInfo(NVML_CLOCK_MEM). NVML has no CPU clock: a CPU clock is refused in one line.
 """
 from __future__ import annotations
 
@@ -59,9 +68,11 @@ from dvfs_mlops.hw.device import (
     PinnedSession,
     freq_label,
     parse_freq,
+    parse_knob,
 )
 from dvfs_mlops.hw.guard import ClockOwnership, restore_failed
-from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, PowerSampler, infer_update_period
+from dvfs_mlops.hw.meter import CLOCK_MEASURED, EnergyReport, KnobPins, PowerSampler, infer_update_period
+from dvfs_mlops.hw.pins import DomainPin, claim_all, restore_all
 from dvfs_mlops.hw.placement import UUID_PREFIXES, bare_uuid, cuda_device_of
 
 log = logging.getLogger(__name__)
@@ -261,6 +272,76 @@ class NvmlDevice:
         mem = max(n.nvmlDeviceGetSupportedMemoryClocks(self.handle))
         return sorted(float(c) for c in set(n.nvmlDeviceGetSupportedGraphicsClocks(self.handle, mem)))
 
+    # the memory clock --------------------------------------------------------------------------------------------
+    @property
+    def cpu_frequencies_mhz(self) -> list[float]:
+        """NVML sets GPU clocks only: no CPU knob."""
+        return []
+
+    @property
+    def emc_frequencies_mhz(self) -> list[float]:
+        """The memory clocks a session can pin (nvmlDeviceGetSupportedMemoryClocks), ascending; [] where the GPU lists
+        one (no memory knob), is older than Ampere (nvmlDeviceSetMemoryLockedClocks: "For Ampere or newer") or NVML
+        cannot say."""
+        if self._before_ampere():
+            return []
+        try:
+            clocks = sorted({float(c) for c in self.nvml.nvmlDeviceGetSupportedMemoryClocks(self.handle)})
+        except self.nvml.NVMLError:
+            return []
+        return clocks if len(clocks) > 1 else []
+
+    def _before_ampere(self) -> bool:
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+            ampere = getattr(self.nvml, "NVML_DEVICE_ARCH_AMPERE", NVML_DEVICE_ARCH_AMPERE)
+            return int(self.nvml.nvmlDeviceGetArchitecture(self.handle)) < ampere
+        return False
+
+    @property
+    def memory_key(self) -> str:
+        """The memory clock domain's lock and journal key."""
+        return f"{self.device_key}-memory"
+
+    def memory_clock_mhz(self) -> float | None:
+        """The memory clock now (nvmlDeviceGetClockInfo, NVML_CLOCK_MEM), None where NVML cannot say."""
+        with contextlib.suppress(self.nvml.NVMLError):
+            return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, getattr(self.nvml, "NVML_CLOCK_MEM", 2)))
+        return None
+
+    def emc_unavailable(self) -> str:
+        """Why this GPU's memory clock cannot be pinned, in one line with what to do."""
+        if self._before_ampere():
+            return (f"GPU {self.index} ({self.gpu_name}) is older than Ampere: NVML locks memory clocks on Ampere or newer "
+                    "only (nvmlDeviceSetMemoryLockedClocks); drop --emc-freq")
+        try:
+            listed = sorted({float(c) for c in self.nvml.nvmlDeviceGetSupportedMemoryClocks(self.handle)})
+        except self.nvml.NVMLError as e:
+            return f"NVML cannot list the memory clocks of GPU {self.index} ({e}); drop --emc-freq"
+        return (f"GPU {self.index} ({self.gpu_name}) offers one memory clock ({', '.join(f'{c:g}' for c in listed)} MHz, "
+                "nvmlDeviceGetSupportedMemoryClocks): there is no other to pin; drop --emc-freq")
+
+    def cpu_unavailable(self) -> str:
+        return ("NVML sets GPU clocks only; the host CPU's clock is the operating system's (cpufreq), which the nvml "
+                "backend does not pin: drop --cpu-freq")
+
+    def lock_memory_clocks(self, mhz: float) -> None:
+        """Lock the memory clock at `mhz`.
+
+        Raises:
+            DevicePermissionError, DvfsError: NVML refused it (`partial` False: a lock call NVML refused is undone, so
+                nothing is left to restore).
+        """
+        try:
+            self._call("lock the memory clock", self.nvml.nvmlDeviceSetMemoryLockedClocks, int(mhz), int(mhz))
+        except DvfsError as e:
+            with contextlib.suppress(Exception):  # a lock call that failed half-way: undo whatever it did
+                self.reset_memory_clocks()
+            e.partial = False  # type: ignore[attr-defined]
+            raise
+
+    def reset_memory_clocks(self) -> None:
+        self._call("reset the locked memory clock", self.nvml.nvmlDeviceResetMemoryLockedClocks)
+
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         try:
             return fn(self.handle, *args)
@@ -340,15 +421,16 @@ class NvmlDevice:
             DeviceNotFoundError: the journal's GPU is not on this machine any more.
             DevicePermissionError, DvfsError: the reset failed.
         """
+        memory = settings.get("action") == "reset_memory_locked_clocks"
         uuid = str(settings.get("uuid") or "")
         if uuid.startswith("GPU-") and uuid != self.device_id:
             other = NvmlDevice(nvml=self.nvml, uuid=uuid)
             try:
-                other.reset_clocks()
+                other.reset_memory_clocks() if memory else other.reset_clocks()
             finally:
                 other.close()
             return
-        self.reset_clocks()
+        self.reset_memory_clocks() if memory else self.reset_clocks()
 
     # meter ---------------------------------------------------------------------------------------------------
     def energy_mj(self) -> int | None:
@@ -429,9 +511,23 @@ class NvmlDevice:
             return float(self.nvml.nvmlDeviceGetTemperature(self.handle, getattr(self.nvml, "NVML_TEMPERATURE_GPU", 0)))
         return None
 
-    def session(self, freq: FreqRequest, observe: bool = False, label: str = "") -> NvmlSession:
-        """A session at `freq` (`label` names the measurement; real hardware needs nothing of it)."""
-        return NvmlSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe)
+    def session(self, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
+                emc_mhz: float | None = None) -> NvmlSession:
+        """A session at `freq`, and at the memory clock `emc_mhz` where given (`label` names the measurement; real
+        hardware needs nothing of it).
+
+        Raises:
+            UnknownNameError: a clock not in its table. DvfsError: a CPU clock, or a memory clock on a GPU that lists
+                one memory clock, in one line before anything is touched.
+        """
+        if cpu_mhz is not None:
+            raise DvfsError(self.cpu_unavailable())
+        if emc_mhz is not None:
+            table = self.emc_frequencies_mhz
+            if not table:
+                raise DvfsError(self.emc_unavailable())
+            emc_mhz = parse_knob(emc_mhz, table, "emc_mhz")
+        return NvmlSession(self, parse_freq(freq, self.frequencies_mhz), observe=observe, emc_mhz=emc_mhz)
 
     def info(self) -> DeviceInfo:
         counter = self.energy_mj() is not None
@@ -446,6 +542,9 @@ class NvmlDevice:
         temp = self.temperature_c()
         if temp is not None:
             detail["gpu_temp_c"] = temp
+        memory = self.emc_frequencies_mhz
+        detail["memory_frequencies"] = (f"{', '.join(f'{f:g}' for f in memory)} MHz (nvmlDeviceGetSupportedMemoryClocks)"
+                                        if memory else self.emc_unavailable())
         return DeviceInfo("nvml", self.profile, self.frequencies_mhz, self.current_mhz(), "default (nvml)", ["gpu"], False, detail)
 
 
@@ -466,29 +565,67 @@ class NvmlPin:
         self._ownership = ClockOwnership("nvml", device.device_key, device.restore_settings)
         self._owner = (owner_pid, owner_uid)
         self._locked = False
+        self._memory = DomainPin("nvml-memory", device.memory_key,
+                                 lambda: {"index": device.index, "uuid": device.device_id, "action": "reset_memory_locked_clocks"},
+                                 device.restore_settings, self._owner)
 
     @property
     def held(self) -> bool:
         return self._ownership.lock.held
 
+    @property
+    def domain_keys(self) -> list[str]:
+        """The keys of the domains this pin holds (the GPU's first)."""
+        return [k for k, held in ((self.device.device_key, self.held), (self.device.memory_key, self._memory.held)) if held]
+
+    def _pin_memory(self, emc_mhz: float) -> None:
+        """Lock the memory clock: claimed and journalled the first time, checked as the GPU's lock is."""
+        dev = self.device
+        if not self._memory.held:
+            dev.check_can_pin("lock the memory clock")
+            claim_all([self._memory])
+            self._memory.record(freq_label(emc_mhz))
+        self._memory.write(lambda: dev.lock_memory_clocks(emc_mhz))
+
+    def repin_knobs(self, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Lock the memory clock at `emc_mhz` (a CPU clock is refused: NVML has none).
+
+        Raises:
+            DvfsError: a CPU clock, or the lock call failed.
+        """
+        if cpu_mhz is not None:
+            raise DvfsError(self.device.cpu_unavailable())
+        if emc_mhz is not None:
+            self._pin_memory(emc_mhz)
+        return {}
+
     def _record(self, requested: str) -> None:
         dev = self.device
         self._ownership.record({"index": dev.index, "uuid": dev.device_id, "action": "reset_locked_clocks"}, requested, *self._owner)
 
-    def pin(self, freq: FreqRequest) -> dict[str, Any]:
-        """Claim the GPU; for a clock of the table, check it can be restored exactly, journal, lock ("maxn": nothing).
+    def pin(self, freq: FreqRequest, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Claim the GPU; for a clock of the table, check it can be restored exactly, journal, lock ("maxn": nothing);
+        then the memory clock where `emc_mhz` is given (its own lock and journal).
 
         Returns:
             Nothing the session logs besides energy ({}).
 
         Raises:
-            DeviceBusyError: another process holds the GPU. DvfsError: MIG, application clocks, no assume_unlocked, or
-                the lock call failed (DevicePermissionError without root).
+            DeviceBusyError: another process holds the GPU. DvfsError: MIG, application clocks, no assume_unlocked, a
+                CPU clock, or the lock call failed (DevicePermissionError without root).
         """
+        if cpu_mhz is not None:
+            raise DvfsError(self.device.cpu_unavailable())
+        self._pin_gpu(freq)
+        if emc_mhz is not None:
+            self._pin_memory(emc_mhz)
+        return {}
+
+    def _pin_gpu(self, freq: FreqRequest) -> None:
         dev = self.device
         self._ownership.claim()
         if freq == MAXN:
-            return {}  # the board's default as found: an administrator's lock stays as it is
+            return  # the board's default as found: an administrator's lock stays as it is
         try:
             dev.check_can_pin()
         except DvfsError:
@@ -504,7 +641,6 @@ class NvmlPin:
                 dev.reset_clocks()
             raise
         self._locked = True
-        return {}
 
     def repin(self, mhz: float) -> None:
         """Lock another clock; a pin taken at maxn checks and journals first, as `pin` does."""
@@ -516,11 +652,22 @@ class NvmlPin:
         dev.lock_clocks(mhz)
 
     def restore(self) -> None:
-        """Reset the lock this pin set, remove the journal, unlock (a no-op when nothing is held).
+        """Reset the memory lock and then the GPU lock this pin set, remove each journal, unlock (a no-op when nothing
+        is held).
 
         Raises:
-            RestoreFailedError: the reset failed; the journal is kept and the lock released.
+            RestoreFailedError: a reset failed; its journal is kept and every lock released.
         """
+        failed: DvfsError | None = None
+        try:
+            restore_all([self._memory])
+        except DvfsError as e:
+            failed = e
+        self._restore_gpu()
+        if failed is not None:
+            raise failed
+
+    def _restore_gpu(self) -> None:
         if not self._ownership.lock.held:
             return
         if self._locked:
@@ -540,17 +687,27 @@ class NvmlSession(PinnedSession):
 
     device: NvmlDevice
 
-    def __init__(self, device: NvmlDevice, freq: FreqRequest, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    def __init__(self, device: NvmlDevice, freq: FreqRequest, observe: bool = False, *, emc_mhz: float | None = None):
+        super().__init__(device, freq, observe=observe, emc_mhz=emc_mhz)
         self._sampler: PowerSampler | None = None
         self._marks: list[tuple[int, int | None]] = []
         self._period: float | None = None  # the energy counter's update period (None: no counter to trust)
+        self._memory_table: tuple[float, ...] = ()
 
     def _new_pin(self) -> Any:
         from dvfs_mlops.hw.clockd.client import route_pin
 
         dev = self.device
-        return route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id)
+        what = "the GPU clock" + (" and the memory clock" if self.pinned_emc_mhz is not None else "")
+        return route_pin("nvml", lambda: NvmlPin(dev), gpu_uuid=dev.device_id, what=what)
+
+    def _memory_pin(self, emc_mhz: float | None) -> KnobPins | None:
+        return KnobPins(emc=(emc_mhz, self._memory_table)) if emc_mhz is not None else None
+
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        super()._repin_knobs(cpu_mhz, emc_mhz)
+        if self._sampler is not None and emc_mhz is not None:  # later windows are judged against the new pin
+            self._sampler.knobs = self._memory_pin(emc_mhz)
 
     def _start_meter(self) -> None:
         dev = self.device
@@ -569,8 +726,11 @@ class NvmlSession(PinnedSession):
             self.context["energy_counter_period_s"] = self._period
         # nvmlDeviceGetClockInfo(NVML_CLOCK_GRAPHICS) is the clock the GPU runs at now (NVML API reference), not the
         # requested one: a measured clock
+        # the memory clock, read back where the GPU has a memory knob (more than one memory clock)
+        self._memory_table = tuple(dev.emc_frequencies_mhz)
         self._sampler = PowerSampler(lambda: (dev.power_w(),), ["gpu"], dev.util_pct, dev.sample_hz, read_clock=dev.current_mhz,
-                                     clock_source=CLOCK_MEASURED)
+                                     clock_source=CLOCK_MEASURED, read_emc=dev.memory_clock_mhz if self._memory_table else None,
+                                     knobs=self._memory_pin(self.pinned_emc_mhz))
         self._marks = []
         self._sampler.start()
         self._start = (0, dev.energy_mj())

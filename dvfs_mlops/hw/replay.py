@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.hw.device import MAXN, DeviceInfo, FreqRequest, FreqSession, parse_freq
+from dvfs_mlops.hw.device import KNOBS, MAXN, DeviceInfo, FreqRequest, FreqSession, parse_freq, parse_knob
 from dvfs_mlops.hw.meter import EnergyReport
 
 REPLAYED = "REPLAYED"
@@ -414,14 +414,37 @@ class ReplayDevice:
     def frequencies_mhz(self) -> list[float]:
         return list(self.grid.gpu_mhz)
 
-    def setting(self, freq: FreqRequest) -> Setting:
-        """The setting a clock request plays: `maxn` the file's top setting, a GPU clock its slice's.
+    @property
+    def cpu_frequencies_mhz(self) -> list[float]:
+        """The file's CPU clocks ([] where it has no `cpu_mhz` column)."""
+        return list(self.grid.cpu_mhz)
+
+    @property
+    def emc_frequencies_mhz(self) -> list[float]:
+        """The file's EMC clocks ([] where it has no `emc_mhz` column)."""
+        return list(self.grid.emc_mhz)
+
+    def setting(self, freq: FreqRequest, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> Setting:
+        """The setting a clock request plays: `maxn` the file's top setting, a GPU clock its slice's; a CPU or EMC clock
+        given replaces the slice's (the file's top one).
 
         Raises:
-            UnknownNameError: `freq` is not "maxn" nor a GPU clock of the file (the message lists them).
+            UnknownNameError: `freq` is not "maxn" nor a GPU clock of the file, or a CPU or EMC clock not in it (the
+                message lists them).
+            DvfsError: a CPU or EMC clock on a file without that column.
         """
         f = parse_freq(freq, self.frequencies_mhz)
-        return self.grid.top if f == MAXN else self.grid.slice_setting(float(f))
+        found = self.grid.top if f == MAXN else self.grid.slice_setting(float(f))
+        knobs = {}
+        for knob, value in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)):
+            if value is None:
+                continue
+            table = list(getattr(self.grid, knob))
+            if not table:
+                raise DvfsError(f"{self.grid.path} has no {knob} column: its {KNOBS[knob][0]} was not varied, so "
+                                f"{KNOBS[knob][2]} has nothing to play; drop {KNOBS[knob][2]}")
+            knobs[knob] = parse_knob(value, table, knob)
+        return dataclasses.replace(found, **knobs) if knobs else found
 
     def workload_of(self, label: str = "", workload: str | None = None) -> tuple[str, int | None]:
         """Which workload (and which repeat, where named) a session plays.
@@ -486,7 +509,7 @@ class ReplayDevice:
         return tuple(self._order.get(workload, ()))
 
     def session(self, freq: FreqRequest, observe: bool = False, label: str = "", *, workload: str | None = None,
-                repeat: int | None = None) -> ReplaySession:
+                repeat: int | None = None, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> ReplaySession:
         """A session that plays `workload` at `freq`: each `step()` charges one unit of work as recorded (one look-up
         when the session starts and one after each `repin`); a session that charges no step charges one unit.
 
@@ -496,18 +519,26 @@ class ReplayDevice:
             label: the session's label: a sweep point's `WORKLOAD#REPEAT` names the workload and the repeat.
             workload: the workload to play (default: the label's, else the file's only one).
             repeat: the recorded repeat to play (default: the label's, else the next one of this device's look-ups).
+            cpu_mhz: a CPU clock of the file (None: the GPU clock's slice's, the file's top CPU clock).
+            emc_mhz: an EMC clock of the file (None: the slice's).
 
         Returns:
             The `ReplaySession`, not yet entered.
 
         Raises:
-            UnknownNameError: `freq` is not a clock of the file.
-            DvfsError: the workload is unknown or not named, or the file has no row for it at that setting.
+            UnknownNameError: `freq`, `cpu_mhz` or `emc_mhz` is not a clock of the file.
+            DvfsError: the workload is unknown or not named, a knob the file has no column for, or the file has no row
+                for it at that setting.
         """
         name, named_repeat = self.workload_of(label, workload)
+        if observe and (cpu_mhz is not None or emc_mhz is not None):
+            raise DvfsError("--observe pins nothing, so it cannot pin the CPU or EMC clock; drop one of them")
+        setting = self.setting(freq, cpu_mhz, emc_mhz)  # a knob the file lacks is refused before entering
         session = ReplaySession(self, MAXN if observe else parse_freq(freq, self.frequencies_mhz), name,
-                                repeat if repeat is not None else named_repeat, observe=observe)
-        self.grid.recorded(name, self.setting(session.freq))  # a setting the file lacks is refused before entering
+                                repeat if repeat is not None else named_repeat, observe=observe,
+                                cpu_mhz=setting.cpu_mhz if cpu_mhz is not None else None,
+                                emc_mhz=setting.emc_mhz if emc_mhz is not None else None)
+        self.grid.recorded(name, self.setting(session.freq, session.cpu_mhz, session.emc_mhz))  # before entering
         return session
 
     def close(self) -> None:
@@ -534,8 +565,9 @@ class ReplaySession(FreqSession):
 
     device: ReplayDevice
 
-    def __init__(self, device: ReplayDevice, freq: FreqRequest, workload: str, repeat: int | None, observe: bool = False):
-        super().__init__(device, freq, observe=observe)
+    def __init__(self, device: ReplayDevice, freq: FreqRequest, workload: str, repeat: int | None, observe: bool = False,
+                 cpu_mhz: float | None = None, emc_mhz: float | None = None):
+        super().__init__(device, freq, observe=observe, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
         self.workload = workload
         self._repeat = repeat
         self.lookups: list[Lookup] = []
@@ -548,10 +580,13 @@ class ReplaySession(FreqSession):
         """Nothing on the host was changed."""
 
     def _repin(self, mhz: float) -> None:
-        self._look_up(mhz)
+        self._look_up(mhz)  # with the session's knobs, already the new ones (`FreqSession.repin`)
+
+    def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
+        """Nothing more: `_repin` looked the new setting up, the CPU and EMC clocks with it."""
 
     def _look_up(self, freq: FreqRequest) -> None:
-        found = self.device.measure_setting(self.workload, self.device.setting(freq), self._repeat)
+        found = self.device.measure_setting(self.workload, self.device.setting(freq, self.cpu_mhz, self.emc_mhz), self._repeat)
         self.lookups.append(found)
         g = self.device.grid
         self.context.update({"trace_name": g.name, "trace_sha256": g.sha256, "workload": self.workload,

@@ -48,7 +48,8 @@ class DvfsCallback(TrainerCallback):
         governor: a `models:/` URI (None: the production governor of the board's family).
         device: a backend name for `open_device` (auto, jetson, nvml, sim), or an open `Device`.
         freq: pin this clock (MHz or "maxn") instead of asking the governor.
-        gpu_util_pct, avg_seq_len: the features (None: the twin's estimate at maxn; the data's mean unpadded length).
+        gpu_util_pct: the GPU-utilisation feature (None: the twin's estimate at maxn).
+        avg_seq_len: the average-sequence-length feature (None: the data's mean unpadded length).
         sample_hz: the meter's rate when `device` is a name (None: `open_device`'s).
         announce: where the one-line statements go (default the module logger at INFO; None: nowhere).
         observe: meter without writing any clock (no root needed); no refine.

@@ -6,7 +6,9 @@ not even start it; instead this process imports every module it will need, then 
 groups). The kernel then sees a real unprivileged client: the socket file's mode and SO_PEERCRED apply to it.
 
 usage: python -m testkit.fakes.clockd_client UID GID GROUPS(comma-separated, or -) ACTION ARGS...
-  session BACKEND FREQ MODE [UUID]  pin through a session; MODE: wait (print PINNED, sleep), exit (PINNED, leave the
+  session BACKEND FREQ MODE [UUID|- [CPU_MHZ|- [EMC_MHZ|-]]]
+                                    pin through a session (the CPU and memory clocks too where given); MODE: wait
+                                    (print PINNED, sleep), exit (PINNED, leave the
                                     block, RESTORED), context (as exit, then CONTEXT and the session's context as JSON),
                                     train (PINNED, then a step every 20 ms until told on stdin, then RESTORED and the
                                     context and clock_held as JSON; a lost clock prints LOST and its line instead)
@@ -66,12 +68,19 @@ def drop(uid: int, gid: int, groups: list[int]) -> None:
     assert os.geteuid() == uid and os.getegid() == gid and sorted(os.getgroups()) == sorted(groups)
 
 
-def session(backend: str, freq: str, mode: str, uuid: str = "") -> None:
-    if backend == "jetson":
-        dev = JetsonDevice(above_mode_cap=True)  # a pin above the power mode's cap is the caller's to allow
-    else:
-        dev = NvmlDevice(nvml=fake_pynvml.make_module([fake_pynvml.FakeGPU(uuid=uuid)]), assume_unlocked=True)
-    s = dev.session(freq)
+def session(backend: str, freq: str, mode: str, uuid: str = "", cpu: str = "-", emc: str = "-") -> None:
+    uuid = "" if uuid == "-" else uuid
+    knobs = {k: float(v) for k, v in (("cpu_mhz", cpu), ("emc_mhz", emc)) if v != "-"}
+    try:
+        if backend == "jetson":
+            dev = JetsonDevice(above_mode_cap=True)  # a pin above the power mode's cap is the caller's to allow
+        else:
+            gpu = fake_pynvml.FakeGPU(uuid=uuid, mem_clocks=[9501, 5001, 810] if "emc_mhz" in knobs else None)
+            dev = NvmlDevice(nvml=fake_pynvml.make_module([gpu]), assume_unlocked=True)
+        s = dev.session(freq, **knobs)
+    except DvfsError as e:  # refused before the session: the one line a command would print
+        print("ERROR " + str(e), flush=True)
+        sys.exit(2)
     try:
         with s:
             print("PINNED", flush=True)

@@ -24,6 +24,13 @@ does the least it can and says so. The sources:
 - [ZEUS] Zeus (ml-energy/zeus) zeus/monitor/power.py, infer_counter_update_period: NVML's power and energy counters
   "can update as slow as 10 Hz depending on the GPU model"; a reading holds its value between updates, so the counter
   advances in steps (zeus/monitor/energy.py warns where a window's energy reads zero).
+- [MEMCLK] NVML nvmlDeviceGetSupportedMemoryClocks ("the list of possible memory clocks that can be used as an argument
+  for nvmlDeviceSetMemoryLockedClocks"), nvmlDeviceSetMemoryLockedClocks ("Set memory clocks that device will lock to
+  ... in the range of minMemClockMHz to maxMemClockMHz ... Requires root/admin permissions. After system reboot or
+  driver reload memory clocks go back to their default value ... For Ampere or newer fully supported devices") and
+  nvmlDeviceResetMemoryLockedClocks ("Resets the memory clock to the default value"); nvmlDeviceGetClockInfo with
+  NVML_CLOCK_MEM reads the memory clock. An A100's HBM lists one memory clock (1215 MHz, the fake's default); a GPU
+  with several is made with `mem_clocks`.
 - [PROC] NVML nvmlDeviceGetComputeRunningProcesses: "Get information about processes with a compute context on a
   device ... (e.g. CUDA application which have active context)"; "the number of elements might change in time";
   nvidia-ml-py returns c_nvmlProcessInfo_t structs (pid, usedGpuMemory, gpuInstanceId, computeInstanceId). A
@@ -210,6 +217,8 @@ class FakeGPU:
 
     locked: a locked clock range (nvmlDeviceSetGpuLockedClocks / nvidia-smi -lgc); it governs the clock and raises no
         event reason ([CUDAJL]); NVML has no call that reads it back.
+    mem_clocks: the memory clocks the GPU lists ([MEMCLK]); mem_locked: a locked memory clock range
+        (nvmlDeviceSetMemoryLockedClocks), which the memory clock then reads (its top).
     app_clock_mhz: application clocks someone set (nvmlDeviceSetApplicationsClocks / nvidia-smi -ac), else None;
         app_clocks_api False makes their getters answer NOT_SUPPORTED.
     running: work is running on the GPU (False: GpuIdle, the clock drops to the idle clock).
@@ -226,9 +235,10 @@ class FakeGPU:
 
     def __init__(self, name: str = "NVIDIA A100-SXM4-40GB", power_mw: int = 250_000, energy_counter: bool = True,
                  uuid: str | None = None, architecture: int = NVML_DEVICE_ARCH_AMPERE, ga100: bool | None = None,
-                 energy_period_s: float = 0.1):
+                 energy_period_s: float = 0.1, mem_clocks: list[int] | None = None):
         self.name = name
-        self.mem_clocks = [1215]
+        self.mem_clocks = list(mem_clocks) if mem_clocks else [1215]  # descending where several, as NVML lists them
+        self.mem_locked: tuple[int, int] | None = None
         self.graphics_clocks = list(range(1410, 200, -15))  # descending, as NVML returns them
         self.idle_clock_mhz = min(self.graphics_clocks)
         self.locked: tuple[int, int] | None = None
@@ -405,6 +415,24 @@ def make_module(gpus: list[FakeGPU] | None = None, driver_loaded: bool = True) -
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
         h.locked = None  # whoever set the lock: NVML keeps no owner of it
 
+    def nvmlDeviceSetMemoryLockedClocks(h, lo, hi):
+        h.calls.append(("lock_memory", lo, hi))
+        if h.architecture < NVML_DEVICE_ARCH_AMPERE:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # [MEMCLK] "For Ampere or newer fully supported devices"
+        if not h.permission:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)  # [MEMCLK] "Requires root/admin permissions"
+        if lo > hi:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        h.mem_locked = (lo, hi)
+
+    def nvmlDeviceResetMemoryLockedClocks(h):
+        h.calls.append(("reset_memory",))
+        if h.architecture < NVML_DEVICE_ARCH_AMPERE:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not h.permission:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        h.mem_locked = None  # [MEMCLK] "Resets the memory clock to the default value"
+
     def nvmlDeviceGetApplicationsClock(h, kind):
         # [NVML] "the current setting of a clock that applications will use" (deprecated, still exported);
         # "For Kepler or newer fully supported devices": NOT_SUPPORTED elsewhere (`app_clocks_api=False`)
@@ -472,6 +500,8 @@ def make_module(gpus: list[FakeGPU] | None = None, driver_loaded: bool = True) -
         return c_nvmlUtilization_t(h.util, 30)
 
     def nvmlDeviceGetClockInfo(h, kind):
+        if kind == NVML_CLOCK_MEM:  # [MEMCLK] the memory clock: a lock's top, else the highest listed
+            return h.mem_locked[1] if h.mem_locked else max(h.mem_clocks)
         return h._clock()[0]
 
     def nvmlDeviceGetUUID(h):

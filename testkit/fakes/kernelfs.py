@@ -33,6 +33,15 @@ backing dir (symlinks included, so os.path.realpath works through the relative l
 * BPMP's GPC clock counters (sys/kernel/debug/bpmp/debug/clk/nafll_gpc{N}/pto_counter, where the backing tree has
   them: testkit/fakes/sysfs.py `set_gpc_clock_hz`) read as the clock the GPU runs at, cur_freq's value: jetson-stats
   shows them as the GPU's measured clock (rbonghi/jetson_stats jtop/core/gpu.py @f41d5ca, l.120-129).
+* each cpufreq policy (sys/devices/system/cpu/cpufreq/policyN), after drivers/cpufreq/cpufreq.c: scaling_min_freq /
+  scaling_max_freq take what sscanf("%lu") parses (EINVAL otherwise) as the user's frequency QoS request (the backing
+  file holds it) and are never refused for min > max; reads show policy->min/max (testkit/fakes/sysfs.py
+  `cpufreq_policy_range`: the requests aggregated with a CPU cooling device's cap, within cpuinfo, min never above
+  max, resolved to the table); scaling_cur_freq and cpuinfo_cur_freq (0400) read the top of that range; the other
+  attributes have no store (EACCES on open for writing); scaling_governor takes a listed governor.
+* BPMP's EMC clock (sys/kernel/debug/bpmp/debug/clk/emc): mrq_rate_locked takes 0 or 1; rate takes a rate in Hz
+  (`bpmp_round_hz`); rate reads `emc_rate_shown`: the rate written while locked, else the kernel's (the backing `rate`
+  file: `set_emc_kernel_rate_hz`); min_rate, max_rate and BPMP's possible_rates have no store.
 
 Every read goes to the daemon (`direct_io`, zero attribute/entry timeouts): os.pread on a file held
 open returns the current value each time, as sysfs does.
@@ -62,7 +71,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testkit.fakes.sysfs import FakeJetson, apply_nvpmodel_mode, make_orin_tree
+from testkit.fakes.sysfs import (
+    CPUFREQ_DIR,
+    CPUFREQ_READ_ONLY_ATTRS,
+    CPUFREQ_STORE_ATTRS,
+    EMC_CLK_DIR,
+    EMC_POSSIBLE_RATES,
+    EMC_READ_ONLY_ATTRS,
+    EMC_STORE_ATTRS,
+    FakeJetson,
+    apply_nvpmodel_mode,
+    bpmp_round_hz,
+    cpufreq_policy_range,
+    emc_rate_shown,
+    make_orin_tree,
+)
 
 MOUNT_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
@@ -135,13 +158,17 @@ class KernelTree:
 
     Knobs (each a round trip to the daemon):
       set_throttle_cap_hz(hz | None)   thermal cap: a PM QoS max request beside the user's (set_cap_hz: the same)
-      set_nvpmodel_mode(mode_id)       what `nvpmodel -m` leaves: its status file and the mode's GPU range as the
-                                       user's min_freq/max_freq requests
+      set_cpu_cap_khz(policy, khz)     a CPU cooling device's max request on one policy (None: none)
+      set_emc_kernel_rate_hz(hz)       the EMC rate the kernel asks BPMP for (read while mrq_rate_locked is 0)
+      set_emc_floor_hz(hz)             BPMP's EMC min_rate (a floor it holds)
+      set_nvpmodel_mode(mode_id)       what `nvpmodel -m` leaves: its status file and the mode's GPU and CPU ranges
+                                       as the user's requests, its EMC cap in emc_iso_cap
       read_only = True                 every open-for-write in the devfreq node fails EACCES
       fail_writes = {"min_freq"}       writes of these devfreq files fail EIO (set() clears)
       fail_rail_reads(n)               the next n reads at offset 0 of rail inputs fail EIO
       rule = "einval" | "qos"          what a min > max write does (see the module doc)
-      log / writes / clear_log()       every write to the devfreq node; accepted min/max writes
+      log / writes / clear_log()       every write to a clock's file (cpufreq as "policyN/NAME", EMC as "emc/NAME");
+                                       accepted devfreq min/max writes
       reset()                          all knobs off, log empty (the files keep their values)
     """
 
@@ -198,6 +225,35 @@ class KernelTree:
         self._set(throttle_cap=hz)
 
     set_cap_hz = set_throttle_cap_hz  # FakeKernel's name
+
+    def set_cpu_cap_khz(self, policy: str, khz: int | None) -> None:
+        caps = dict(self.state()["cpu_caps"])
+        if khz is None:
+            caps.pop(policy, None)
+        else:
+            caps[policy] = int(khz)
+        self._set(cpu_caps=caps)
+
+    def set_emc_kernel_rate_hz(self, hz: int) -> None:
+        (self.backing.emc / "rate").write_text(f"{hz}\n")
+
+    def set_emc_floor_hz(self, hz: int) -> None:
+        (self.backing.emc / "min_rate").write_text(f"{hz}\n")
+
+    # the CPU policies and the EMC clock, read through the mount --------------------------------------------------------
+    def policy(self, name: str) -> Path:
+        return self.mountpoint / self.backing.policy(name).relative_to(self.backing.root)
+
+    def cpu_range_khz(self, name: str) -> tuple[int, int]:
+        pol = self.policy(name)
+        return int((pol / "scaling_min_freq").read_text()), int((pol / "scaling_max_freq").read_text())
+
+    @property
+    def emc(self) -> Path:
+        return self.mountpoint / EMC_CLK_DIR
+
+    def emc_state(self) -> tuple[int, int]:
+        return int((self.emc / "mrq_rate_locked").read_text()), int((self.emc / "rate").read_text())
 
     def set_nvpmodel_mode(self, mode_id: int) -> None:
         """`nvpmodel -m MODE_ID` as root: the backing files hold the user's requests, so nvpmodel's writes land there."""
@@ -377,11 +433,14 @@ class _State:
         self.fail_writes: set[str] = set()
         self.rail_eio = 0
         self.throttle_cap: int | None = None
+        self.cpu_caps: dict[str, int] = {}
+        self.emc_debug_hz: int | None = None  # the rate written to BPMP's debugfs (shown while locked)
         self.log: list[tuple[str, str, int]] = []
 
     def snapshot(self) -> dict[str, Any]:
         return {"rule": self.rule, "read_only": self.read_only, "fail_writes": sorted(self.fail_writes),
-                "rail_eio": self.rail_eio, "throttle_cap": self.throttle_cap}
+                "rail_eio": self.rail_eio, "throttle_cap": self.throttle_cap, "cpu_caps": dict(self.cpu_caps),
+                "emc_debug_hz": self.emc_debug_hz}
 
 
 def _control(conn: Any, state: _State, mountpoint: str) -> None:
@@ -445,6 +504,7 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
     FuseOSError = mfusepy.FuseOSError
     node_rel = node_rel.strip("/")
     hw_dirs = {h.strip("/") for h in hw_rel}
+    policy_dirs = {str(pol.relative_to(backing)) for pol in Path(backing, CPUFREQ_DIR).glob("policy*")}
 
     def fail(err: int) -> None:
         raise FuseOSError(err)
@@ -461,6 +521,28 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             rel = path.strip("/")
             head, _, name = rel.rpartition("/")
             return name if head == node_rel and name in _STORE_ATTRS + _READ_ONLY_ATTRS else None
+
+        @staticmethod
+        def _clock_attr(path: str) -> tuple[str, str, str] | None:
+            """(kind, folder, name) of a cpufreq policy's attribute ("cpufreq") or of BPMP's EMC files ("emc"); None
+            for any other path. The write log names them "policyN/NAME" and "emc/NAME"."""
+            rel = path.strip("/")
+            head, _, name = rel.rpartition("/")
+            if head in policy_dirs and name in CPUFREQ_STORE_ATTRS + CPUFREQ_READ_ONLY_ATTRS:
+                return "cpufreq", head, name
+            if (head == EMC_CLK_DIR and name in EMC_STORE_ATTRS + EMC_READ_ONLY_ATTRS) or rel == EMC_POSSIBLE_RATES:
+                return "emc", head, name
+            return None
+
+        @staticmethod
+        def _log_name(attr: tuple[str, str, str]) -> str:
+            kind, head, name = attr
+            return f"{head.rpartition('/')[2]}/{name}" if kind == "cpufreq" else f"emc/{name}"
+
+        @staticmethod
+        def _writable(attr: tuple[str, str, str]) -> bool:
+            kind, _head, name = attr
+            return name in (CPUFREQ_STORE_ATTRS if kind == "cpufreq" else EMC_STORE_ATTRS)
 
         @staticmethod
         def _is_gpc(path: str) -> bool:
@@ -554,6 +636,66 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             state.log.append((name, value, 0))
             return len(data)
 
+        # the cpufreq policies and BPMP's EMC clock --------------------------------------------
+        @staticmethod
+        def _backing_int(head: str, name: str) -> int:
+            with open(os.path.join(backing, head, name)) as f:
+                return _parse_int(f.read()) or 0
+
+        def _cpu_range(self, head: str) -> tuple[int, int]:
+            with open(os.path.join(backing, head, "scaling_available_frequencies")) as f:
+                table = sorted(int(x) for x in f.read().split())
+            info = (self._backing_int(head, "cpuinfo_min_freq"), self._backing_int(head, "cpuinfo_max_freq"))
+            caps = [state.cpu_caps[head.rpartition("/")[2]]] if head.rpartition("/")[2] in state.cpu_caps else []
+            return cpufreq_policy_range(table, info, [self._backing_int(head, "scaling_min_freq")],
+                                        [self._backing_int(head, "scaling_max_freq"), *caps])
+
+        def _clock_show(self, attr: tuple[str, str, str]) -> bytes:
+            kind, head, name = attr
+            if kind == "cpufreq" and name in ("scaling_min_freq", "scaling_max_freq", "scaling_cur_freq", "cpuinfo_cur_freq"):
+                lo, hi = self._cpu_range(head)
+                return f"{lo if name == 'scaling_min_freq' else hi}\n".encode()
+            if kind == "emc" and name == "rate":
+                locked = self._backing_int(head, "mrq_rate_locked") == 1
+                return f"{emc_rate_shown(locked, state.emc_debug_hz, self._backing_int(head, 'rate'))}\n".encode()
+            with open(os.path.join(backing, head, name), "rb") as f:
+                return f.read()
+
+        def _clock_store(self, attr: tuple[str, str, str], data: bytes) -> int:
+            kind, head, name = attr
+            value = data.decode(errors="replace").strip()
+            logged = self._log_name(attr)
+
+            def refuse(err: int) -> None:
+                state.log.append((logged, value, err))
+                fail(err)
+
+            if state.read_only:
+                refuse(errno.EACCES)
+            if name in state.fail_writes or logged in state.fail_writes:
+                refuse(errno.EIO)
+            number = _parse_int(value)
+            if kind == "cpufreq" and name == "scaling_governor":
+                with open(os.path.join(backing, head, "scaling_available_governors")) as f:
+                    if value not in f.read().split():
+                        refuse(errno.EINVAL)
+                stored = value
+            elif number is None or (name == "mrq_rate_locked" and number not in (0, 1)):
+                refuse(errno.EINVAL)
+            elif kind == "emc" and name == "rate":
+                with open(os.path.join(backing, EMC_POSSIBLE_RATES)) as f:
+                    table = [int(x) * 1000 for x in f.read().split() if x.isdigit()]
+                state.emc_debug_hz = bpmp_round_hz(number, table, self._backing_int(head, "min_rate"),
+                                                   self._backing_int(head, "max_rate"))
+                state.log.append((logged, value, 0))
+                return len(data)  # BPMP keeps it; the backing `rate` stays the kernel's
+            else:
+                stored = str(number)
+            with open(os.path.join(backing, head, name), "w") as f:
+                f.write(stored + "\n")
+            state.log.append((logged, value, 0))
+            return len(data)
+
         # passthrough (and the node's rules) ---------------------------------------------------
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
             try:
@@ -570,6 +712,11 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
                 attrs["st_mode"] = stat.S_IFREG | (0o444 if name in _READ_ONLY_ATTRS else 0o644)
             elif self._is_gpc(path) and stat.S_ISREG(st.st_mode):
                 attrs["st_size"] = 4096  # generated on each read
+            clock = self._clock_attr(path)
+            if clock is not None and stat.S_ISREG(st.st_mode):
+                attrs["st_size"] = 4096
+                mode = 0o644 if self._writable(clock) else 0o400 if clock[2] == "cpuinfo_cur_freq" else 0o444
+                attrs["st_mode"] = stat.S_IFREG | mode
             return attrs
 
         def readdir(self, path: str, fh: Any) -> list[str]:
@@ -602,13 +749,19 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
                         fail(errno.EACCES)
                 if name is not None:
                     flags &= ~(os.O_TRUNC | os.O_APPEND)
+                clock = self._clock_attr(path)
+                if clock is not None and writing:
+                    if state.read_only or not self._writable(clock):
+                        state.log.append((self._log_name(clock), "", errno.EACCES))
+                        fail(errno.EACCES)
+                    flags &= ~(os.O_TRUNC | os.O_APPEND)
             try:
                 return os.open(self._full(path), flags)
             except OSError as e:
                 raise FuseOSError(e.errno) from None
 
         def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
-            if self._node_attr(path) is not None:
+            if self._node_attr(path) is not None or self._clock_attr(path) is not None:
                 fail(errno.EACCES)
             try:
                 return os.open(self._full(path), flags | os.O_CREAT, mode)
@@ -622,6 +775,9 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
                     return self._show(name)[offset:offset + size]
                 if self._is_gpc(path):
                     return f"{self._cur()}\n".encode()[offset:offset + size]
+                clock = self._clock_attr(path)
+                if clock is not None:
+                    return self._clock_show(clock)[offset:offset + size]
                 if offset == 0 and state.rail_eio > 0 and self._is_rail(path):
                     state.rail_eio -= 1
                     fail(errno.EIO)
@@ -635,13 +791,17 @@ def _make_ops(mfusepy: Any, backing: str, node_rel: str, hw_rel: list[str], stat
             if name is not None:
                 with state.lock:
                     return self._store(name, data)
+            clock = self._clock_attr(path)
+            if clock is not None:
+                with state.lock:
+                    return self._clock_store(clock, data)
             try:
                 return os.pwrite(fh, data, offset)
             except OSError as e:
                 raise FuseOSError(e.errno) from None
 
         def truncate(self, path: str, length: int, fh: Any = None) -> int:
-            if self._node_attr(path) is not None:
+            if self._node_attr(path) is not None or self._clock_attr(path) is not None:
                 with state.lock:
                     if state.read_only:
                         fail(errno.EACCES)

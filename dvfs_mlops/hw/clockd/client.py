@@ -112,19 +112,19 @@ def refused(path: Path) -> str:
             f"run 'sudo usermod -aG {group} {_me()}' (then log in again), or run as root")
 
 
-def no_service(path: Path) -> str:
-    """The one line for a user who cannot write the clock and has no service to ask."""
-    return (f"changing the GPU clock needs root, and no clock service listens at {path}: {INSTALL_HINT}, or run this "
+def no_service(path: Path, what: str = "the GPU clock") -> str:
+    """The one line for a user who cannot write the clock (`what`: the clocks asked for) and has no service to ask."""
+    return (f"changing {what} needs root, and no clock service listens at {path}: {INSTALL_HINT}, or run this "
             "command as root; --observe meters without changing the clock")
 
 
 class ServicePin:
     """A pin the clock service holds for this process while the connection lives and this process renews it.
 
-    Same calls as a backend's own pin (`JetsonPin`, `NvmlPin`): `pin`, `repin`, `restore`, `held`; and what only a
-    pin through the service has: `check` (raise if the clock was lost for good), `lost_windows` (when it was not held)
-    and `measured_clock_reader` (the clock the service measures as root). Should this process die, the service sees
-    the connection close and restores at once.
+    Same calls as a backend's own pin (`JetsonPin`, `NvmlPin`): `pin`, `repin`, `repin_knobs`, `restore`, `held`; and
+    what only a pin through the service has: `check` (raise if the clock was lost for good), `lost_windows` (when it was
+    not held), `measured_clock_reader` and `emc_reader` (the GPU clock and the memory clock the service reads as root).
+    Should this process die, the service sees the connection close and restores every domain at once.
 
     Args:
         backend: "jetson" or "nvml".
@@ -142,8 +142,12 @@ class ServicePin:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._freq = ""
+        self._knobs: dict[str, str] = {}  # the request's cpu_freq / emc_freq, re-sent when the pin is taken again
         self._renew_every_s = 5.0
         self._measured = False
+        self._emc = False
+        self._clocks: Reply | None = None  # the last `clock` reply, shared by the GPU and EMC readers of one sample
+        self._clocks_used: set[str] = set()
         self._last_held = 0.0  # monotonic: the last moment the service said the pin holds
         self.pinned_mhz: float | None = None
         self.lost_windows: list[tuple[float, float | None]] = []  # monotonic (from, to); to None: never held again
@@ -153,24 +157,28 @@ class ServicePin:
     def held(self) -> bool:
         return self._client is not None and self.failure is None
 
-    def _ask_on(self, client: ClockdClient, op: str, freq: str = "") -> Reply:
-        return client.request(Request(op, self.backend, self.gpu_uuid, freq)).raise_for_error()
+    def _ask_on(self, client: ClockdClient, op: str, freq: str = "", knobs: dict[str, str] | None = None) -> Reply:
+        knobs = knobs or {}
+        return client.request(Request(op, self.backend, self.gpu_uuid, freq, cpu_freq=knobs.get("cpu_mhz", ""),
+                                      emc_freq=knobs.get("emc_mhz", ""))).raise_for_error()
 
-    def pin(self, freq: Any) -> dict[str, Any]:
-        """Connect, ask the service to pin `freq` (a clock of the table, or "maxn"), and start renewing it.
+    def pin(self, freq: Any, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Connect, ask the service to pin `freq` (a clock of the table, or "maxn") and the CPU and memory clocks where
+        given, and start renewing it.
 
         Returns:
             What the session logs besides energy, as a pin written directly says it: {"above_mode_cap": True} where
-            the service found the clock above the nvpmodel mode's GPU cap, else {}.
+            the service found a clock above the nvpmodel mode's cap, and what the pin observed (`Reply.context`).
 
         Raises:
-            DeviceBusyError: another client or process holds the GPU (the line names its uid and PID).
+            DeviceBusyError: another client or process holds a domain (the line names its uid and PID).
             DevicePermissionError: this user is not in the service's group. DvfsError: the service cannot pin.
         """
         self._freq = freq_label(freq)
+        self._knobs = {k: f"{v:g}" for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None}
         client = ClockdClient(self.path)
         try:
-            reply = self._ask_on(client, "pin", self._freq)
+            reply = self._ask_on(client, "pin", self._freq, self._knobs)
         except ClockServiceGoneError as e:
             client.close()
             raise ClockServiceGoneError(f"{e} before answering the pin; a restarted service restores what it wrote from its "
@@ -181,9 +189,10 @@ class ServicePin:
         self._take(client, reply)
         self._renew_every_s = reply.renew_every_s or self._renew_every_s
         self._measured = reply.measured_clock
+        self._emc = reply.emc_clock
         self._beat = threading.Thread(target=self._renew_loop, daemon=True, name="clockd-renew")
         self._beat.start()
-        return {"above_mode_cap": True} if reply.above_mode_cap else {}
+        return {**reply.context, **({"above_mode_cap": True} if reply.above_mode_cap else {})}
 
     def _take(self, client: ClockdClient, reply: Reply) -> None:
         old, self._client = self._client, client
@@ -200,12 +209,32 @@ class ServicePin:
         Raises:
             ClockLostError: the pin was lost for good. DvfsError: the service refused the clock.
         """
-        self.check()
         self._freq = freq_label(mhz)
+        self._move()
+
+    def repin_knobs(self, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+        """Ask the service to move the CPU and memory clocks (None: as they are) with the GPU clock pinned now; a domain
+        not pinned before is locked and journalled by the service first.
+
+        Returns:
+            What the pin observed (`Reply.context`).
+
+        Raises:
+            ClockLostError: the pin was lost for good. DvfsError: the service refused a clock.
+        """
+        self._knobs.update({k: f"{v:g}" for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None})
+        reply = self._move()
+        return dict(reply.context) if reply is not None else {}
+
+    def _move(self) -> Reply | None:
+        """A repin of everything this pin holds now; where the connection is gone, the pin is taken again with it."""
+        self.check()
         client, generation = self._client, self._generation
         assert client is not None
+        reply = None
         try:
-            self.pinned_mhz = self._ask_on(client, "repin", self._freq).pinned_mhz
+            reply = self._ask_on(client, "repin", self._freq, self._knobs)
+            self.pinned_mhz = reply.pinned_mhz
         except ClockLostError as e:
             self._fail(str(e))
             raise self.failure from None  # type: ignore[misc]
@@ -213,6 +242,7 @@ class ServicePin:
             if not self._recover(str(e), generation):
                 raise self.failure from None  # type: ignore[misc]
         self._last_held = time.monotonic()
+        return reply
 
     def restore(self) -> None:
         """Stop renewing, ask for the restore and wait for its acknowledgement, then close the connection (nothing to ask
@@ -270,6 +300,21 @@ class ServicePin:
         if self.failure is not None:
             raise self.failure
 
+    def _clock_reply(self, reader: str) -> Reply | None:
+        """The service's `clock` answer for one sample: one request serves the GPU and the EMC reader of the same sample
+        (a reader that asks again first sends a new request)."""
+        client = self._client
+        if client is None or self.failure is not None:
+            return None
+        if self._clocks is None or reader in self._clocks_used:
+            try:
+                reply = client.request(Request("clock"))
+            except DvfsError:
+                return None  # the renew thread finds the lost connection and deals with it
+            self._clocks, self._clocks_used = (reply if reply.ok else None), set()
+        self._clocks_used.add(reader)
+        return self._clocks
+
     def measured_clock_reader(self) -> Callable[[], float | None] | None:
         """A reader of the GPU clock the service measures (BPMP's counters on a Jetson, read as root), None where the
         service cannot measure it on this device. The reader answers None while the pin is lost."""
@@ -277,14 +322,20 @@ class ServicePin:
             return None
 
         def read() -> float | None:
-            client = self._client
-            if client is None or self.failure is not None:
-                return None
-            try:
-                reply = client.request(Request("clock"))
-            except DvfsError:
-                return None  # the renew thread finds the lost connection and deals with it
-            return reply.measured_mhz if reply.ok else None
+            reply = self._clock_reply("gpu")
+            return reply.measured_mhz if reply is not None else None
+
+        return read
+
+    def emc_reader(self) -> Callable[[], float | None] | None:
+        """A reader of the memory clock the service reads (BPMP's EMC rate on a Jetson: debugfs, root only), None where
+        the service cannot read it on this device. The reader answers None while the pin is lost."""
+        if not self._emc:
+            return None
+
+        def read() -> float | None:
+            reply = self._clock_reply("emc")
+            return reply.emc_mhz if reply is not None else None
 
         return read
 
@@ -327,7 +378,8 @@ class ServicePin:
                     self._stop.wait(REPIN_POLL_S)
                     continue
                 try:
-                    reply = client.request(Request("pin", self.backend, self.gpu_uuid, self._freq))
+                    reply = client.request(Request("pin", self.backend, self.gpu_uuid, self._freq,
+                                                   cpu_freq=self._knobs.get("cpu_mhz", ""), emc_freq=self._knobs.get("emc_mhz", "")))
                 except ClockServiceGoneError as e:
                     reply = Reply(False, str(e), "error")
                 if reply.ok:
@@ -371,22 +423,24 @@ def use_service() -> Path | None:
     return None if os.geteuid() == 0 else service_socket()
 
 
-def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], bool] | None = None, gpu_uuid: str = "") -> Any:
-    """Who pins a session's clock: root itself; others the clock service; refused in one line when neither can.
+def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], bool] | None = None, gpu_uuid: str = "",
+              what: str = "the GPU clock") -> Any:
+    """Who pins a session's clocks: root itself; others the clock service; refused in one line when neither can.
 
     Args:
         backend: "jetson" or "nvml".
         local: makes the backend's own pin (`JetsonPin`, `NvmlPin`).
-        writable: whether this process may write the clock itself without root (a udev rule, a fake tree); None: it
+        writable: whether this process may write the clocks itself without root (a udev rule, a fake tree); None: it
             may not (NVML's clock locks need root). Such a writer still needs the state folders' lock and journal,
             which only their owner reaches (`guard.open_private_dir`): root's on a real machine.
         gpu_uuid: nvml: the GPU's UUID, for the service.
+        what: the clocks the session pins, for the refusal's line ("the GPU clock and the CPU clock").
 
     Returns:
-        A pin with `pin`, `repin`, `restore` and `held`, nothing written yet.
+        A pin with `pin`, `repin`, `repin_knobs`, `restore` and `held`, nothing written yet.
 
     Raises:
-        DevicePermissionError: not root, no service, and the clock is not writable (the line names both ways out).
+        DevicePermissionError: not root, no service, and the clocks are not writable (the line names both ways out).
     """
     if os.geteuid() == 0:
         return local()
@@ -395,7 +449,31 @@ def route_pin(backend: str, local: Callable[[], Any], writable: Callable[[], boo
         return ServicePin(backend, path, gpu_uuid)
     if writable is not None and writable():
         return local()
-    raise DevicePermissionError(no_service(settings.clockd_socket()))
+    raise DevicePermissionError(no_service(settings.clockd_socket(), what))
+
+
+def service_emc_table(backend: str = "jetson", gpu_uuid: str = "") -> list[float]:
+    """The memory clocks the clock service can pin on this device ([] for root, where no service runs, or where it
+    cannot say): what a member whose debugfs is closed to it may ask for.
+
+    Args:
+        backend: "jetson" or "nvml".
+        gpu_uuid: nvml: the GPU's UUID.
+    """
+    path = use_service()
+    if path is None:
+        return []
+    try:
+        client = ClockdClient(path, timeout=10.0)
+    except DvfsError:
+        return []
+    try:
+        reply = client.request(Request("table", backend, gpu_uuid))
+    except DvfsError:
+        return []
+    finally:
+        client.close()
+    return list(reply.emc_frequencies_mhz) if reply.ok else []
 
 
 def restore_through_service(path: Path, announce: Callable[[str], None]) -> int:

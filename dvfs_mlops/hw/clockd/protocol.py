@@ -1,11 +1,12 @@
 """The clock service's wire format: one JSON object per line each way, over an AF_UNIX stream socket.
 
 A client sends a `Request`, the service answers one `Reply`. The operations are the only things a client can ask:
-the clock table, the status, pin a clock of the table (or "maxn"), renew the pin's lease, move the pin, read the
-measured clock, restore; root alone may release another client's pin. A request names no path and no raw value: a
-clock is a label of the device's own table, and the device is the service's choice (the devfreq node it found; for
-NVML, a GPU of its administrator's list whose UUID it enumerates itself). Whether an NVML GPU may be assumed unlocked
-is the administrator's word in the service's config, never the client's.
+the clock tables, the status, pin a clock of the table (or "maxn") with the CPU and memory clocks where asked, renew
+the pin's lease, move the pin, read the clocks the client cannot (the measured GPU clock, the EMC rate), restore; root
+alone may release another client's pin. A request names no path and no raw value: a clock is a label of the device's
+own table for that knob, and the device is the service's choice (the devfreq node, cpufreq policies and BPMP clock it
+found; for NVML, a GPU of its administrator's list whose UUID it enumerates itself). Whether an NVML GPU may be assumed
+unlocked is the administrator's word in the service's config, never the client's.
 """
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ class Request:
         gpu_uuid: nvml: the GPU's UUID, matched against the GPUs the service enumerates itself.
         freq: pin, repin: a clock of the table in MHz as text, or "maxn" (pin only).
         device: release: the device key whose pin root releases (as `status` names it).
+        cpu_freq: pin, repin: a CPU clock of the service's own CPU table in MHz as text ("": leave the CPU clock alone).
+        emc_freq: pin, repin: a memory clock of the service's own table (Jetson EMC, NVML memory) ("": leave it alone).
     """
 
     op: str
@@ -59,6 +62,8 @@ class Request:
     gpu_uuid: str = ""
     freq: str = ""
     device: str = ""
+    cpu_freq: str = ""
+    emc_freq: str = ""
 
     def encode(self) -> bytes:
         return (json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n").encode()
@@ -129,10 +134,16 @@ class Reply:
         error: the one-line reason when not.
         error_kind: which `ERROR_KINDS` class the error is.
         frequencies_mhz: table: the device's clock table.
+        cpu_frequencies_mhz: table: the CPU clocks the service can pin ([] where none).
+        emc_frequencies_mhz: table: the memory clocks the service can pin ([] where none), and `emc_table_source`
+            where they come from.
         pinned_mhz: pin, repin: the clock pinned (None for maxn).
         current_mhz: table, pin, repin: the clock the device reports now, read by the service.
         measured_mhz: clock: the GPU clock BPMP measures (Jetson, read as root), None where the service cannot read it.
+        emc_mhz: clock: the memory clock the service reads (Jetson: BPMP's EMC rate, debugfs), None where it cannot.
         measured_clock: pin: whether `clock` answers with a measured clock on this device.
+        emc_clock: pin: whether `clock` answers with the memory clock on this device.
+        context: pin, repin: what the pin observed besides the clocks (each CPU policy's clock, the mode's caps).
         renew_every_s: pin: how often the client renews (a connection silent for `idle_timeout_s` is ended).
         idle_timeout_s: pin: how long the service waits for a renew before it restores.
         lease_left_s: pin, renew: how long the pin may still last (the service's maximum lease).
@@ -147,10 +158,16 @@ class Reply:
     error: str = ""
     error_kind: str = ""
     frequencies_mhz: list[float] = dataclasses.field(default_factory=list)
+    cpu_frequencies_mhz: list[float] = dataclasses.field(default_factory=list)
+    emc_frequencies_mhz: list[float] = dataclasses.field(default_factory=list)
+    emc_table_source: str = ""
     pinned_mhz: float | None = None
     current_mhz: float | None = None
     measured_mhz: float | None = None
+    emc_mhz: float | None = None
     measured_clock: bool = False
+    emc_clock: bool = False
+    context: dict[str, Any] = dataclasses.field(default_factory=dict)
     renew_every_s: float = 0.0
     idle_timeout_s: float = 0.0
     lease_left_s: float = 0.0

@@ -6,11 +6,13 @@ refuses, with one line and a log line, a client outside the group even where the
 always served. A uid may hold `connections_per_uid` connections and all uids `connections_total` (the root-owned
 config, `config.RootConfig`): one more is accepted, answered in one line and closed, never left queued.
 
-What it does: the operations of `protocol` only. The device is its own choice: the Jetson devfreq node it finds
-under $DVFS_SYSFS_ROOT, or an NVML GPU of the config's list whose UUID the client names, looked up among the GPUs NVML
-enumerates here; whether NVML GPUs may be assumed unlocked is the config's word. It pins with the backends' own code
-(`JetsonPin`, `NvmlPin`): the lock (one owner per GPU, across users) and the journal (naming the client's PID and
-uid) are a root session's, in the root state folders.
+What it does: the operations of `protocol` only. The device is its own choice: the Jetson devfreq node, cpufreq
+policies and BPMP EMC clock it finds under $DVFS_SYSFS_ROOT, or an NVML GPU of the config's list whose UUID the client
+names, looked up among the GPUs NVML enumerates here; whether NVML GPUs may be assumed unlocked is the config's word.
+A CPU or memory clock a client asks for must be one of the service's own tables for that knob. It pins with the
+backends' own code (`JetsonPin`, `NvmlPin`): the locks (one owner per clock domain, across users: the GPU, the CPU, the
+EMC) and the journals (naming the client's PID and uid) are a root session's, in the root state folders. It reads for
+its clients what they cannot read themselves: BPMP's measured GPU clock and the EMC rate (debugfs, root only).
 
 How long a pin lives: while its connection is open and its client renews it. End of file on the connection (the
 client exited or was killed) restores at once; so does a connection silent for the idle timeout (a client that stopped
@@ -52,7 +54,7 @@ from dvfs_mlops.hw.clockd.config import RENEWS_PER_TIMEOUT, RootConfig, ServiceC
 from dvfs_mlops.hw.clockd.connection import LineReader, Peer, peer_of, pid_alive
 from dvfs_mlops.hw.clockd.listener import Listener
 from dvfs_mlops.hw.clockd.protocol import PinStatus, Reply, Request, duration
-from dvfs_mlops.hw.device import MAXN, parse_freq
+from dvfs_mlops.hw.device import MAXN, parse_freq, parse_knob
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +69,14 @@ class Lease:
     """One GPU pinned for one connection.
 
     Attributes:
-        key: the device key. pin: the backend's pin (`JetsonPin`, `NvmlPin`). device: its device.
+        key: the device key (the GPU's). pin: the backend's pin (`JetsonPin`, `NvmlPin`). device: its device.
         status: who pinned what, when. deadline: when the maximum lease ends it (monotonic).
         last_seen: the last message on its connection (monotonic). last_pid: the PID that sent it.
         idle_timeout_s: how long its connection may stay silent.
         measured: reads the GPU clock the hardware measures (None where the service cannot).
+        emc: reads the memory clock for the client (None where the service cannot).
+        keys: every clock domain the lease holds (the GPU's key first; the CPU's and EMC's where pinned).
+        knobs: the CPU and memory clocks pinned (`Device.session` keywords).
         ended: why it ended ("" while it holds).
     """
 
@@ -84,6 +89,9 @@ class Lease:
     last_pid: int
     idle_timeout_s: float
     measured: Callable[[], float | None] | None = None
+    emc: Any = None
+    keys: list[str] = dataclasses.field(default_factory=list)
+    knobs: dict[str, float] = dataclasses.field(default_factory=dict)
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     ended: str = ""
 
@@ -226,7 +234,7 @@ class ClockService:
         with self._lock:
             if not self._settled.wait_for(lambda: self._in_progress == 0, timeout=STOP_WAIT_S):
                 log.error("clockd: a pin was still in progress after %.0f s; restoring what is held", STOP_WAIT_S)
-        for lease in list(self._leases.values()):
+        for lease in self._held_leases():
             with contextlib.suppress(DvfsError):  # logged by _end; the journal is kept for the next start
                 self._end(lease, "the service stopped")
         for fd in (self._wake_r, self._wake_w):
@@ -372,12 +380,19 @@ class ClockService:
             "renew": self._renew, "repin": self._repin, "clock": self._clock, "release": self._release}
         return handlers[req.op](req, client)
 
+    def _held_leases(self) -> list[Lease]:
+        """Every lease held, once each (a lease is filed under each of its domains' keys)."""
+        seen: dict[int, Lease] = {}
+        for lease in list(self._leases.values()):
+            seen.setdefault(id(lease), lease)
+        return list(seen.values())
+
     def _status(self, _req: Request, _client: _Client) -> Reply:
         idle = self.root_config.idle_timeout_s
         limits = (f"limits: max lease {duration(self.config.max_lease_s)}, idle timeout {duration(idle)}, "
                   f"{self.root_config.connections_per_uid} connections per user, {self.connections_total()} in "
                   f"all; config: {self.root_config.source}")
-        return Reply(True, pins=[x.snapshot() for x in list(self._leases.values())],
+        return Reply(True, pins=[x.snapshot() for x in self._held_leases()],
                      scope=self.root_config.nvml.describe(), lines=[limits])
 
     def _held(self, client: _Client) -> Lease:
@@ -394,21 +409,62 @@ class ClockService:
 
     def _clock(self, _req: Request, client: _Client) -> Reply:
         lease = self._held(client)
-        return Reply(True, measured_mhz=lease.measured() if lease.measured is not None else None)
+        return Reply(True, measured_mhz=lease.measured() if lease.measured is not None else None,
+                     emc_mhz=lease.emc() if lease.emc is not None else None)
+
+    @staticmethod
+    def _knobs(req: Request, dev: Any) -> dict[str, float]:
+        """The CPU and memory clocks a request asks for, each a clock of the service's own table for it."""
+        knobs: dict[str, float] = {}
+        for knob, text in (("cpu_mhz", req.cpu_freq), ("emc_mhz", req.emc_freq)):
+            if text:
+                table = list(getattr(dev, "cpu_frequencies_mhz" if knob == "cpu_mhz" else "emc_frequencies_mhz", []))
+                knobs[knob] = parse_knob(text, table, knob) if table else _refuse_knob(dev, knob)
+        return knobs
 
     def _repin(self, req: Request, client: _Client) -> Reply:
         lease = self._held(client)
         mhz = parse_freq(req.freq, lease.device.frequencies_mhz)
         if mhz == MAXN:
             raise DvfsError("repin needs a clock of the table, not maxn")
+        knobs = self._knobs(req, lease.device)
+        context: dict[str, Any] = {}
         with lease.guard:
             if lease.ended:  # ended (released, restored, ran out) while this request waited: write nothing
                 raise ClockLostError(f"the pin of {lease.key} ended: {lease.ended}")
-            lease.pin.repin(float(mhz))
-            lease.status = dataclasses.replace(lease.status, requested=f"{float(mhz):g}")
-        log.info("clockd: uid %d (%s) PID %d moved %s to %g MHz", client.peer.uid, client.peer.user, lease.last_pid,
-                 lease.key, mhz)
-        return Reply(True, pinned_mhz=float(mhz), current_mhz=lease.device.current_mhz())
+            new_keys = [k for k in _domain_keys(lease.device, knobs) if k not in lease.keys]
+            self._reserve_more(lease, new_keys)
+            try:
+                lease.pin.repin(float(mhz))
+                if knobs:
+                    context = lease.pin.repin_knobs(**knobs) or {}
+            except BaseException:
+                with self._lock:  # domains the pin did not take are free again
+                    for k in new_keys:
+                        if k not in getattr(lease.pin, "domain_keys", [k]) and self._leases.get(k) is lease:
+                            del self._leases[k]
+                            lease.keys.remove(k)
+                raise
+            lease.knobs.update(knobs)
+            lease.status = dataclasses.replace(lease.status, requested=_label(float(mhz), lease.knobs))
+        log.info("clockd: uid %d (%s) PID %d moved %s to %s", client.peer.uid, client.peer.user, lease.last_pid,
+                 lease.key, lease.status.requested)
+        return Reply(True, pinned_mhz=float(mhz), current_mhz=lease.device.current_mhz(), context=_plain(context))
+
+    def _reserve_more(self, lease: Lease, keys: list[str]) -> None:
+        """File `lease` under more domains (a repin that pins the CPU or memory clock the first time), or refuse one
+        another client holds."""
+        with self._lock:
+            for k in keys:
+                other = self._leases.get(k)
+                owner = (other.status if other is not None else None) or self._reserved.get(k)
+                if owner is not None:
+                    raise DeviceBusyError(f"the clocks of {k} are in use by uid {owner.uid} ({owner.user}), PID "
+                                          f"{other.last_pid if other is not None else owner.pid}, through the clock "
+                                          "service; wait for it to finish, then retry")
+            for k in keys:
+                self._leases[k] = lease
+                lease.keys.append(k)
 
     def _restore(self, _req: Request, client: _Client) -> Reply:
         lease = client.lease
@@ -435,7 +491,7 @@ class ClockService:
             raise DevicePermissionError("only root releases another client's pin (sudo dvfs-mlops clockd release DEVICE)")
         lease = self._leases.get(req.device)
         if lease is None:
-            raise unknown("pinned device", req.device, sorted(self._leases) or ["(none pinned)"])
+            raise unknown("pinned device", req.device, sorted({x.key for x in self._held_leases()}) or ["(none pinned)"])
         self._end(lease, f"root released it (PID {peer.pid})")
         said = (f"released {lease.key} (pinned at {lease.status.requested} by uid {lease.status.uid} ({lease.status.user}), "
                 f"PID {lease.last_pid}): restored")
@@ -444,7 +500,10 @@ class ClockService:
     def _table(self, req: Request, _client: _Client) -> Reply:
         dev = self._device(req)
         try:
-            return Reply(True, frequencies_mhz=dev.frequencies_mhz, current_mhz=dev.current_mhz())
+            emc_table = dev.emc_table() if dev.name == "jetson" else None
+            return Reply(True, frequencies_mhz=dev.frequencies_mhz, current_mhz=dev.current_mhz(),
+                         cpu_frequencies_mhz=list(dev.cpu_frequencies_mhz), emc_frequencies_mhz=list(dev.emc_frequencies_mhz),
+                         emc_table_source=emc_table.source if emc_table is not None else "")
         finally:
             self._close(dev)
 
@@ -455,6 +514,7 @@ class ClockService:
         client.lease = lease
         return Reply(True, pinned_mhz=pinned, current_mhz=lease.device.current_mhz(),
                      above_mode_cap=bool(context.get("above_mode_cap")), measured_clock=lease.measured is not None,
+                     emc_clock=lease.emc is not None, context=_plain(context),
                      renew_every_s=client.idle_timeout_s / RENEWS_PER_TIMEOUT, idle_timeout_s=client.idle_timeout_s,
                      lease_left_s=lease.deadline - time.monotonic())
 
@@ -462,58 +522,71 @@ class ClockService:
         dev = self._device(req)
         try:
             freq = parse_freq(req.freq, dev.frequencies_mhz)
-            if dev.name == "nvml" and freq != MAXN:
+            knobs = self._knobs(req, dev)
+            if dev.name == "nvml" and (freq != MAXN or knobs):
                 self._check_nvml_unlocked(dev)
             key = dev.device_key
-            label = "maxn" if freq == MAXN else f"{float(freq):g}"
+            keys = [key, *_domain_keys(dev, knobs)]
+            label = _label(None if freq == MAXN else float(freq), knobs)
             status = PinStatus(dev.name, key, label, peer.uid, peer.pid, peer.user, time.time())
-            self._reserve(key, status)
+            self._reserve(keys, status)
         except BaseException:
             self._close(dev)
             raise
+        lease: Lease | None = None
         try:
             pin = self._pin_for(dev, peer)
             try:
-                context = pin.pin(freq)
+                context = pin.pin(freq, **knobs)
             except BaseException:
                 pin.restore()
                 raise
             now = time.monotonic()
             lease = Lease(key, pin, dev, status, now + self.config.max_lease_s, now, peer.pid, idle_timeout_s,
-                          self._measured_reader(dev))
+                          self._measured_reader(dev), self._emc_reader(dev), list(keys), dict(knobs))
             with self._lock:
                 stopping = self._stopping
                 if not stopping:
-                    self._leases[key] = lease
+                    for k in keys:
+                        self._leases[k] = lease
             if stopping:  # stop() began while the clock was written: undo it here, stop() does not know this pin
                 self._end(lease, "the service stopped while pinning")
                 raise DvfsError("the clock service stopped while pinning; the clock is restored: retry when it is back")
         except BaseException:
             with self._lock:
-                self._reserved.pop(key, None)
-                self._leases.pop(key, None)
+                for k in keys:
+                    self._reserved.pop(k, None)
+                    if lease is None or self._leases.get(k) is lease:
+                        self._leases.pop(k, None)
+            if lease is not None and lease.emc is not None:
+                _close_reader(lease.emc)
             self._close(dev)
             raise
         finally:
             with self._lock:
-                self._reserved.pop(key, None)
+                for k in keys:
+                    self._reserved.pop(k, None)
                 self._in_progress -= 1
                 self._settled.notify_all()
         log.info("clockd: uid %d (%s) PID %d pinned %s at %s", peer.uid, peer.user, peer.pid, key,
-                 "maxn (nothing written)" if freq == MAXN else f"{float(freq):g} MHz")
+                 "maxn (nothing written)" if freq == MAXN and not knobs else
+                 label + ("" if freq == MAXN else " MHz"))
         return lease, None if freq == MAXN else float(freq), context
 
-    def _reserve(self, key: str, status: PinStatus) -> None:
+    def _reserve(self, keys: list[str], status: PinStatus) -> None:
+        """Reserve every domain a pin asks for, or refuse (one line naming who holds it) with none reserved."""
         with self._lock:
             if self._stopping:
                 raise DvfsError("the clock service is stopping; retry when it is back")
-            lease = self._leases.get(key)
-            owner = (lease.status if lease is not None else None) or self._reserved.get(key)
-            if owner is not None:
-                pid = lease.last_pid if lease is not None else owner.pid
-                raise DeviceBusyError(f"the GPU clocks of {key} are in use by uid {owner.uid} ({owner.user}), PID "
-                                      f"{pid}, through the clock service; wait for it to finish, then retry")
-            self._reserved[key] = status
+            for key in keys:
+                lease = self._leases.get(key)
+                owner = (lease.status if lease is not None else None) or self._reserved.get(key)
+                if owner is not None:
+                    pid = lease.last_pid if lease is not None else owner.pid
+                    raise DeviceBusyError(f"the clocks of {key} are in use by uid {owner.uid} ({owner.user}), PID "
+                                          f"{pid}, through the clock service; wait for it to finish, then retry")
+            for key in keys:
+                self._reserved[key] = status
             self._in_progress += 1
 
     def _end(self, lease: Lease, why: str) -> None:
@@ -533,8 +606,11 @@ class ClockService:
                 raise
             finally:
                 with self._lock:
-                    if self._leases.get(lease.key) is lease:
-                        del self._leases[lease.key]
+                    for k in lease.keys or [lease.key]:
+                        if self._leases.get(k) is lease:
+                            del self._leases[k]
+                if lease.emc is not None:
+                    _close_reader(lease.emc)
                 self._close(lease.device)
 
     # devices -------------------------------------------------------------------------------------
@@ -586,6 +662,16 @@ class ClockService:
         return dev.current_mhz
 
     @staticmethod
+    def _emc_reader(dev: Any) -> Any:
+        """How the service reads the memory clock for a client: BPMP's EMC rate (debugfs, held open) on a Jetson; NVML's
+        memory clock where the GPU has a memory knob."""
+        if dev.name == "jetson":
+            from dvfs_mlops.hw.jetson import emc_reader
+
+            return emc_reader(dev.root)
+        return dev.memory_clock_mhz if dev.emc_frequencies_mhz else None
+
+    @staticmethod
     def _pin_for(dev: Any, peer: Peer) -> Any:
         if dev.name == "jetson":
             from dvfs_mlops.hw.jetson import JetsonPin
@@ -599,6 +685,41 @@ class ClockService:
     def _close(dev: Any) -> None:
         if dev is not None and dev.name == "nvml":
             dev.close()
+
+
+def _refuse_knob(dev: Any, knob: str) -> float:
+    """Refuse a knob the service's device has no table for, in the backend's own words."""
+    reason = getattr(dev, "cpu_unavailable" if knob == "cpu_mhz" else "emc_unavailable", None)
+    raise DvfsError(reason() if reason is not None else f"the {dev.name} backend cannot set that clock")
+
+
+def _domain_keys(dev: Any, knobs: dict[str, float]) -> list[str]:
+    """The lock keys of the clock domains `knobs` pin besides the GPU's."""
+    if dev.name == "jetson":
+        from dvfs_mlops.hw import cpufreq, emc
+
+        keys = {"cpu_mhz": cpufreq.DOMAIN_KEY, "emc_mhz": emc.DOMAIN_KEY}
+        return [keys[k] for k in ("cpu_mhz", "emc_mhz") if k in knobs]
+    return [dev.memory_key] if "emc_mhz" in knobs else []
+
+
+def _label(gpu_mhz: float | None, knobs: dict[str, float]) -> str:
+    """What `status` shows a pin at: the GPU clock ("maxn" where none), then the CPU and EMC clocks pinned."""
+    names = {"cpu_mhz": "CPU", "emc_mhz": "EMC"}
+    return ("maxn" if gpu_mhz is None else f"{gpu_mhz:g}") + "".join(
+        f", {names[k]} {knobs[k]:g}" for k in ("cpu_mhz", "emc_mhz") if k in knobs)
+
+
+def _plain(context: dict[str, Any]) -> dict[str, Any]:
+    """A pin's context as JSON keeps it (numbers, text and flags only)."""
+    return {k: v for k, v in context.items() if isinstance(v, (str, int, float, bool))}
+
+
+def _close_reader(reader: Any) -> None:
+    close = getattr(reader, "close", None)
+    if close is not None:
+        with contextlib.suppress(OSError):
+            close()
 
 
 def serve(config: ServiceConfig) -> None:
