@@ -19,13 +19,13 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 def _suites() -> dict[str, str]:
     """The SUITES table of benchmarks/__main__.py, read as text (tests never import benchmarks)."""
     text = (REPO / "benchmarks" / "__main__.py").read_text()
-    return dict(re.findall(r'^    "(\w+)": \(.*?"(benchmarks\.\w+)"\),?$', text, flags=re.M | re.S))
+    return dict(re.findall(r'^    "(\w+)": \(.*?"(benchmarks\.\w+)"\),?$', text, flags=re.MULTILINE | re.DOTALL))
 
 
 def test_help_lists_every_suite():
     r = _bench("--help")
     assert r.returncode == 0 and r.stderr == ""
-    listed = re.findall(r"^  (\w+)  ", r.stdout, flags=re.M)
+    listed = re.findall(r"^  (\w+)  ", r.stdout, flags=re.MULTILINE)
     assert listed == list(_suites()) and {"governor", "optuna", "curves", "fleet", "clockd"} <= set(listed)
     assert _bench("-h").stdout == r.stdout
 
@@ -41,4 +41,4 @@ def test_every_suite_names_a_module_with_a_run_function():
     assert len(suites) == 13
     for key, module in suites.items():
         source = (REPO / (module.replace(".", "/") + ".py")).read_text()
-        assert re.search(r"^def run\(", source, flags=re.M), f"{key}: {module} has no run()"
+        assert re.search(r"^def run\(", source, flags=re.MULTILINE), f"{key}: {module} has no run()"
