@@ -91,15 +91,15 @@ class Lease:
     """
 
     key: str
-    pin: Any
-    device: Any
+    pin: JetsonPin | NvmlPin
+    device: ServiceDevice
     status: PinStatus
     deadline: float
     last_seen: float
     last_pid: int
     idle_timeout_s: float
     measured: Callable[[], float | None] | None = None
-    emc: Any = None
+    emc: Callable[[], float | None] | None = None
     keys: list[str] = dataclasses.field(default_factory=list)
     knobs: dict[str, float] = dataclasses.field(default_factory=dict)
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
