@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.hw.device import Device
     from dvfs_mlops.mlops.lifecycle import OwnedRun
     from dvfs_mlops.mlops.registry import RegistryConfig
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class CalibrationOutcome:
     kept: int | None = None
 
 
-def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
+def pick_source(c: MlflowClient, cfg: RegistryConfig, family: str, version: str = "") -> ModelVersion:
     """The version to calibrate from: `version`, else the production governor of another family trained on the most
     workloads (a trained version before a calibrated one at the same count, then the newest).
 
@@ -141,7 +142,7 @@ def candidates(preset: str) -> list[str]:
     return [f"{m}/{t}" for m in p.models for t in p.tasks]
 
 
-def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
+def _with_features(c: MlflowClient, mv: ModelVersion, names: list[str]) -> list[Any]:
     """The candidates, each with its features from the source version's training sweep where that sweep measured it
     (the source tree routes on the features its own board measured); a bare name otherwise."""
     sweep = str(mv.tags.get(schema.TAG_VERSION_SWEEP) or "")
@@ -192,7 +193,7 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
     return ids, ran
 
 
-def calibration_metrics(dataset: Any, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
+def calibration_metrics(dataset: GovernorDataset, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
     """What the calibrated gates read: both policies' mean regret on the calibration points (`evaluate_dataset`)."""
     from dvfs_mlops.mlops.evaluate import GovernorPolicy, evaluate_dataset
     from dvfs_mlops.mlops.governor import Governor, GovernorRef, PolicyModel

@@ -6,13 +6,18 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
 from dvfs_mlops.mlops.dataset import load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +114,7 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
 
 
-def dataset_family(dataset: Any) -> str:
+def dataset_family(dataset: GovernorDataset) -> str:
     """The board family a dataset's sweeps measured (their board record's; a record-less sweep's from its profile)."""
     from dvfs_mlops.mlops.registry import version_family
 
@@ -117,7 +122,7 @@ def dataset_family(dataset: Any) -> str:
     return board.family if board is not None and board.family else version_family({schema.TAG_VERSION_PROFILE: dataset.device_profile})
 
 
-def _prior_tag(dataset: Any, say: Callable[[str], None]) -> dict[str, str]:
+def _prior_tag(dataset: GovernorDataset, say: Callable[[str], None]) -> dict[str, str]:
     """The version's `power_prior` tag (the sweep's board prior, for refine at launch), and a line saying so."""
     prior = board_power_prior(dataset)
     if prior is None:
@@ -147,7 +152,7 @@ def optuna_storage() -> str:
     return "sqlite:///optuna.db"
 
 
-def _trial_logger(c: Any, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
+def _trial_logger(c: MlflowClient, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
     """Each finished trial of the selection study as a run nested under the governor's training run."""
 
     def log_trial(trial: TrialRecord) -> None:

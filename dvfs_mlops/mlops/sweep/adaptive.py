@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
@@ -24,6 +24,9 @@ from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 from dvfs_mlops.model.curve import Measurement, mean_measurement, next_clock
 from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS, board_prior, sweep_fits
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 MAX_PINNED = 4
 PREDICTIONS = "predicted.csv"
@@ -101,7 +104,7 @@ class AdaptiveStrategy:
         log_predictions(runner.client, runner.parent_id, self.measured, runner.board, self.spec.repeats)
 
 
-def measurements(c: Any, exp_id: str, sweep_id: str, key: str | None = None) -> dict[str, Measurement]:
+def measurements(c: MlflowClient, exp_id: str, sweep_id: str, key: str | None = None) -> dict[str, Measurement]:
     """FINISHED point runs of the sweep (or the one point `key`) by point key, as measurements (freq 0 at maxn)."""
     where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and attributes.status = 'FINISHED'"
     if key is not None:
@@ -135,7 +138,7 @@ def predicted_rows(workloads: Sequence[tuple[str, Sequence[Measurement]]], board
     return buf.getvalue(), [fit.prior if fit is not None else None for fit in fits]
 
 
-def log_predictions(c: Any, parent_id: str, workloads: Sequence[tuple[str, Sequence[Measurement]]], board: Board, repeats: int) -> None:
+def log_predictions(c: MlflowClient, parent_id: str, workloads: Sequence[tuple[str, Sequence[Measurement]]], board: Board, repeats: int) -> None:
     """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were
     run. Each workload's power curve leans on the board prior from the others where there is one (tag dvfs.power_prior)."""
     text, priors = predicted_rows(workloads, board, repeats)

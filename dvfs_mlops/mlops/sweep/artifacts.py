@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.mlops.queries import sweep_frame
 
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
-def log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simulated: bool) -> None:
+
+def log_sweep_artifacts(c: MlflowClient, exp_id: str, parent_id: str, sweep_id: str, simulated: bool) -> None:
     from dvfs_mlops.mlops.sweep.plots import plot_workload_curves
 
     df = sweep_frame([exp_id], sweep_id)

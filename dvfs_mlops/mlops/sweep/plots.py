@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PLOTTED = ["freq_mhz", "energy_j", "time_s", "avg_power_w"]
 
 
-def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[Path]:
+def plot_workload_curves(summary: pd.DataFrame, out_dir: Path, simulated: bool) -> list[Path]:
     """One PNG per workload (three panels), from the sweep's summary table.
 
     Every invocation of a sweep logs the whole sweep's figures on its own parent run. A figure is drawn once per
@@ -41,7 +44,7 @@ def _copy(cached: Path, path: Path) -> bool:
         return False
 
 
-def _draw(title: str, g: Any, path: Path) -> None:
+def _draw(title: str, g: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

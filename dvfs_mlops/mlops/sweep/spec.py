@@ -275,7 +275,7 @@ def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
     return spec.with_default_id()
 
 
-def _clocks(freqs: Any, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
+def _clocks(freqs: str | Sequence[str] | None, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
     """The sweep's clocks: maxn (the baseline, always) and the requested ones, else the preset's, else the table."""
     names = _split_list(freqs) or (list(preset.freqs) if preset.freqs else None)
     table = list(board.frequencies_mhz)
