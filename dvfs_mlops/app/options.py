@@ -144,7 +144,16 @@ SWEEP_ID_HELP = "The sweep to read (or several as a,b,...; default: the newest i
 MODEL_CONFIG_HELP = "A transformers config.json (or folder) instead of a preset."
 WARMUP_OPTION = option("--warmup-steps", type=Count(min=0), help="First steps metered apart (3 on boards, 0 on the twin).")
 KNOB_OPTION = option("--knob", "knobs", multiple=True, metavar="NAME=VALUE", help=(
-    f"A setting of the job, recorded on every run (repeat it, or comma-separate): {', '.join(k.name for k in KNOBS)}."))
+    f"A setting of the job (not a clock: see --knobs), recorded on every run (repeat it, or comma-separate): "
+    f"{', '.join(k.name for k in KNOBS)}."))
+# The clocks a sweep tunes: one configuration (GPU, CPU, memory clock) per point.
+CLOCK_KNOBS_OPTIONS = (
+    option("--knobs", "tuned", metavar="gpu[,cpu][,emc]", help=(
+        "The clocks tuned, one configuration per point: gpu (the GPU clock alone), gpu,cpu (with the CPU clock, cpufreq), "
+        "gpu,cpu,emc (and the memory clock, EMC); jetson, sim and replay grids with those columns set them.")),
+    option("--cpu-freqs", help="With --knobs gpu,cpu: comma-separated CPU clocks in MHz (default: the device's table)."),
+    option("--emc-freqs", help="With --knobs ...,emc: comma-separated memory clocks in MHz (default: the device's table)."),
+)
 
 
 # --peft and the LoRA options, on every command that trains (sweep, finetune): a PeftSpec.
@@ -210,7 +219,10 @@ sweep_options = option_group(
     WARMUP_OPTION,
     PRECISION_OPTION,
     peft_options,
-    option("--strategy", type=click.Choice(["grid", "adaptive"]), help="grid: every clock; adaptive: maxn and <= 4 clocks per workload."),
+    option("--strategy", type=click.Choice(["grid", "adaptive"]), help=(
+        "grid: every clock (configuration); adaptive: maxn and <= 4 clocks per workload (with --knobs gpu,cpu[,emc]: "
+        "<= 20 configurations, model/joint.py).")),
+    *CLOCK_KNOBS_OPTIONS,
     KNOB_OPTION,
 )
 

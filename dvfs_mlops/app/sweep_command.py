@@ -83,7 +83,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request)
+    spec = sweep_mod.build_spec(board, request, dev)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dvfs_mlops.clocks import MAXN, FreqRequest
+from dvfs_mlops.clocks import MAXN, FreqRequest, Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.job.finetune import StepWindows, num_steps
 from dvfs_mlops.job.run import run_job
@@ -96,6 +96,8 @@ class Decision:
         reason: why no governor of the family decided ('' where one did): refine then picks the clock.
         other_board: a governor of another family decided (--allow-other-board).
         fixed: the caller fixed the clock (a sweep point, `DvfsCallback(freq=...)`): no governor was asked.
+        cpu_mhz: the CPU clock pinned with the GPU's (a configuration); None: left alone.
+        emc_mhz: the memory (EMC) clock pinned with the GPU's; None: left alone.
     """
 
     freq_mhz: FreqRequest
@@ -108,6 +110,8 @@ class Decision:
     reason: str = ""
     other_board: bool = False
     fixed: bool = False
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
 
     @classmethod
     def of(cls, chosen: BoardGovernor) -> Decision:
@@ -116,9 +120,25 @@ class Decision:
                    other_board=chosen.other_board)
 
     @classmethod
-    def at(cls, freq: FreqRequest, why: str = "") -> Decision:
-        """A clock the caller fixed (a sweep point's, `DvfsCallback(freq=...)`)."""
-        return cls(freq, why or f"fixed by the caller: {freq}", fixed=True)
+    def at(cls, freq: FreqRequest, why: str = "", *, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> Decision:
+        """A clock (or configuration) the caller fixed (a sweep point's, `DvfsCallback(freq=...)`)."""
+        return cls(freq, why or f"fixed by the caller: {freq}", fixed=True, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
+
+    @property
+    def setting(self) -> Setting | None:
+        """The configuration decided (None at maxn, which pins nothing)."""
+        return None if self.freq_mhz == MAXN else Setting(float(self.freq_mhz), self.cpu_mhz, self.emc_mhz)
+
+    def knob_clocks(self) -> dict[str, float]:
+        """The CPU and memory clocks decided with the GPU's, by their JSON names (cpu_mhz, emc_mhz), where set."""
+        return {k: v for k, v in (("cpu_mhz", self.cpu_mhz), ("emc_mhz", self.emc_mhz)) if v is not None}
+
+    def open_session(self, device: Device, observe: bool, label: str) -> FreqSession:
+        """The session at the decided configuration (`hw.device.open_session`: a CPU or memory clock the backend cannot
+        set is one line before anything is touched)."""
+        from dvfs_mlops.hw.device import open_session
+
+        return open_session(device, self.freq_mhz, observe=observe, label=label, cpu_mhz=self.cpu_mhz, emc_mhz=self.emc_mhz)
 
     @property
     def refines_without_governor(self) -> bool:
@@ -156,7 +176,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         """The decision as JSON (`finetune --json`)."""
-        out: dict[str, Any] = {"freq_mhz": self.freq_mhz, "path": self.path, "governor": self.governor.to_dict(),
+        out: dict[str, Any] = {"freq_mhz": self.freq_mhz, **self.knob_clocks(), "path": self.path, "governor": self.governor.to_dict(),
                                "features": self.features.as_row() if self.features is not None else None,
                                "expected_saving_vs_maxn": self.expected_saving, "expected_saving_simulated": True,
                                "gpu_util_source": self.util_source}
@@ -293,7 +313,7 @@ class Launch:
         Returns:
             The `Launched` job (its result included).
         """
-        self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
+        self.session = self.decision.open_session(self.device, self.observe, self.label)
         with self.session:
             total = num_steps(job.config, job.workload.n_train) if self.budget else 0
             self._refiner = self._refiner_for(total, job.config.cold_steps(total))
@@ -311,7 +331,7 @@ class Launch:
         Returns:
             The entered session.
         """
-        self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
+        self.session = self.decision.open_session(self.device, self.observe, self.label)
         self.session.__enter__()
         try:
             self._windows = StepWindows(self.session, self.board.torch_device, warmup).__enter__()
