@@ -129,8 +129,7 @@ def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker, as_j
     from dvfs_mlops.app.sweep_command import run_sweep_command
 
     report = run_sweep_command(request, device, worker, say=_echo_err, with_best=as_json)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+    _echo_lines([json.dumps(report.to_json(), indent=2)] if as_json else [])
     _echo_lines([*report.lines(), *report.link], err=as_json)
 
 

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
     from dvfs_mlops.mlops.sweep.best import WorkloadBest
 
+# --knobs (sweep, finetune) and --strategy: their help, as the options show it.
+TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
+              "jetson, sim and replay grids with those columns set them. sweep: each point is one configuration; finetune: refine "
+              "walks the CPU and memory clocks down from their tops after the GPU's (at least 60 steps unless --refine says).")
+STRATEGY_HELP = "grid: every clock (configuration); adaptive: maxn and <= 4 clocks per workload (--knobs gpu,cpu...: <= 20 configurations)."
+
 
 @dataclasses.dataclass(frozen=True)
 class SweepWorker:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, Setting
@@ -44,6 +44,9 @@ HARDWARE_REFINE_STEPS = 30
 # ... and at least this where no governor of the board's family decides: the curve model, fitted to the probes, is then
 # all that picks the clock.
 NO_GOVERNOR_REFINE_STEPS = 30
+# With the CPU or memory clock tuned too (`--knobs gpu,cpu[,emc]`), refine walks their axes after the GPU's: at least
+# this budget unless told.
+JOINT_REFINE_STEPS = 60
 
 
 def default_refine(board: Board) -> int:
@@ -67,6 +70,8 @@ class LaunchOptions:
         announce_device: say which device runs the job.
         allow_other_board: a governor of another board family may decide (recorded on the run).
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
+        tuned: the clocks tuned (`--knobs`): "gpu", "gpu,cpu", "gpu,cpu,emc"; refine tunes the CPU and memory clocks
+            online from their tops after the GPU's (at least `JOINT_REFINE_STEPS` unless told).
     """
 
     governor_uri: str | None = None
@@ -79,6 +84,37 @@ class LaunchOptions:
     announce_device: bool = False
     allow_other_board: bool = False
     warmup_steps: int | None = None
+    tuned: str = "gpu"
+
+    @property
+    def tuned_knobs(self) -> tuple[str, ...]:
+        """The clocks tuned, checked (`sweep.spec.parse_tuned`): ("gpu",), ("gpu", "cpu"), ...
+
+        Raises:
+            DvfsError: an unknown clock, or the GPU's not among them.
+        """
+        from dvfs_mlops.mlops.sweep.spec import parse_tuned
+
+        return parse_tuned(self.tuned)
+
+    def knob_tables(self, device: Device) -> dict[str, list[float]]:
+        """The tables of the CPU and memory clocks tuned ({"cpu_mhz": [...], ...}), from the device.
+
+        Raises:
+            DvfsError: a tuned clock the backend cannot set (one line), or `--observe` with one (nothing is pinned).
+        """
+        from dvfs_mlops.hw.device import knob_table
+
+        out = {}
+        for knob in self.tuned_knobs[1:]:
+            table = sorted(knob_table(device, f"{knob}_mhz"))
+            if not table:
+                raise DvfsError(f"--knobs {self.tuned}: the {device.name} backend cannot set the {knob.upper()} clock; drop {knob} "
+                                "from --knobs, or use a device that sets it (jetson, sim)")
+            if self.observe:
+                raise DvfsError(f"--knobs {self.tuned}: --observe pins nothing, so no clock is tuned; drop one of them")
+            out[f"{knob}_mhz"] = table
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +164,11 @@ class Decision:
     def setting(self) -> Setting | None:
         """The configuration decided (None at maxn, which pins nothing)."""
         return None if self.freq_mhz == MAXN else Setting(float(self.freq_mhz), self.cpu_mhz, self.emc_mhz)
+
+    def with_knobs_at_top(self, tables: Mapping[str, Sequence[float]]) -> Decision:
+        """The decision with each tuned CPU or memory clock it leaves open at its table's top (refine's start)."""
+        tops = {k: float(max(t)) for k, t in tables.items() if t and getattr(self, k) is None}
+        return dataclasses.replace(self, **tops) if tops else self
 
     def knob_clocks(self) -> dict[str, float]:
         """The CPU and memory clocks decided with the GPU's, by their JSON names (cpu_mhz, emc_mhz), where set."""
@@ -243,6 +284,11 @@ def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say:
     of its own); each of those said in one line when a budget was asked for."""
     # a caller's clock (a sweep point): refine only when asked
     budget = (options.refine or 0) if decision.fixed else decision.refine_budget(options.refine, default_refine(board))
+    if options.tuned_knobs != ("gpu",) and not decision.fixed:
+        if options.refine == 0 and not options.observe:
+            raise DvfsError(f"--knobs {options.tuned}: refine tunes the CPU and memory clocks online, and --refine 0 turns it off; "
+                            f"drop --refine 0 (default {JOINT_REFINE_STEPS} steps) or --knobs")
+        budget = max(budget, JOINT_REFINE_STEPS) if options.refine is None else budget
     if not budget:
         return 0
     if options.observe:
@@ -275,6 +321,12 @@ class Launched:
         """The "train" window's report (the steps after warm-up)."""
         return self.session.report()
 
+    def knob_params(self) -> dict[str, str]:
+        """The CPU and memory clocks the job ran at after refine, as a run records them beside `freq_mhz`
+        (`cpu_freq_mhz`, `emc_freq_mhz`), where pinned."""
+        s = self.session
+        return {f"{k[:3]}_freq_mhz": f"{v:g}" for k, v in (("cpu_mhz", s.pinned_cpu_mhz), ("emc_mhz", s.pinned_emc_mhz)) if v is not None}
+
 
 class Launch:
     """One job pinned at a decided clock: the session, its warm-up and training windows, and refine.
@@ -287,11 +339,13 @@ class Launch:
         observe: meter only.
         label: what the session measures (the twin's noise is drawn from it).
         say: where refine's lines go.
+        knobs: the CPU and memory clock tables refine tunes after the GPU's (`LaunchOptions.knob_tables`; empty: none).
     """
 
     def __init__(self, device: Device, board: Board, decision: Decision, *, refine: int = 0, observe: bool = False,
-                 label: str = "", say: Callable[[str], None] | None = None):
+                 label: str = "", say: Callable[[str], None] | None = None, knobs: Mapping[str, Sequence[float]] | None = None):
         self.device, self.board, self.decision = device, board, decision
+        self.knobs = dict(knobs or {})
         self.budget, self.observe, self.label = refine, observe, label
         self.say = say or log.info
         self.session: FreqSession | None = None
@@ -305,7 +359,7 @@ class Launch:
 
         prior = self.decision.governor.power_prior_for(self.board) if self.decision.governor.uri else None
         return Refiner(self.session, self.budget, total_steps, self.board, prior=prior, say=self.say,
-                       warmup=max(WARMUP_STEPS, warmup))
+                       warmup=max(WARMUP_STEPS, warmup), knobs=self.knobs)
 
     def run(self, job: Job, *, mode: str = "train", replay_of: FinetuneResult | None = None) -> Launched:
         """Pin, run `job` (`job.run.run_job`: its loop meters the windows), refine from its steps, restore.
