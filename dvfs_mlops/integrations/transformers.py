@@ -57,6 +57,8 @@ class DvfsCallback(TrainerCallback):
         refine: probe-and-refine's step budget (None: the launcher's default, 30 on hardware, none on the twin; 0: off).
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
         allow_other_board: let another board family's governor decide (recorded); else such a board refines.
+        knobs: the clocks tuned, "gpu" (default), "gpu,cpu" or "gpu,cpu,emc": the CPU and memory clocks start at their
+            tables' tops and refine walks them down after the GPU's (at least 60 steps unless `refine` says).
 
     Raises:
         DvfsError: on train begin, the features cannot be computed or the governor cannot be loaded; any of
@@ -67,9 +69,9 @@ class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Device | str = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float | None = None,
                  announce: Callable[[str], None] | None = logger.info, observe: bool = False, torch_device: str | None = None,
-                 refine: int | None = None, warmup_steps: int | None = None, allow_other_board: bool = False):
+                 refine: int | None = None, warmup_steps: int | None = None, allow_other_board: bool = False, knobs: str = "gpu"):
         self.options = LaunchOptions(governor_uri=governor, probe_steps=0, observe=observe, refine=refine,
-                                     allow_other_board=allow_other_board)
+                                     allow_other_board=allow_other_board, tuned=knobs)
         self._device_arg, self.freq_override, self.sample_hz = device, freq, sample_hz
         self.gpu_util_pct, self.avg_seq_len, self.torch_device, self.warmup_steps = gpu_util_pct, avg_seq_len, torch_device, warmup_steps
         self.announce = announce or (lambda _m: None)
@@ -156,12 +158,13 @@ class DvfsCallback(TrainerCallback):
         self.precision = trainer_job.precision_of(args)
         feats = trainer_job.features_of(model, getattr(train_dataloader, "dataset", None), self.precision, self.avg_seq_len)
         self._trace = trainer_job.twin_trace(model, batch, feats.avg_seq_len, self.precision) if self.device.simulated else None
-        self.decision = decision = self._decide_once(model, batch, feats)
+        tables = self.options.knob_tables(self.device)  # a clock the backend cannot set: before any is touched
+        self.decision = decision = self._decide_once(model, batch, feats).with_knobs_at_top(tables)
         self.announce(f"dvfs: {decision.path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         self._run = lifecycle.user_run()
         world = self._group.get_world_size() if self._group is not None else 1
         self._launch = Launch(self.device, board, decision, refine=refine_budget(decision, self.options, board, self.announce, world),
-                              observe=self.options.observe, label="trainer", say=self.announce)
+                              observe=self.options.observe, label="trainer", say=self.announce, knobs=tables)
         self._step0 = int(getattr(state, "global_step", 0) or 0)  # a run resumed from a checkpoint starts past 0
         max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
         self._launch.begin(max_steps, warmup_for(self.warmup_steps, board.simulated, max_steps))
@@ -195,4 +198,4 @@ class DvfsCallback(TrainerCallback):
             record = records.callback_record(launched.session, self.job_report, self.board, self.decision, self.precision,
                                              self.refined, self.gpus)
             reason = outcome(exc)[1]
-            self._run.log(record.plus(tags={schema.TAG_END_REASON: reason} if reason else {}))
+            self._run.log(record.plus(params=launched.knob_params(), tags={schema.TAG_END_REASON: reason} if reason else {}))

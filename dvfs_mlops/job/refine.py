@@ -25,9 +25,10 @@ board's power curves; `dvfs-mlops train` stores it on the version as the tag `po
 utilisation each probe window measured, the fit leans on it (curve.py): the probes then mostly have to
 pin the time curve, whose noise per window is half the power's.
 With the CPU or memory clock tuned too (`knobs`: their tables), the GPU clock settles first (at the knobs' top
-clocks), then each knob's axis in turn (`AxisWalk`): from its top clock, one step of its axis grid (at most
-`AXIS_POINTS` clocks) down at a time, a probe window each, while the per-step energy falls by more than `MOVE_Z`
-standard deviations of the difference of two windows; the rest of the budget, if any, is left unspent.
+clocks), then each knob's axis in turn (`AxisWalk`, a coordinate descent): from its top clock, one step of its axis
+grid (at most `AXIS_POINTS` clocks) down at a time, a window of `MIN_PROBE_STEPS` steps each (or what the meter needs),
+while the per-step energy falls by more than `MOVE_Z` standard deviations of the difference of two windows; the axes
+again while a pass moved; the rest of the budget, if any, is left unspent.
 numpy only (through curve.py); nothing here imports torch or MLflow.
 """
 from __future__ import annotations
@@ -358,8 +359,9 @@ def axis_grid(table: Sequence[float], points: int = AXIS_POINTS) -> list[float]:
 
 
 class AxisWalk:
-    """The CPU and memory clocks after the GPU's: each axis in turn from its top, one grid step down per probe window
-    while the energy per step falls significantly (a coordinate descent; the GPU clock stays where it settled).
+    """The CPU and memory clocks after the GPU's: a coordinate descent from their tops. Each axis in turn, one grid step
+    down per probe window while the energy per step falls significantly; then the axes again while a pass moved (a
+    configuration measured before costs no window). The GPU clock stays where it settled.
 
     Args:
         axes: (knob, its table) for each knob tuned, in order ("cpu_mhz", "emc_mhz").
@@ -375,47 +377,63 @@ class AxisWalk:
         self.axes = [(k, axis_grid(t)) for k, t in axes if len(t) > 0]
         self.chosen = {k: grid[-1] for k, grid in self.axes}
         self.windows, self.noise = windows, noise
-        self.best = start  # the energy per step at `chosen`
+        self.measured: dict[tuple[float, ...], float] = {}  # energy per step by the knobs' clocks, in `axes` order
+        if start is not None:
+            self.measured[self._key(self.chosen)] = start
         self.axis = 0
-        self.pos = len(self.axes[0][1]) - 1 if self.axes else 0
+        self.moved = False  # a move in this pass over the axes
         self.pending: dict[str, float] | None = None
 
-    def next_knobs(self) -> dict[str, float] | None:
-        """The knob clocks of the next probe window (every tuned knob), or None once every axis is walked or the budget
-        is spent."""
-        if self.pending is not None:
-            return self.pending
-        if self.best is None:
-            if self.windows < 1:
-                return None
-            self.pending = dict(self.chosen)
-            return self.pending
+    def _key(self, knobs: Mapping[str, float]) -> tuple[float, ...]:
+        return tuple(knobs[k] for k, _ in self.axes)
+
+    def _candidate(self) -> dict[str, float] | None:
+        """The configuration the walk looks at next (the tops first, then one step down the axis walked), None at the end."""
+        if self._key(self.chosen) not in self.measured:
+            return dict(self.chosen)
         while self.axis < len(self.axes):
             knob, grid = self.axes[self.axis]
-            if self.pos > 0 and self.windows > 0:
-                self.pending = {**self.chosen, knob: grid[self.pos - 1]}
-                return self.pending
+            at = grid.index(self.chosen[knob])
+            if at > 0:
+                return {**self.chosen, knob: grid[at - 1]}
             self._next_axis()
         return None
 
+    def next_knobs(self) -> dict[str, float] | None:
+        """The knob clocks of the next probe window (every tuned knob), or None once no axis moves or the budget is spent."""
+        while self.pending is None:
+            tried = self._candidate()
+            if tried is None:
+                return None
+            known = self.measured.get(self._key(tried))
+            if known is None:
+                if self.windows < 1:
+                    return None
+                self.pending = tried
+            else:
+                self._judge(tried, known)
+        return self.pending
+
     def record(self, energy_per_step: float) -> None:
-        """Take the window of `next_knobs()`: move on a significant fall, else end this axis."""
+        """Take the window of `next_knobs()`: move on a significant fall, else on to the next axis."""
         assert self.pending is not None
         tried, self.pending = self.pending, None
         self.windows -= 1
-        if self.best is None:
-            self.best = energy_per_step
-            return
-        if energy_per_step < self.best * (1.0 - MOVE_Z * math.sqrt(2.0) * self.noise):
-            self.best, self.chosen = energy_per_step, tried
-            self.pos -= 1
+        self.measured[self._key(tried)] = energy_per_step
+        if tried != self.chosen:
+            self._judge(tried, energy_per_step)
+
+    def _judge(self, tried: dict[str, float], energy: float) -> None:
+        best = self.measured[self._key(self.chosen)]
+        if energy < best * (1.0 - MOVE_Z * math.sqrt(2.0) * self.noise):
+            self.chosen, self.moved = tried, True
         else:
             self._next_axis()
 
     def _next_axis(self) -> None:
         self.axis += 1
-        if self.axis < len(self.axes):
-            self.pos = len(self.axes[self.axis][1]) - 1
+        if self.axis == len(self.axes) and self.moved:  # another pass while one moved
+            self.axis, self.moved = 0, False
 
 
 class Refiner:
@@ -474,6 +492,7 @@ class Refiner:
         self._done = False
         self.knobs = {k: sorted(float(f) for f in t) for k, t in (knobs or {}).items() if t}
         self._walk: AxisWalk | None = None
+        self._walk_steps = MIN_PROBE_STEPS  # a walk's window: the fewest steps, or what the meter needs (`_size_to_meter`)
         self._knob_clocks: dict[str, float] = {}  # the knob clocks of the probe running (the walk's)
         self._gpu_settled: tuple[float, list[CurvePoint], str] | None = None
         if not per:
@@ -492,6 +511,7 @@ class Refiner:
             return True
         step_s = (self._stamps[-1] - self._stamps[0]) / (len(self._stamps) - 1)
         need = math.ceil(self.board.min_window_s / step_s) if step_s > 0 else 0
+        self._walk_steps = max(MIN_PROBE_STEPS, need)
         if need <= self.plan.per_probe:
             return True
         self.plan = self._plan(need)
@@ -553,14 +573,14 @@ class Refiner:
                 self.session.begin_window(self._window_name())
             return
         self._in_probe += 1
-        if self._in_probe < self.per_probe:
+        if self._in_probe < (self._walk_steps if self._walk is not None else self.per_probe):
             return
         name = self._window_name()
         self.session.end_window(name)
         r = self.session.window_report(name)
         util = None if r.gpu_util_pct is None else r.gpu_util_pct / 100.0
-        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util, self._knob_clocks.get("cpu_mhz"),
-                      self._knob_clocks.get("emc_mhz"))
+        knobs = {k: getattr(self.session, k, None) for k in self.knobs}  # the tuned knobs' clocks of the window
+        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util, knobs.get("cpu_mhz"), knobs.get("emc_mhz"))
         self._probes.append(probe)
         if not self.board.simulated:  # the noise floor from this window's own samples, not a constant
             self.plan.noise = self._floor_from(r)
@@ -601,20 +621,17 @@ class Refiner:
         if self.knobs:  # the GPU clock settled: walk the CPU and memory axes from their tops, in the budget left
             self._gpu_settled = (chosen, self.plan.predicted, self.plan.reason)
             left = self.budget - sum(p.steps for p in self._probes) - self._settled
-            windows = min(left, self.max_steps - sum(p.steps for p in self._probes) - self._settled) // (self.per_probe + self.settle)
+            windows = min(left, self.max_steps - sum(p.steps for p in self._probes) - self._settled) // (self._walk_steps + self.settle)
             # the settled GPU clock probed with every knob at its top already measured the walk's start
-            start = next((p.per_step().energy_j for p in self._probes if p.freq_mhz == chosen and p.cpu_mhz is None
-                          and p.emc_mhz is None), None) if self._pinned_at_top() else None
+            tops = {k: t[-1] for k, t in self.knobs.items()}
+            start = next((p.per_step().energy_j for p in self._probes if p.freq_mhz == chosen
+                          and all(getattr(p, k) == v for k, v in tops.items())), None)
             self._walk = AxisWalk(list(self.knobs.items()), max(windows, 0), self.noise[1], start)
             self._walk_on()
             return
         if chosen != float(self.session.freq):
             self.session.repin(chosen)
         self._finish(chosen, self.plan.predicted, self.plan.reason)
-
-    def _pinned_at_top(self) -> bool:
-        """Every tuned knob was pinned at its top while the GPU's probes ran."""
-        return all(getattr(self.session, k, None) == t[-1] for k, t in self.knobs.items())
 
     def _walk_on(self) -> None:
         """The walk's next probe window, or its end: every knob at the clock it settled on."""

@@ -86,6 +86,12 @@ class LaunchOptions:
     warmup_steps: int | None = None
     tuned: str = "gpu"
 
+    def __post_init__(self) -> None:
+        """An unknown clock in `tuned`, or no gpu among them: refused when the options are made (one line)."""
+        from dvfs_mlops.mlops.sweep.spec import parse_tuned
+
+        parse_tuned(self.tuned)
+
     @property
     def tuned_knobs(self) -> tuple[str, ...]:
         """The clocks tuned, checked (`sweep.spec.parse_tuned`): ("gpu",), ("gpu", "cpu"), ...
@@ -101,10 +107,14 @@ class LaunchOptions:
         """The tables of the CPU and memory clocks tuned ({"cpu_mhz": [...], ...}), from the device.
 
         Raises:
-            DvfsError: a tuned clock the backend cannot set (one line), or `--observe` with one (nothing is pinned).
+            DvfsError: a tuned clock the backend cannot set (one line), `--observe` with one (nothing is pinned), or
+                refine off (`--refine 0`), which is what tunes them.
         """
         from dvfs_mlops.hw.device import knob_table
 
+        if self.tuned_knobs != ("gpu",) and self.refine == 0:
+            raise DvfsError(f"--knobs {self.tuned}: refine tunes the CPU and memory clocks online, and --refine 0 turns it off; "
+                            f"drop --refine 0 (default {JOINT_REFINE_STEPS} steps) or --knobs")
         out = {}
         for knob in self.tuned_knobs[1:]:
             table = sorted(knob_table(device, f"{knob}_mhz"))
@@ -284,11 +294,8 @@ def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say:
     of its own); each of those said in one line when a budget was asked for."""
     # a caller's clock (a sweep point): refine only when asked
     budget = (options.refine or 0) if decision.fixed else decision.refine_budget(options.refine, default_refine(board))
-    if options.tuned_knobs != ("gpu",) and not decision.fixed:
-        if options.refine == 0 and not options.observe:
-            raise DvfsError(f"--knobs {options.tuned}: refine tunes the CPU and memory clocks online, and --refine 0 turns it off; "
-                            f"drop --refine 0 (default {JOINT_REFINE_STEPS} steps) or --knobs")
-        budget = max(budget, JOINT_REFINE_STEPS) if options.refine is None else budget
+    if options.tuned_knobs != ("gpu",) and not decision.fixed and options.refine is None:
+        budget = max(budget, JOINT_REFINE_STEPS)  # refine is what tunes the CPU and memory clocks
     if not budget:
         return 0
     if options.observe:
