@@ -140,3 +140,29 @@ def test_a_clock_the_backend_cannot_set_is_one_line_and_writes_nothing(tmp_path,
                 env={"MLFLOW_TRACKING_URI": empty_store})
     assert r.returncode == 2 and "the replay backend cannot set the CPU clock; drop cpu from --knobs" in r.stderr, r.stderr
     assert not _runs(empty_store)
+
+
+def test_a_joint_sweeps_figure_draws_a_line_per_cpu_and_memory_pair(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from dvfs_mlops.mlops.sweep.plots import _draw
+
+    drawn: dict = {}
+    import matplotlib.axes
+
+    real_plot = matplotlib.axes.Axes.plot
+
+    def plot(self, *args, **kwargs):
+        drawn.setdefault(self.get_ylabel() or len(drawn), []).append(kwargs.get("label"))
+        return real_plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    rows = [{"freq_mhz": "maxn", "cpu_freq_mhz": None, "emc_freq_mhz": None, "energy_j": 10.0, "time_s": 1.0, "avg_power_w": 10.0}]
+    rows += [{"freq_mhz": f"{g:g}", "cpu_freq_mhz": c, "emc_freq_mhz": e, "energy_j": _energy(g, c, e), "time_s": _time(g, c, e),
+              "avg_power_w": _energy(g, c, e) / _time(g, c, e)} for g, c, e in itertools.product(GPU, CPU, EMC)]
+    _draw("w", pd.DataFrame(rows), tmp_path / "w.png")
+    assert (tmp_path / "w.png").stat().st_size > 0
+    labels = [label for labels in drawn.values() for label in labels if label]
+    assert "CPU 1000.0 / EMC 800.0 MHz" in labels and len([x for x in labels if x.startswith("CPU")]) == 3 * len(CPU) * len(EMC)
+    g, c, e = min(itertools.product(GPU, CPU, EMC), key=lambda s: _energy(*s))
+    assert f"optimum {g:g} MHz (CPU {c} / EMC {e} MHz)" in labels
