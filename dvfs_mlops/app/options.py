@@ -165,15 +165,14 @@ _DEVICE_OPTIONS = {
 
 
 def device_options(*names: str) -> OptionGroup:
-    """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    assume_unlocked, torch_device, twin_profile, twin_params, device_id, trace) as one `DeviceChoice`, the command's `device`."""
+    """The device options (all, or those `names` picks, in `_DEVICE_OPTIONS`' order) as one `DeviceChoice`, `device`."""
     chosen = [option_ for name, option_ in _DEVICE_OPTIONS.items() if not names or name in names]
     return option_group("device", DeviceChoice, *chosen)
 
 
 knob_options = option_group("knobs", lazy("dvfs_mlops.app.run", "RunKnobs"),  # beside --freq, in MHz like it: one RunKnobs
-    click.option("--cpu-freq", "cpu_mhz", type=float, metavar="MHZ", help="Also pin every CPU cluster at this clock (jetson)."),
-    click.option("--emc-freq", "emc_mhz", type=float, metavar="MHZ", help="Also pin the memory clock (jetson EMC, nvml memory)."))
+    click.option("--cpu-freq", "cpu_mhz", type=float, metavar="MHZ", help="Also pin every CPU cluster at this clock (jetson, sim)."),
+    click.option("--emc-freq", "emc_mhz", type=float, metavar="MHZ", help="Also pin the memory clock (jetson EMC, nvml memory, sim)."))
 simulate_options = option_group(
     "request", lazy("dvfs_mlops.app.simulate", "SimulateRequest"),
     click.argument("model", required=False),
