@@ -95,7 +95,8 @@ def test_knobs_are_checked_before_anything_runs():
     from dvfs_mlops.mlops.launch import LaunchOptions
 
     with pytest.raises(DvfsError, match="unknown clock knob"):
-        DvfsCallback(device="sim", knobs="gpu,fan")
+        DvfsCallback.tuning("gpu,fan", device="sim")
+    assert DvfsCallback.tuning("gpu,cpu", device="sim").options.tuned_knobs == ("gpu", "cpu")
     with pytest.raises(DvfsError, match="the GPU clock is always tuned"):
         LaunchOptions(tuned="cpu")
     from dvfs_mlops.hw.sim import SimDevice
@@ -129,7 +130,7 @@ def test_finetune_on_the_twin_tunes_the_cpu_clock_and_records_the_configuration(
     run = MlflowClient(tracking_uri=production).get_run(out["run_id"])
     assert float(run.data.params["cpu_freq_mhz"]) == refined["cpu_mhz"] and "emc_freq_mhz" not in run.data.params
     assert float(run.data.params["freq_mhz"]) == refined["chosen_mhz"]
-    assert "refine: then CPU" in r.stderr
+    assert "refine: then CPU" in r.stderr and run.data.tags["mlflow.runName"].endswith(f"/cpu{refined['cpu_mhz']:g}")
 
 
 @pytest.mark.parametrize(("args", "message"), [

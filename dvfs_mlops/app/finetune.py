@@ -220,7 +220,8 @@ def _log_model(run: OwnedRun, result: FinetuneResult, workload: PreparedWorkload
 
 def _log_refine(run: OwnedRun, refined: RefineResult, workload: str, simulated: bool) -> None:
     """The probes and the choice: tags (and the run's name at the settled clock), and refine.csv."""
-    tags = {**records.refine_tags(refined), schema.TAG_RUN_NAME: f"{workload}@{refined.chosen_mhz:g}"}
+    knobs = "".join(f"/{k[:3]}{v:g}" for k, v in refined.chosen_knobs.items())  # the CPU/memory clocks refine settled on
+    tags = {**records.refine_tags(refined), schema.TAG_RUN_NAME: f"{workload}@{refined.chosen_mhz:g}{knobs}"}
     if simulated:
         tags[schema.TAG_REFINE_SIMULATED] = "true"
     run.log_batch(tags=tags, metrics={"refine_probe_steps": float(refined.probe_steps)})

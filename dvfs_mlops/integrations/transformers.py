@@ -57,8 +57,8 @@ class DvfsCallback(TrainerCallback):
         refine: probe-and-refine's step budget (None: the launcher's default, 30 on hardware, none on the twin; 0: off).
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
         allow_other_board: let another board family's governor decide (recorded); else such a board refines.
-        knobs: the clocks tuned, "gpu" (default), "gpu,cpu" or "gpu,cpu,emc": the CPU and memory clocks start at their
-            tables' tops and refine walks them down after the GPU's (at least 60 steps unless `refine` says).
+
+    The CPU and memory clocks are tuned too by `DvfsCallback.tuning("gpu,cpu[,emc]", ...)`.
 
     Raises:
         DvfsError: on train begin, the features cannot be computed or the governor cannot be loaded; any of
@@ -69,9 +69,9 @@ class DvfsCallback(TrainerCallback):
     def __init__(self, governor: str | None = None, device: Device | str = "auto", freq: FreqRequest | None = None,
                  gpu_util_pct: float | None = None, avg_seq_len: float | None = None, sample_hz: float | None = None,
                  announce: Callable[[str], None] | None = logger.info, observe: bool = False, torch_device: str | None = None,
-                 refine: int | None = None, warmup_steps: int | None = None, allow_other_board: bool = False, knobs: str = "gpu"):
+                 refine: int | None = None, warmup_steps: int | None = None, allow_other_board: bool = False):
         self.options = LaunchOptions(governor_uri=governor, probe_steps=0, observe=observe, refine=refine,
-                                     allow_other_board=allow_other_board, tuned=knobs)
+                                     allow_other_board=allow_other_board)
         self._device_arg, self.freq_override, self.sample_hz = device, freq, sample_hz
         self.gpu_util_pct, self.avg_seq_len, self.torch_device, self.warmup_steps = gpu_util_pct, avg_seq_len, torch_device, warmup_steps
         self.announce = announce or (lambda _m: None)
@@ -88,6 +88,24 @@ class DvfsCallback(TrainerCallback):
         self._step0 = 0  # global_step when this train() began (a resumed run starts past 0)
         self._group: Any = None  # torch.distributed where a process group of several ranks runs at train begin
         self._atexit = False
+
+    @classmethod
+    def tuning(cls, knobs: str, **arguments: Any) -> DvfsCallback:
+        """A callback that tunes the CPU and memory clocks with the GPU's.
+
+        Args:
+            knobs: the clocks tuned, "gpu", "gpu,cpu" or "gpu,cpu,emc" (as `finetune --knobs`): the CPU and memory clocks
+                start at their tables' tops and refine walks them down after the GPU's (at least 60 steps unless
+                `refine` says).
+            arguments: the constructor's.
+
+        Raises:
+            DvfsError: an unknown clock, or no gpu among them (at once); on train begin, a clock the backend cannot
+                set, or `refine=0`.
+        """
+        callback = cls(**arguments)
+        callback.options = dataclasses.replace(callback.options, tuned=knobs)
+        return callback
 
     def __enter__(self) -> DvfsCallback:
         return self
