@@ -1,7 +1,7 @@
 """The device a command runs on, as the command line chose it (`DeviceChoice`), and `dvfs-mlops devices`.
 
 `DeviceChoice` is what the device options (--device, --sample-hz, --gpu-index, --assume-unlocked, --torch-device,
---twin-profile, --twin-params, --device-id, --trace) ask for; `load_twin` and `open_chosen` turn it into the twin's constants
+--twin-profile, --twin-params, --device-id, --trace, --above-mode-cap) ask for; `load_twin` and `open_chosen` turn it into the twin's constants
 and an open device, with the checks every command makes the same way. A replay device (`--device replay --trace FILE`)
 plays a measured grid whose workloads may carry the governor's feature columns (`model.workload.FEATURE_COLUMNS`).
 """
@@ -39,6 +39,7 @@ class DeviceChoice:
         device_id: which board this is, for the runs' tags ('': the backend's own id).
         torch_device: where training runs instead of the backend's own GPU ('': the backend's).
         trace: replay: the measured grid's CSV (None: none given).
+        above_mode_cap: jetson: allow a pin above the power mode's GPU, CPU or EMC cap (refused otherwise; recorded).
     """
 
     backend: str = "auto"
@@ -50,6 +51,7 @@ class DeviceChoice:
     device_id: str = ""
     torch_device: str = ""
     trace: str | None = None
+    above_mode_cap: bool = False
 
     def __post_init__(self) -> None:
         check_torch_device(self.torch_device)
@@ -109,6 +111,8 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
                         "drop them or use --device sim")
     if choice.device_id.strip():
         dev.device_id = choice.device_id.strip()
+    if choice.above_mode_cap and dev.name == "jetson":
+        dev.above_mode_cap = True  # recorded by its sessions (context "above_mode_cap")
     return dev
 
 

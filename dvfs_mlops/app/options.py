@@ -166,12 +166,13 @@ _DEVICE_OPTIONS = {
     "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml", help="sim: twin constants (twin fit's YAML)."),
     "device_id": option("--device-id", metavar="ID", help="Which board this is, tagged dvfs.device_id (default: serial, UUID, sim@HOST)."),
     "trace": option("--trace", metavar="FILE.csv", help=TRACE_HELP),
+    "above_mode_cap": option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU, CPU or EMC cap (recorded)."),
 }
 
 
 def device_options(*names: str) -> OptionGroup:
     """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    assume_unlocked, torch_device, twin_profile, twin_params, device_id, trace) as one `DeviceChoice`, the command's `device`."""
+    assume_unlocked, torch_device, twin_profile, twin_params, device_id, trace, above_mode_cap) as one `DeviceChoice`, the command's `device`."""
     chosen = [option_ for name, option_ in _DEVICE_OPTIONS.items() if not names or name in names]
     return option_group("device", DeviceChoice, *chosen)
 
@@ -206,12 +207,13 @@ sweep_options = option_group(
     option("--sweep-id", help="Resume/extend this sweep id (default: a hash of the sweep's definition)."),
     option("--train-size", type=Count(min=1), help="Synthetic training examples per task (default: the preset's)."),
     option("--dev-size", type=Count(min=1), help="Synthetic dev examples per task (default: the preset's)."),
-    option("--replay/--no-replay", help="Sim: train once per workload and replay its steps at every clock."),
+    option("--train-once/--no-train-once", help="Sim: train once per workload and charge its steps again at every other clock."),
     WARMUP_OPTION,
     PRECISION_OPTION,
     peft_options,
     option("--strategy", type=click.Choice(["grid", "adaptive"]), help="grid: every clock; adaptive: maxn and <= 4 clocks per workload."),
     KNOB_OPTION,
+    option("--workloads", help="replay: comma-separated workloads of the --trace grid, by name (default: every one)."),
 )
 
 sweep_worker_options = option_group(

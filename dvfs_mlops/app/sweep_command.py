@@ -6,6 +6,7 @@ device), the tracking store, the claims database, the device and its CUDA, then 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from dvfs_mlops.errors import DvfsError
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
+    from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,19 +39,29 @@ class SweepWorker:
 
 @dataclasses.dataclass(frozen=True)
 class SweepReport:
-    """What `dvfs-mlops sweep` did: the runner's outcome, whether it ran on the twin, and the MLflow UI link lines."""
+    """What `dvfs-mlops sweep` did: the runner's outcome, how its points were measured (' (SIMULATED)',
+    ' (REPLAYED)' or ''), the MLflow UI link lines, and what it recommends per workload (`sweep --json`)."""
 
     outcome: SweepOutcome
-    simulated: bool
+    label: str
     link: list[str]
+    picks: list[WorkloadPick] = dataclasses.field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The summary line: points run, found finished, run by other workers; the parent run."""
         out = self.outcome
-        label = " (SIMULATED)" if self.simulated else ""
+        label = self.label
         others = f", {len(out.by_others)} were run by other workers" if out.by_others else ""
         return [(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
                  f"parent run {out.parent_run_id} in experiment {out.experiment or out.experiment_id}")]
+
+    def emit(self, as_json: bool, echo: Callable[..., Any]) -> None:
+        """Print the summary and the link lines (on stderr with `as_json`), then, with `as_json`, one JSON object per
+        workload on stdout: `{"workload", "best": {"gpu_mhz", "energy_j", "time_s"}, "points_measured"}`."""
+        for line in [*self.lines(), *self.link]:
+            echo(line, err=as_json)
+        for pick in self.picks if as_json else []:
+            echo(json.dumps(pick.to_json()))
 
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,
@@ -83,14 +95,18 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request)
+    spec = sweep_mod.build_spec(board, request, grid=dev.grid if dev.name == "replay" else None)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    return SweepReport(out, bool(dev.simulated), link)
+    from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+    from dvfs_mlops.mlops.sweep.progress import device_label
+
+    picks = workload_picks(out.experiment_id, out.sweep_id, board, spec.strategy)
+    return SweepReport(out, device_label(board), link, picks)
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

@@ -21,6 +21,7 @@ from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops.sweep.progress import device_label
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 from dvfs_mlops.model.curve import Measurement, mean_measurement, next_clock
 from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS, board_prior, sweep_fits
@@ -47,11 +48,11 @@ class AdaptiveStrategy:
         return len(self.workloads) * (MAX_PINNED + 1) * self.spec.repeats
 
     def counted(self, done: set[str]) -> int:
-        names = {f"{m}/{t}{self.spec.variant}" for m, t in self.workloads}
+        names = {Point(m, t, MAXN, 0, self.spec.variant).workload for m, t in self.workloads}
         return sum(key.rsplit("@", 1)[0] in names for key in done)
 
     def describe(self, runner: Any) -> str:
-        sim = " (SIMULATED)" if runner.board.simulated else ""
+        sim = device_label(runner.board)
         return (f"sweep {self.spec.sweep_id} (adaptive): {len(self.workloads)} workloads, maxn + at most {MAX_PINNED} clocks each, "
                 f"{self.counted(runner.done)} points already finished, on {runner.board.backend}{sim}; tracking {tracking.tracking_uri()}, "
                 f"experiment id {runner.experiment_id}")
@@ -75,7 +76,7 @@ class AdaptiveStrategy:
                 at = [Point(model, task, f, r, spec.variant) for r in range(spec.repeats)]
                 yield at
                 measured.append(mean_measurement(f, self._read(runner, at)))
-            self.measured.append((f"{model}/{task}{spec.variant}", measured))
+            self.measured.append((Point(model, task, MAXN, 0, spec.variant).workload, measured))
 
     def _start(self, runner: Any, maxn: list[Point], table: list[float]) -> float:
         """Where the search starts: the governor's clock for the features with the utilisation measured at maxn."""
