@@ -36,10 +36,18 @@ class ReplayedWorkload:
     Attributes:
         name: the workload, exactly as the file writes it.
         features: the governor's features from the file's feature columns (`features_of_grid`).
+        split: train or eval: the workload's side of the governor's held-out split (the file's `split` column; train).
     """
 
     name: str
     features: WorkloadFeatures
+    split: str = "train"
+
+
+def replayed_workload(grid: ReplayGrid, workload: str) -> ReplayedWorkload:
+    """A grid workload as a sweep's point sees it: its features (`features_of_grid`) and its split (the file's `split`
+    column, else train)."""
+    return ReplayedWorkload(workload, features_of_grid(grid, workload), grid.features.get(workload, {}).get("split", "train"))
 
 
 def features_of_grid(grid: ReplayGrid, workload: str) -> WorkloadFeatures:
@@ -101,7 +109,7 @@ def run_replayed_point(ctx: PointContext, point: Point, workload: ReplayedWorklo
         assert done is not None
         report = done.report
         clock = None if point.freq == "maxn" else float(point.freq)
-        params = {**records.feature_params(workload.features), "model": point.model, "freq_mhz": freq_label(point.freq), "device": board.backend, "device_profile": board.profile, "steps": spec.steps,
+        params = {**records.feature_params(workload.features), "model": point.model, "split": workload.split, "freq_mhz": freq_label(point.freq), "device": board.backend, "device_profile": board.profile, "steps": spec.steps,
                   "repeat": point.repeat, "data_source": spec.data_source, **records.session_params(session),
                   **records.report_params(report)}
         metrics = {**records.report_metrics(report), "clock_mhz": clock or report.clock_mhz_measured,

@@ -185,9 +185,9 @@ class SweepRunner:
     def workload(self, point: Point) -> Any:
         """The point's prepared workload (prepared once per workload; a failure frees the point's claim at once)."""
         if point.workload not in self._workloads and self.spec.replayed:  # a measured grid's: nothing to prepare
-            from dvfs_mlops.mlops.sweep.replayed import ReplayedWorkload, features_of_grid
+            from dvfs_mlops.mlops.sweep.replayed import replayed_workload
 
-            self._workloads[point.workload] = ReplayedWorkload(point.workload, features_of_grid(self.device.grid, point.workload))
+            self._workloads[point.workload] = replayed_workload(self.device.grid, point.workload)
         if point.workload not in self._workloads:
             from dvfs_mlops.job.workloads.prepare import prepare_workload
 
