@@ -130,11 +130,16 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     measured: list[Curves] = []
     gaps: list[int] = []  # adaptive workloads among `measured`
     no_util: list[str] = []  # replayed workloads without a GPU utilisation
+    capped_col = f"tags.{schema.TAG_CAP_AT_START}"
     for workload, g in df.groupby("_workload", sort=True):
         gp = g[g[FREQ] != "maxn"].assign(_f=lambda x: x[FREQ].map(_num))
         m = g[g[FREQ] == "maxn"]
+        if capped_col in m:  # maxn under a cap found at the start is another clock than the baseline: not used as it
+            m = m[m[capped_col].isna()]
         if m.empty or gp.empty:
-            missing.append(f"{workload}@maxn" if m.empty else f"{workload}@(any pinned clock)")
+            capped = capped_col in g and g[(g[FREQ] == "maxn") & g[capped_col].notna()].shape[0] > 0
+            missing.append(f"{workload}@maxn" + (" (capped at the start)" if capped else "") if m.empty
+                           else f"{workload}@(any pinned clock)")
             continue
         energy = _mean_by_clock(gp, ENERGY)
         time = _mean_by_clock(gp, TIME)
@@ -218,6 +223,7 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
         shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
         raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
                         "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
+    _check_one_power_mode(df, label)
     if len(ids) > 1:
         _check_comparable(df)
     simulated = bool((df[f"tags.{schema.TAG_SIMULATED}"].astype(str) == "true").all())
@@ -237,6 +243,23 @@ def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any)
         return boards[0]
     clocks = sorted({float(f) for f in df[FREQ] if f != "maxn"})
     return legacy_board("+".join(sorted({b.profile for b in boards})), clocks)
+
+
+def _check_one_power_mode(df: Any, label: str) -> None:
+    """A governor does not mix power modes: the same clock gives other throughput under another mode (its TPCs
+    power-gated, its caps). Points of several modes (tag dvfs.power_mode; absent: MAXN or no mode) are refused.
+
+    Raises:
+        DvfsError: the points were measured under more than one power mode (one line naming them).
+    """
+    col = f"tags.{schema.TAG_POWER_MODE}"
+    if col not in df:
+        return
+    modes = sorted({str(m) if isinstance(m, str) and m else "MAXN (or no mode)" for m in df[col]})
+    if len(modes) > 1:
+        raise DvfsError(f"sweep(s) {label} mix {len(modes)} power modes ({'; '.join(modes)}); a governor learns one mode: pick "
+                        f"the sweeps of one (e.g. --sweeps-filter \"tags.`{schema.TAG_POWER_MODE}` = '...'\") and train one "
+                        "governor per mode")
 
 
 def _check_comparable(df: Any) -> None:

@@ -86,8 +86,8 @@ TAG_SOURCE = "source"
 TAG_CALIBRATED_FROM = "calibrated_from"  # a calibrated version (`dvfs-mlops calibrate`): its source version's number
 TAG_CALIBRATION_SWEEP = "calibration_sweep"  # ... and the sweep(s) that measured this board for it
 
-# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and which GPU each per-GPU metric
-# (`records.gpu_metrics`: <metric>_gpu<NVML index>) is.
+# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and each GPU by its key
+# (`hw.multi.GpuEnergy.key`: "<host>/<uuid>", as the per-GPU metrics `records.gpu_metrics` <metric>/<host>/<uuid>).
 TAG_GPU_COUNT = "dvfs.gpu_count"
-TAG_GPU_UUID = "dvfs.gpu{index}.uuid"  # .format(index=NVML index): the GPU's UUID
-TAG_GPU_RANK = "dvfs.gpu{index}.rank"  # .format(index=NVML index): the launcher's rank that trained on it
+TAG_GPU_INDEX = "dvfs.gpu.{key}.index"  # .format(key=GpuEnergy.key): the GPU's NVML index on its node
+TAG_GPU_RANK = "dvfs.gpu.{key}.rank"  # .format(key=GpuEnergy.key): the launcher's rank that trained on it
