@@ -18,16 +18,16 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.replay import REPLAYED
 
 if TYPE_CHECKING:
-    from dvfs_mlops.app.finetune_command import FinetuneJobRequest
     from dvfs_mlops.mlops.launch import LaunchOptions
 
 
-def replay_dry_run(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchOptions,
+def replay_dry_run(workload: str, model_named: bool, choice: DeviceChoice, options: LaunchOptions,
                    say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """Decide on a replayed workload (nothing trains, nothing is logged) and look the decision up in the grid.
 
     Args:
-        request: the job; its `task` names the grid's workload, and no model may be named.
+        workload: the grid's workload (`--task`).
+        model_named: the job named a model (--model, --model-config, --pretrained), which a grid's workload is not.
         choice: the replay device.
         options: the governor, strictness, other boards, refine, as for any fine-tune; `dry_run` must be set.
         say: where the decision lines go.
@@ -47,14 +47,14 @@ def replay_dry_run(request: FinetuneJobRequest, choice: DeviceChoice, options: L
     if not options.dry_run:
         raise DvfsError("nothing to train on a replay device: it plays the measurements of a grid and runs nothing; add --dry-run "
                         "to see the decision on a replayed workload, or use --device jetson, nvml or sim")
-    if request.model or request.model_config or request.pretrained:
+    if model_named:
         raise DvfsError("a replayed grid names its own workloads: give one with --task WORKLOAD, without --model, --model-config "
                         "or --pretrained")
     dev = open_chosen(choice, None, announce=say if options.announce_device else None)
     grid = dev.grid
-    grid.check_workload(request.task)
+    grid.check_workload(workload)
     board = board_of(dev)
-    features = features_of_grid(grid, request.task)
+    features = features_of_grid(grid, workload)
 
     def utilisation() -> tuple[float | None, str]:
         if features.gpu_util_pct is None:
@@ -64,16 +64,16 @@ def replay_dry_run(request: FinetuneJobRequest, choice: DeviceChoice, options: L
     try:
         decision = decide(board, options, features, utilisation, say)
     except ValueError as e:  # a tree that splits on a feature the grid does not give
-        raise DvfsError(f"the governor cannot decide on {request.task!r} from {grid.path}: {e}; add that column to the grid") from None
+        raise DvfsError(f"the governor cannot decide on {workload!r} from {grid.path}: {e}; add that column to the grid") from None
     for line in decision.lines():
         say(line)
-    chosen = dev.measure(request.task, decision.freq_mhz)
-    top = dev.measure(request.task, MAXN)
+    chosen = dev.measure(workload, decision.freq_mhz)
+    top = dev.measure(workload, MAXN)
     saving = 1.0 - chosen.energy_j / top.energy_j
     say(f"{REPLAYED}: {chosen.energy_j:.4g} J in {chosen.time_s:.4g} s per unit of work at {chosen.setting.label()}, against "
         f"{top.energy_j:.4g} J at the top setting ({top.setting.label()}): {100 * saving:.1f}% saved")
     say("dry run: stopping after the decision (nothing runs on a replay device)")
     return {"decision": decision.to_dict(), "device": board.backend, "device_profile": board.profile, "simulated": False,
-            "workload": request.task, "trace_sha256": grid.sha256, "trace_name": grid.name,
+            "workload": workload, "trace_sha256": grid.sha256, "trace_name": grid.name,
             "replayed": {"gpu_mhz": chosen.setting.gpu_mhz, "energy_j": chosen.energy_j, "time_s": chosen.time_s,
                          "top_energy_j": top.energy_j, "top_time_s": top.time_s, "saving_vs_top": saving}}
