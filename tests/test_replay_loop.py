@@ -88,6 +88,8 @@ def test_a_grid_sweep_logs_one_replayed_run_per_point_and_ends_with_each_workloa
     c = _client(empty_store)
     artifacts = {a.path for a in c.list_artifacts(parents[0].info.run_id)} | {a.path for a in c.list_artifacts(parents[0].info.run_id, "plots")}
     assert {"summary.csv", "board.json", "plots/enc-a.png", "plots/dec-f.png"} <= artifacts
+    r = run_cli("twin", "fit", "--sweep-id", parents[0].data.tags["dvfs.sweep_id"], env=env)  # the grid's rows are no jobs
+    assert r.returncode == 2 and "replays a measured grid (board-q); fit the twin on the grid itself" in r.stderr
 
     # --workloads picks by name: another sweep (its own id), two workloads, a resumed one measures nothing again
     args = ("sweep", "--device", "replay", "--trace", str(grid), "--claims", "none", "--workloads", "dec-d,enc-a", "--json")
@@ -198,3 +200,13 @@ def test_workloads_belong_to_a_replay_and_the_twins_train_once_is_named_so(empty
     assert _client(empty_store).get_experiment_by_name("dvfs-sweep") is None
     help_text = run_cli("sweep", "--help").stdout
     assert "--train-once / --no-train-once" in help_text and "--replay" not in help_text
+
+
+def test_points_logged_with_the_old_train_once_tag_read_under_its_new_name():
+    import pandas as pd
+
+    from dvfs_mlops.mlops.queries import renamed_tags
+
+    df = pd.DataFrame({"tags.dvfs.sim_replay": ["true", None], "tags.dvfs.sim_train_once": [None, "false"]})
+    assert renamed_tags(df).to_dict("list") == {"tags.dvfs.sim_train_once": ["true", "false"]}
+    assert renamed_tags(pd.DataFrame({"tags.dvfs.sim_replay": ["true"]})).to_dict("list") == {"tags.dvfs.sim_train_once": ["true"]}

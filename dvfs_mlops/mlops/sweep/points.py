@@ -58,7 +58,7 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     """
     spec, c = ctx.spec, ctx.client
     trained = ctx.trained.setdefault(point.workload, {})
-    mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
+    mode = PROFILE if spec.steps == 0 else REPLAY if spec.train_once and point.repeat in trained else TRAIN
     tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
             schema.TAG_TRAIN_ONCE: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
