@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
-from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
@@ -88,7 +88,7 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=f"governor {obj.name}", client=c, fluent=True) as run:
         dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
                                      say=say)
-        label = " (SIMULATED sweep)" if dataset.simulated else ""
+        label = " (SIMULATED sweep)" if dataset.simulated else " (REPLAYED sweep)" if is_replayed(dataset) else ""
         n_sweeps = len(dataset.sweep_id.split(","))
         say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
             f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")
@@ -110,8 +110,23 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
             info = log_governor(result.policy.policy, registered_name=cfg.name if r.register else None, classifier=result.classifier,
                                 feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
                                 tags=tags, version_tags=tags)
-    version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        describe(c, run.run_id, result.description(), cfg.name, version)
     return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
+
+
+# The run's description in MLflow's UI (its "Description" box) is this tag; a registered version has its own field.
+RUN_DESCRIPTION_TAG = "mlflow.note.content"
+DESCRIPTION_ARTIFACT = "description.md"
+
+
+def describe(c: MlflowClient, run_id: str, description: str, registered_name: str, version: int | None) -> None:
+    """Say which family of candidate won and why (`SearchResult.description()`): the training run's description and
+    its `description.md` artifact, and the registered version's description where one was registered."""
+    tracking.log_run_batch(c, run_id, tags={RUN_DESCRIPTION_TAG: description[:5000]})
+    tracking.log_text_artifact(c, run_id, DESCRIPTION_ARTIFACT, description)
+    if version is not None:
+        c.update_model_version(registered_name, str(version), description=description)
 
 
 def dataset_family(dataset: GovernorDataset) -> str:

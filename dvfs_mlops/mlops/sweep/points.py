@@ -58,31 +58,32 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     """
     spec, c = ctx.spec, ctx.client
     trained = ctx.trained.setdefault(point.workload, {})
-    mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
+    mode = PROFILE if spec.steps == 0 else REPLAY if spec.train_once and point.repeat in trained else TRAIN
     tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
-            schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
+            schema.TAG_TRAIN_ONCE: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
             **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
     job = ctx.job(workload)
     with contextlib.ExitStack() as stack:
         run = tracked(lambda: stack.enter_context(lifecycle.owned_run(
             spec.experiment, experiment_id=ctx.experiment_id, name=point.key, tags=tags, parent_id=ctx.parent_id, run_id=run_id,
             client=c)), point)
-        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}"),
+        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}", cpu_mhz=point.cpu_mhz,
+                                                           emc_mhz=point.emc_mhz),
                         label=f"{point.workload}#{point.repeat}")
         done = launch.run(job, mode=mode, replay_of=trained.get(point.repeat))
         result = done.result
         assert result is not None
         if mode == TRAIN:
             result.model = None
-            if spec.replay:
+            if spec.train_once:
                 trained[point.repeat] = result
         # where a non-preset's config came from (what `twin fit` rebuilds the point from), and the sweep's data source
         # as the definition names it (tsv for a folder, whatever its files)
         entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
         record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
-            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source})
+            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params()})
         tracked(lambda: run.log(record), point)
         if still_mine is not None and not still_mine():
             tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
