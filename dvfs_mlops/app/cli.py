@@ -124,9 +124,9 @@ def run(freq: str, knobs: RunKnobs, device: DeviceChoice, observe: bool, as_json
 @opts.sweep_worker_options
 @opts.JSON_OPTION
 def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker, as_json: bool) -> None:
-    """Fine-tune each workload at each clock; one MLflow run per point (resumable; several workers may share a sweep)."""
+    """Fine-tune each workload at each clock (configuration); one MLflow run per point (resumable; several workers may share a sweep)."""
     from dvfs_mlops.app.sweep_command import run_sweep_command
-    run_sweep_command(request, device, worker, say=_echo_err).emit(as_json, click.echo)
+    run_sweep_command(request, device, worker, say=_echo_err, with_best=as_json).emit(as_json, click.echo)
 
 
 @main.command()

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
     from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
 
+# --knobs (sweep, finetune) and --strategy: their help, as the options show it.
+TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
+              "jetson, sim and replay grids with those columns set them. sweep: each point is one configuration; finetune: refine "
+              "walks the CPU and memory clocks down from their tops after the GPU's (at least 60 steps unless --refine says).")
+STRATEGY_HELP = "grid: every clock (configuration); adaptive: maxn and <= 4 clocks per workload (--knobs gpu,cpu...: <= 20 configurations)."
+
 
 @dataclasses.dataclass(frozen=True)
 class SweepWorker:
@@ -65,7 +71,7 @@ class SweepReport:
 
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,
-                      say: Callable[[str], None] = lambda _m: None) -> SweepReport:
+                      say: Callable[[str], None] = lambda _m: None, with_best: bool = False) -> SweepReport:
     """`dvfs-mlops sweep`: check, open, build and run (or resume) the sweep on this worker.
 
     Args:
@@ -73,6 +79,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
         choice: the device to sweep.
         worker: settle time and claims.
         say: where the device line and the sweep's progress go.
+        with_best: read each workload's best configuration back (`sweep --json`).
 
     Returns:
         The `SweepReport`.
@@ -95,17 +102,21 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request, grid=dev.grid if dev.name == "replay" else None)
+    spec = sweep_mod.build_spec(board, request, dev)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+    picks = []
+    if with_best:
+        from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+
+        played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if choice.backend == "replay" else None
+        picks = workload_picks(out.experiment_id, out.sweep_id, board, spec, played)
     from dvfs_mlops.mlops.sweep.progress import device_label
 
-    picks = workload_picks(out.experiment_id, out.sweep_id, board, spec.strategy)
     return SweepReport(out, device_label(board), link, picks)
 
 
