@@ -178,6 +178,7 @@ BAD = [
     ("workload,gpu_mhz,time_s,energy_j\nw,500,1.0,2.0\nw,600,0.9,2.1\n", ("--freqs", "550"), "unknown frequency '550'; valid frequencies: 500, 600, maxn"),
     ("", (), "is empty"),
     ("workload,gpu_mhz,time_s,energy_j\nw,500,1.0,2.0\n", ("--workloads", "v"), "workload 'v' is not in"),
+    ("workload,gpu_mhz,time_s,energy_j\nw,500,1.0,2.0\n", ("--models", "bert-tiny"), "pick them with --workloads"),
     ("workload,gpu_mhz,time_s,energy_j\nw,500,1.0,2.0\n", ("--steps", "5"), "--steps and --profile-steps do not apply"),
 ]
 

@@ -16,8 +16,10 @@ from dvfs_mlops.errors import DvfsError
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
+    from dvfs_mlops.hw.device import Device
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
     from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
+    from dvfs_mlops.mlops.sweep.spec import SweepSpec
 
 # --knobs (sweep, finetune) and --strategy: their help, as the options show it.
 TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
@@ -102,22 +104,31 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request, dev)
+    spec = sweep_mod.build_spec(board, request, dev, grid=dev.grid if dev.name == "replay" else None)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    picks = []
-    if with_best:
-        from dvfs_mlops.mlops.sweep.artifacts import workload_picks
-
-        played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if choice.backend == "replay" else None
-        picks = workload_picks(out.experiment_id, out.sweep_id, board, spec, played)
     from dvfs_mlops.mlops.sweep.progress import device_label
 
-    return SweepReport(out, device_label(board), link, picks)
+    return SweepReport(out, device_label(board), link, _picks(out, spec, dev, board) if with_best else [])
+
+
+def _picks(out: SweepOutcome, spec: SweepSpec, dev: Device, board: Board) -> list[WorkloadPick]:
+    """What the sweep recommends per workload (`sweep --json`): a GPU-only sweep's measured minimum (grid) or curve-model
+    pick (adaptive); a sweep that tunes CPU or memory clocks, its best measured configuration (a replay grid's clocks as
+    its file writes them)."""
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+
+    if not spec.joint:
+        return workload_picks(out.experiment_id, out.sweep_id, board, spec.strategy)
+    from dvfs_mlops.mlops.sweep.best import sweep_best
+
+    played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if dev.name == "replay" else None  # type: ignore[attr-defined]
+    return [b.pick() for b in sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)]
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

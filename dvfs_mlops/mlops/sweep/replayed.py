@@ -100,8 +100,8 @@ def run_replayed_point(ctx: PointContext, point: Point, workload: ReplayedWorklo
         run = tracked(lambda: stack.enter_context(lifecycle.owned_run(
             spec.experiment, experiment_id=ctx.experiment_id, name=point.key, tags=tags, parent_id=ctx.parent_id, run_id=run_id,
             client=c)), point)
-        decision = Decision.at(point.freq, f"sweep point {point.key}", cpu_mhz=point.cpu_mhz, emc_mhz=point.emc_mhz)
-        launch = Launch(ctx.device, board, decision, label=f"{point.workload}#{point.repeat}")
+        launch = Launch(ctx.device, board, Decision.at(point.freq, f"sweep point {point.key}", cpu_mhz=point.cpu_mhz, emc_mhz=point.emc_mhz),
+                        label=f"{point.workload}#{point.repeat}")
         session = launch.begin(total_steps=spec.steps, warmup=0)
         for step in range(spec.steps):
             session.step()  # one unit of work, as the grid recorded it at this setting
@@ -111,8 +111,8 @@ def run_replayed_point(ctx: PointContext, point: Point, workload: ReplayedWorklo
         report = done.report
         clock = None if point.freq == "maxn" else float(point.freq)
         params = {**records.feature_params(workload.features), "model": point.model, "split": workload.split, "freq_mhz": freq_label(point.freq), "device": board.backend, "device_profile": board.profile, "steps": spec.steps,
-                  "repeat": point.repeat, "data_source": spec.data_source, **point.params(), **records.session_params(session),
-                  **records.report_params(report)}
+                  "repeat": point.repeat, "data_source": spec.data_source, **records.session_params(session),
+                  **records.report_params(report), **point.params()}
         metrics = {**records.report_metrics(report), "clock_mhz": clock or report.clock_mhz_measured,
                    **records.session_metrics(session)}
         if workload.features.gpu_util_pct is not None:

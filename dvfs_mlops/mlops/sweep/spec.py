@@ -139,7 +139,6 @@ class SweepSpec:
     def joint(self) -> bool:
         """The sweep tunes a clock besides the GPU's."""
         return self.tuned != ("gpu",)
-
     # issue 42/43: the board's power mode (Board.power_mode_key: '' in MAXN or without a mode), and a replayed grid's
     # SHA-256 (its workloads are `models`, with the one task REPLAYED_TASK: '')
     power_mode: str = ""
@@ -331,14 +330,15 @@ class SweepRequest:
     workloads: str | Sequence[str] | None = None  # issue 43: a replayed grid's workloads by name (None: every one)
 
 
-def build_spec(board: Board, request: SweepRequest, device: Any = None) -> SweepSpec:
-    """The validated definition of a sweep on `board`: the preset with the request's overrides (on a replay device
-    without --models/--tasks, the grid's workloads: `replay_spec`).
+def build_spec(board: Board, request: SweepRequest, device: Any = None, grid: ReplayGrid | None = None) -> SweepSpec:
+    """The validated definition of a sweep on `board`: the preset with the request's overrides (on a replayed grid, the
+    grid's workloads: `replay_spec`).
 
     Args:
         board: the board the sweep runs on (its clock table, profile and whether it is the twin).
         request: the preset and its overrides.
         device: the open device (its CPU and memory clock tables, for a sweep that tunes them).
+        grid: the measured grid a replay device plays (None: any other device).
 
     Returns:
         The `SweepSpec`, with its id (the request's, else the hash of its identity).
@@ -350,8 +350,7 @@ def build_spec(board: Board, request: SweepRequest, device: Any = None) -> Sweep
     """
     r = request
     check_request(r)
-    grid = getattr(device, "grid", None) if getattr(device, "name", "") == "replay" else None
-    if grid is not None and not (_split_list(r.models) or _split_list(r.tasks)):  # the grid's own workloads, looked up
+    if grid is not None:
         return replay_spec(board, r, grid, device)
     if _split_list(r.workloads):
         raise DvfsError("--workloads picks the workloads of a replayed grid (--device replay --trace FILE); on this device "
@@ -407,9 +406,12 @@ def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: A
         The `SweepSpec`; its identity has the grid's SHA-256 (another file, or the same file edited, is another sweep).
 
     Raises:
-        DvfsError: --steps, a workload not in the file, or a clock not in it.
+        DvfsError: --models or --tasks (a grid names its workloads), a workload not in the file, or a clock not in it.
     """
     r = request
+    if _split_list(r.models) or _split_list(r.tasks):
+        raise DvfsError(f"a replayed grid names its own workloads ({', '.join(grid.workloads[:6])}); pick them with --workloads, "
+                        "not --models/--tasks")
     if r.steps not in (None, REPLAY_STEPS) or r.profile_steps is not None:
         raise DvfsError("a replayed point looks one measured unit of work up, so --steps and --profile-steps do not apply; "
                         "drop them")
