@@ -195,7 +195,8 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
     if device.name == "replay":  # one sweep of the grid's chosen workloads, looked up
         req = sweep_mod.SweepRequest(workloads=",".join(workloads), freqs=",".join(freq_label(f) for f in clocks),
                                      experiment=request.experiment, steps=request.steps)
-        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, grid=cast("ReplayDevice", device).grid), device, board, options)
+        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, device, grid=cast("ReplayDevice", device).grid), device, board,
+                                  options)
         return [out.sweep_id], len(out.ran)
     for model, tasks in _by_model(workloads).items():
         req = sweep_mod.SweepRequest(preset=request.preset, models=model, tasks=",".join(tasks),

@@ -115,7 +115,7 @@ class AdaptiveStrategy:
                 yield at
                 m = mean_measurement(setting.gpu_mhz, self._read(runner, at))
                 measured.append(Measured(setting, m.time_s, m.energy_j, m.gpu_util))
-            self.joint.append((f"{model}/{task}{spec.variant}", JointResult(proposer.pick(measured), tuple(measured), "energy")))
+            self.joint.append((Point(model, task, MAXN, 0, spec.variant).workload, JointResult(proposer.pick(measured), tuple(measured), "energy")))
 
     def _start(self, runner: Any, maxn: list[Point], table: list[float]) -> float:
         """Where the search starts: the governor's clock for the features with the utilisation measured at maxn."""
