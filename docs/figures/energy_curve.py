@@ -5,7 +5,7 @@ noise-free time and energy of one training step at every clock of its table and 
 its energy-optimal clock; `--picked MODEL/TASK=MHZ` marks the clock a governor picked for that workload (the main job's
 `finetune --dry-run` prints it as `decision: ...`).
 
-    python docs/figures/energy_curve.py [--workload bert-base/rte ...] [--picked bert-base/rte=714] [--out PATH]
+    python docs/figures/energy_curve.py [--workload bert-base/rte ...] [--picked bert-base/rte=816] [--out PATH]
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def draw(workloads: list[str], picked: dict[str, float], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
-    for n, workload in enumerate(workloads):
+    for workload in workloads:
         data = curve(workload)
         points = data["points"]
         e_maxn = data["maxn"]["energy_j"]
@@ -48,7 +48,7 @@ def draw(workloads: list[str], picked: dict[str, float], out: Path) -> None:
             f = picked[workload]
             i = min(range(len(freqs)), key=lambda k: abs(freqs[k] - f))
             ax.plot(freqs[i], rel[i], marker="*", ms=14, mfc="none", mew=1.5, color="black")
-            ax.annotate(f"governor's pick {f:g} MHz", (freqs[i], rel[i]), textcoords="offset points", xytext=(8, 8),
+            ax.annotate(f"governor's pick {f:g} MHz", (freqs[i], rel[i]), textcoords="offset points", xytext=(10, 18),
                         fontsize=8)
     ax.axhline(100.0, color="grey", lw=0.8, ls="--")
     ax.text(830, 101.0, "MAXN (the default governor)", fontsize=8, color="grey")
@@ -64,7 +64,7 @@ def draw(workloads: list[str], picked: dict[str, float], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", action="append", help="MODEL/TASK (repeat; default: %s)" % ", ".join(WORKLOADS))
+    parser.add_argument("--workload", action="append", help=f"MODEL/TASK (repeat; default: {', '.join(WORKLOADS)})")
     parser.add_argument("--picked", action="append", default=[], help="MODEL/TASK=MHZ: a governor's pick to mark")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
