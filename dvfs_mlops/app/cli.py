@@ -123,12 +123,14 @@ def run(freq: str, knobs: RunKnobs, device: DeviceChoice, observe: bool, as_json
 @opts.sweep_options
 @opts.device_options()
 @opts.sweep_worker_options
-def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker) -> None:
-    """Fine-tune each workload at each clock; one MLflow run per point (resumable; several workers may share a sweep)."""
+@opts.JSON_OPTION
+def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker, as_json: bool) -> None:
+    """Fine-tune each workload at each clock (configuration); one MLflow run per point (resumable; several workers may share a sweep)."""
     from dvfs_mlops.app.sweep_command import run_sweep_command
 
-    report = run_sweep_command(request, device, worker, say=_echo_err)
-    _echo_lines([*report.lines(), *report.link])
+    report = run_sweep_command(request, device, worker, say=_echo_err, with_best=as_json)
+    _echo_lines([json.dumps(report.to_json(), indent=2)] if as_json else [])
+    _echo_lines([*report.lines(), *report.link], err=as_json)
 
 
 @main.command()

@@ -16,6 +16,13 @@ from dvfs_mlops.errors import DvfsError
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
+    from dvfs_mlops.mlops.sweep.best import WorkloadBest
+
+# --knobs (sweep, finetune) and --strategy: their help, as the options show it.
+TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
+              "jetson, sim and replay grids with those columns set them. sweep: each point is one configuration; finetune: refine "
+              "walks the CPU and memory clocks down from their tops after the GPU's (at least 60 steps unless --refine says).")
+STRATEGY_HELP = "grid: every clock (configuration); adaptive: maxn and <= 4 clocks per workload (--knobs gpu,cpu...: <= 20 configurations)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,7 @@ class SweepReport:
     outcome: SweepOutcome
     simulated: bool
     link: list[str]
+    workloads: list[WorkloadBest] = dataclasses.field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The summary line: points run, found finished, run by other workers; the parent run."""
@@ -51,9 +59,17 @@ class SweepReport:
         return [(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
                  f"parent run {out.parent_run_id} in experiment {out.experiment or out.experiment_id}")]
 
+    def to_json(self) -> dict[str, Any]:
+        """`sweep --json`: the outcome and, per workload, its best measured configuration (`best`: freq_mhz, cpu_mhz,
+        emc_mhz, energy_j, time_s), how many configurations were measured, and the saving against maxn."""
+        out = self.outcome
+        return {"sweep_id": out.sweep_id, "simulated": self.simulated, "parent_run_id": out.parent_run_id,
+                "experiment": out.experiment or out.experiment_id, "ran": len(out.ran), "already_finished": len(out.skipped),
+                "by_other_workers": len(out.by_others), "workloads": [w.to_dict() for w in self.workloads]}
+
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,
-                      say: Callable[[str], None] = lambda _m: None) -> SweepReport:
+                      say: Callable[[str], None] = lambda _m: None, with_best: bool = False) -> SweepReport:
     """`dvfs-mlops sweep`: check, open, build and run (or resume) the sweep on this worker.
 
     Args:
@@ -61,6 +77,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
         choice: the device to sweep.
         worker: settle time and claims.
         say: where the device line and the sweep's progress go.
+        with_best: read each workload's best configuration back (`sweep --json`).
 
     Returns:
         The `SweepReport`.
@@ -83,14 +100,20 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request)
+    spec = sweep_mod.build_spec(board, request, dev)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    return SweepReport(out, bool(dev.simulated), link)
+    best = []
+    if with_best:
+        from dvfs_mlops.mlops.sweep.best import sweep_best
+
+        played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if choice.backend == "replay" else None
+        best = sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)
+    return SweepReport(out, bool(dev.simulated), link, best)
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

@@ -32,6 +32,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.device import KNOBS, MAXN, DeviceInfo, FreqRequest, FreqSession, parse_freq, parse_knob
 from dvfs_mlops.hw.meter import EnergyReport
@@ -46,30 +47,6 @@ RECORDED_RAIL = "recorded"
 POWER_TOLERANCE = 0.01
 # Two GPU clocks closer than this cannot be told apart by `--freq` (`device.parse_freq`'s tolerance).
 CLOCK_RESOLUTION_MHZ = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One clock setting of a grid: the GPU clock, and the CPU and memory clocks where the file has them (None else).
-
-    Attributes:
-        gpu_mhz: the GPU clock, as written in the file.
-        cpu_mhz: the CPU clock, None where the file has no `cpu_mhz` column.
-        emc_mhz: the memory (EMC) clock, None where the file has no `emc_mhz` column.
-    """
-
-    gpu_mhz: float
-    cpu_mhz: float | None = None
-    emc_mhz: float | None = None
-
-    def label(self) -> str:
-        """How the setting is written in messages: '905.25 MHz', or 'GPU 905.25 / CPU 2265.6 / EMC 2133 MHz'."""
-        if self.cpu_mhz is None and self.emc_mhz is None:
-            return f"{self.gpu_mhz:g} MHz"
-        parts = [f"GPU {self.gpu_mhz:g}"]
-        parts += [f"CPU {self.cpu_mhz:g}"] if self.cpu_mhz is not None else []
-        parts += [f"EMC {self.emc_mhz:g}"] if self.emc_mhz is not None else []
-        return " / ".join(parts) + " MHz"
 
 
 @dataclasses.dataclass(frozen=True)

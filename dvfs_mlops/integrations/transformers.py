@@ -58,6 +58,8 @@ class DvfsCallback(TrainerCallback):
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
         allow_other_board: let another board family's governor decide (recorded); else such a board refines.
 
+    The CPU and memory clocks are tuned too by `DvfsCallback.tuning("gpu,cpu[,emc]", ...)`.
+
     Raises:
         DvfsError: on train begin, the features cannot be computed or the governor cannot be loaded; any of
             `open_device`'s and the session's errors.
@@ -86,6 +88,24 @@ class DvfsCallback(TrainerCallback):
         self._step0 = 0  # global_step when this train() began (a resumed run starts past 0)
         self._group: Any = None  # torch.distributed where a process group of several ranks runs at train begin
         self._atexit = False
+
+    @classmethod
+    def tuning(cls, knobs: str, **arguments: Any) -> DvfsCallback:
+        """A callback that tunes the CPU and memory clocks with the GPU's.
+
+        Args:
+            knobs: the clocks tuned, "gpu", "gpu,cpu" or "gpu,cpu,emc" (as `finetune --knobs`): the CPU and memory clocks
+                start at their tables' tops and refine walks them down after the GPU's (at least 60 steps unless
+                `refine` says).
+            arguments: the constructor's.
+
+        Raises:
+            DvfsError: an unknown clock, or no gpu among them (at once); on train begin, a clock the backend cannot
+                set, or `refine=0`.
+        """
+        callback = cls(**arguments)
+        callback.options = dataclasses.replace(callback.options, tuned=knobs)
+        return callback
 
     def __enter__(self) -> DvfsCallback:
         return self
@@ -156,12 +176,13 @@ class DvfsCallback(TrainerCallback):
         self.precision = trainer_job.precision_of(args)
         feats = trainer_job.features_of(model, getattr(train_dataloader, "dataset", None), self.precision, self.avg_seq_len)
         self._trace = trainer_job.twin_trace(model, batch, feats.avg_seq_len, self.precision) if self.device.simulated else None
-        self.decision = decision = self._decide_once(model, batch, feats)
+        tables = self.options.knob_tables(self.device)  # a clock the backend cannot set: before any is touched
+        self.decision = decision = self._decide_once(model, batch, feats).with_knobs_at_top(tables)
         self.announce(f"dvfs: {decision.path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         self._run = lifecycle.user_run()
         world = self._group.get_world_size() if self._group is not None else 1
         self._launch = Launch(self.device, board, decision, refine=refine_budget(decision, self.options, board, self.announce, world),
-                              observe=self.options.observe, label="trainer", say=self.announce)
+                              observe=self.options.observe, label="trainer", say=self.announce, knobs=tables)
         self._step0 = int(getattr(state, "global_step", 0) or 0)  # a run resumed from a checkpoint starts past 0
         max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
         self._launch.begin(max_steps, warmup_for(self.warmup_steps, board.simulated, max_steps))
@@ -195,4 +216,4 @@ class DvfsCallback(TrainerCallback):
             record = records.callback_record(launched.session, self.job_report, self.board, self.decision, self.precision,
                                              self.refined, self.gpus)
             reason = outcome(exc)[1]
-            self._run.log(record.plus(tags={schema.TAG_END_REASON: reason} if reason else {}))
+            self._run.log(record.plus(params=launched.knob_params(), tags={schema.TAG_END_REASON: reason} if reason else {}))

@@ -175,8 +175,15 @@ _CALLBACK_METRICS: tuple[Field, ...] = (
             "clock_mhz_measured, clock_held, time_s by NVML index (DvfsCallback: dvfs_-prefixed)", CALLBACK),
 )
 
+# Issue 44: a configuration is the GPU clock (freq_mhz) with the CPU and memory clocks of a sweep or job that tunes them.
+_CONFIGURATION_PARAMS: tuple[Field, ...] = (
+    _param("cpu_freq_mhz", float, "MHz", "the CPU clock pinned with freq_mhz (a sweep or job tuning cpu); absent: left alone"),
+    _param("emc_freq_mhz", float, "MHz", "the memory (EMC) clock pinned with freq_mhz (tuning emc); absent: left alone"),
+)
+
 FEATURES: tuple[Field, ...] = _feature_fields()
-FIELDS: tuple[Field, ...] = FEATURES + KNOBS + _JOB_PARAMS + REPORT_METRICS + _JOB_METRICS + _CALLBACK_METRICS
+FIELDS: tuple[Field, ...] = (FEATURES + KNOBS + _JOB_PARAMS + _CONFIGURATION_PARAMS + REPORT_METRICS + _JOB_METRICS
+                             + _CALLBACK_METRICS)
 _BY_NAME: dict[tuple[str, str], Field] = {(f.kind, f.name): f for f in FIELDS}
 
 

@@ -105,8 +105,23 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
             info = log_governor(result.policy.policy, registered_name=cfg.name if r.register else None, classifier=result.classifier,
                                 feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
                                 tags=tags, version_tags=tags)
-    version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        describe(c, run.run_id, result.description(), cfg.name, version)
     return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
+
+
+# The run's description in MLflow's UI (its "Description" box) is this tag; a registered version has its own field.
+RUN_DESCRIPTION_TAG = "mlflow.note.content"
+DESCRIPTION_ARTIFACT = "description.md"
+
+
+def describe(c: Any, run_id: str, description: str, registered_name: str, version: int | None) -> None:
+    """Say which family of candidate won and why (`SearchResult.description()`): the training run's description and
+    its `description.md` artifact, and the registered version's description where one was registered."""
+    tracking.log_run_batch(c, run_id, tags={RUN_DESCRIPTION_TAG: description[:5000]})
+    tracking.log_text_artifact(c, run_id, DESCRIPTION_ARTIFACT, description)
+    if version is not None:
+        c.update_model_version(registered_name, str(version), description=description)
 
 
 def dataset_family(dataset: Any) -> str:

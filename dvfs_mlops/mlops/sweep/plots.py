@@ -1,11 +1,13 @@
-"""Figures for sweeps: energy, time and power against the GPU clock, MAXN marked."""
+"""Figures for sweeps: energy, time and power against the GPU clock, MAXN marked; a sweep that tunes the CPU or memory
+clock too draws one line per (CPU, EMC) pair and marks the best configuration."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 from typing import Any
 
-PLOTTED = ["freq_mhz", "energy_j", "time_s", "avg_power_w"]
+KNOB_COLUMNS = ["cpu_freq_mhz", "emc_freq_mhz"]  # a joint sweep's CPU and memory clocks (absent in a GPU-only sweep)
+PLOTTED = ["freq_mhz", *KNOB_COLUMNS, "energy_j", "time_s", "avg_power_w"]
 
 
 def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[Path]:
@@ -49,16 +51,23 @@ def _draw(title: str, g: Any, path: Path) -> None:
 
     pinned = g[g["freq_mhz"] != "maxn"].copy()
     pinned["f"] = pinned["freq_mhz"].astype(float)
-    curve = pinned.groupby("f")[["energy_j", "time_s", "avg_power_w"]].mean().sort_index()
-    maxn = g[g["freq_mhz"] == "maxn"][["energy_j", "time_s", "avg_power_w"]].mean()
+    knobs = [c for c in KNOB_COLUMNS if c in pinned.columns and pinned[c].notna().any()]
+    columns = ["energy_j", "time_s", "avg_power_w"]
+    lines = ([(("pinned clock",), pinned)] if not knobs else
+             [(pair, part) for pair, part in pinned.fillna({k: "" for k in knobs}).groupby(knobs)])
+    curves = [(_pair_label(knobs, pair), part.groupby("f")[columns].mean().sort_index()) for pair, part in lines]
+    maxn = g[g["freq_mhz"] == "maxn"][columns].mean()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, col, ylabel in zip(axes, ["energy_j", "time_s", "avg_power_w"], ["energy (J)", "time (s)", "power (W)"]):
-        ax.plot(curve.index, curve[col], "o-", label="pinned clock")
+    for ax, col, ylabel in zip(axes, columns, ["energy (J)", "time (s)", "power (W)"]):
+        for label, curve in curves:
+            ax.plot(curve.index, curve[col], "o-", ms=3 if knobs else 6, label=label if len(curves) <= 8 else None)
         if col in maxn and maxn[col] == maxn[col]:
             ax.axhline(maxn[col], color="tab:red", ls="--", label="MAXN")
-        if col == "energy_j" and len(curve):
+        if col == "energy_j" and curves:
+            label, curve = min(((lb, c) for lb, c in curves if len(c)), key=lambda lc: lc[1][col].min())
             best = curve[col].idxmin()
-            ax.plot([best], [curve[col].min()], "*", ms=14, color="tab:green", label=f"optimum {best:g} MHz")
+            where = f"{best:g} MHz" + (f" ({label})" if knobs else "")
+            ax.plot([best], [curve[col].min()], "*", ms=14, color="tab:green", label=f"optimum {where}")
         ax.set_xlabel("GPU clock (MHz)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -67,3 +76,11 @@ def _draw(title: str, g: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _pair_label(knobs: list[str], pair: Any) -> str:
+    """A line's label: 'pinned clock', or its CPU and memory clocks ('CPU 1190.4 / EMC 2133 MHz')."""
+    if not knobs:
+        return "pinned clock"
+    values = pair if isinstance(pair, tuple) else (pair,)
+    return " / ".join(f"{k[:3].upper()} {v}" for k, v in zip(knobs, values) if v != "") + " MHz"

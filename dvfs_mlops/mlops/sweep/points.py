@@ -68,7 +68,8 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
         run = tracked(lambda: stack.enter_context(lifecycle.owned_run(
             spec.experiment, experiment_id=ctx.experiment_id, name=point.key, tags=tags, parent_id=ctx.parent_id, run_id=run_id,
             client=c)), point)
-        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}"),
+        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}", cpu_mhz=point.cpu_mhz,
+                                                           emc_mhz=point.emc_mhz),
                         label=f"{point.workload}#{point.repeat}")
         done = launch.run(job, mode=mode, replay_of=trained.get(point.repeat))
         result = done.result
@@ -82,7 +83,7 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
         entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
         record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
-            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source})
+            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params()})
         tracked(lambda: run.log(record), point)
         if still_mine is not None and not still_mine():
             tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
