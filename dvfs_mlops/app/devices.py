@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
@@ -25,6 +25,8 @@ SPLIT_COLUMN = "split"
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.device import Device, DeviceInfo
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.hw.twin.params import OrinTwinParams
 
 
@@ -106,7 +108,7 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
                       announce=None if replay else announce, assume_unlocked=choice.assume_unlocked, trace=choice.trace,
                       trace_columns=(*FEATURE_COLUMNS, SPLIT_COLUMN))
     if replay:
-        check_replay_features(dev)  # before the device is announced: a bad grid is one line
+        check_replay_features(cast("ReplayDevice", dev))  # before the device is announced: a bad grid is one line
         if announce is not None:
             announce(announcement(dev, choice))
     if twin is not None and not dev.simulated:
@@ -115,11 +117,11 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
     if choice.device_id.strip():
         dev.device_id = choice.device_id.strip()
     if choice.above_mode_cap and dev.name == "jetson":
-        dev.above_mode_cap = True  # recorded by its sessions (context "above_mode_cap")
+        cast("JetsonDevice", dev).above_mode_cap = True  # recorded by its sessions (context "above_mode_cap")
     return dev
 
 
-def check_replay_features(device: Any) -> None:
+def check_replay_features(device: ReplayDevice) -> None:
     """A replay grid's feature columns hold what the governor reads: numbers, except `model_type` (encoder or decoder)
     and `precision` (fp32, bf16 or fp16); its `split` column is train or eval.
 
@@ -160,7 +162,7 @@ def refuse_replay(choice: DeviceChoice, what: str) -> None:
                         "use --device jetson, nvml or sim")
 
 
-def announcement(device: Any, choice: DeviceChoice) -> str:
+def announcement(device: Device, choice: DeviceChoice) -> str:
     """The one-line 'device: ...' announcement of an open device ('[auto]' when --device auto picked it)."""
     from dvfs_mlops.hw import describe_device
 

@@ -10,7 +10,7 @@ On a replay device `--task` names the grid's workload (the unit of work the grid
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.app.devices import DeviceChoice, open_chosen
 from dvfs_mlops.clocks import MAXN
@@ -18,6 +18,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.replay import REPLAYED
 
 if TYPE_CHECKING:
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.mlops.launch import LaunchOptions
 
 
@@ -50,7 +51,7 @@ def replay_dry_run(workload: str, model_named: bool, choice: DeviceChoice, optio
     if model_named:
         raise DvfsError("a replayed grid names its own workloads: give one with --task WORKLOAD, without --model, --model-config "
                         "or --pretrained")
-    dev = open_chosen(choice, None, announce=say if options.announce_device else None)
+    dev = cast("ReplayDevice", open_chosen(choice, None, announce=say if options.announce_device else None))
     grid = dev.grid
     grid.check_workload(workload)
     board = board_of(dev)

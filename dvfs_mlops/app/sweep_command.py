@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.app.devices import DeviceChoice, announcement, load_twin, open_chosen
 from dvfs_mlops.app.links import link_lines
@@ -17,6 +17,7 @@ from dvfs_mlops.errors import DvfsError
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
     from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
     from dvfs_mlops.mlops.sweep.spec import SweepSpec
@@ -104,7 +105,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request, dev, grid=dev.grid if dev.name == "replay" else None)
+    spec = sweep_mod.build_spec(board, request, dev, grid=cast("ReplayDevice", dev).grid if dev.name == "replay" else None)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,

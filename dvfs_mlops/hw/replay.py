@@ -30,12 +30,17 @@ import itertools
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.device import KNOBS, MAXN, DeviceInfo, FreqRequest, FreqSession, parse_freq, parse_knob
 from dvfs_mlops.hw.meter import EnergyReport
+
+if TYPE_CHECKING:
+    from _csv import Reader
+
+    from dvfs_mlops.hw.twin.trace import StepTrace
 
 REPLAYED = "REPLAYED"
 REQUIRED_COLUMNS = ("workload", "gpu_mhz", "time_s", "energy_j")
@@ -239,7 +244,7 @@ def read_grid(path: str | Path, *, workload_columns: Collection[str] = (), row_c
         raise DvfsError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
 
 
-def _parse(path: Path, data: bytes, reader: Any, workload_columns: Collection[str], row_columns: Collection[str]) -> ReplayGrid:
+def _parse(path: Path, data: bytes, reader: Reader, workload_columns: Collection[str], row_columns: Collection[str]) -> ReplayGrid:
     header = [h.strip() for h in next(reader, [])]
     columns = _columns(path, header, set(workload_columns), set(row_columns))
     rows: list[Recorded] = []
@@ -576,7 +581,7 @@ class ReplaySession(FreqSession):
     def _start_meter(self) -> None:
         self._look_up(self.freq)
 
-    def step(self, profile: Any = None) -> None:
+    def step(self, profile: StepTrace | None = None) -> None:
         """Charge one unit of work as the current look-up recorded it (`profile` is not read)."""
         self._units.append(self.lookups[-1])
 

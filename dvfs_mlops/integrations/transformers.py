@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from transformers import TrainerCallback
 
@@ -29,6 +29,8 @@ from dvfs_mlops.integrations import ranks, trainer_job
 from dvfs_mlops.mlops.launch import Decision, Launch, Launched, LaunchOptions, decide, refine_budget
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
+
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device
     from dvfs_mlops.hw.meter import EnergyReport
@@ -110,7 +112,7 @@ class DvfsCallback(TrainerCallback):
     def __enter__(self) -> DvfsCallback:
         return self
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> Literal[False]:
         self._finish(exc)
         return False
 
@@ -137,14 +139,14 @@ class DvfsCallback(TrainerCallback):
             return combine([g.report for g in self.gpus])
         return self.report
 
-    def _open_device(self, model: Any = None) -> Device:
+    def _open_device(self, model: PreTrainedModel | None = None) -> Device:
         return ranks.rank_device(self._device_arg, self.sample_hz, trainer_job.model_uuid(model, self.torch_device), self.announce)
 
-    def _check_placement(self, model: Any) -> None:
+    def _check_placement(self, model: PreTrainedModel) -> None:
         assert self.device is not None and self.board is not None
         trainer_job.check_placement(model, self.device, self.board, self.torch_device)
 
-    def _decide_once(self, model: Any, batch: int, feats: WorkloadFeatures) -> Decision:
+    def _decide_once(self, model: PreTrainedModel, batch: int, feats: WorkloadFeatures) -> Decision:
         """The decision (the caller's clock, else the governor's), by this process or by rank 0 for every rank."""
         def util() -> tuple[float | None, str]:
             if self.gpu_util_pct is not None:
@@ -162,7 +164,7 @@ class DvfsCallback(TrainerCallback):
 
         return ranks.decide_once(self._group, make)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, train_dataloader: object = None, **kwargs: Any) -> None:
         from dvfs_mlops.hw.board import board_of
         from dvfs_mlops.job.run import warmup_for
         from dvfs_mlops.mlops import lifecycle
@@ -190,11 +192,11 @@ class DvfsCallback(TrainerCallback):
             atexit.register(self.close)
             self._atexit = True
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._launch is not None:
             self._launch.step_done(int(getattr(state, "global_step", 1)) - self._step0 - 1, self._trace)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._finish(None)
 
     def _finish(self, exc: BaseException | None, log: bool = True) -> None:

@@ -40,11 +40,15 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve, fit_voltage_shape
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import FreqSession
+    from dvfs_mlops.hw.meter import EnergyReport
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +206,7 @@ def probe_grid(table: Sequence[float], start_mhz: float, spacing_mhz: float = PR
     for sign in (-1, 1):
         k = 1
         while freqs[0] - spacing_mhz / 2 <= start + sign * k * spacing_mhz <= freqs[-1] + spacing_mhz / 2:
-            grid.add(min(freqs, key=lambda f, t=start + sign * k * spacing_mhz: abs(f - t)))
+            grid.add(min(freqs, key=lambda f, t=start + sign * k * spacing_mhz: abs(f - t)))  # type: ignore[misc]
             k += 1
     return sorted(grid)
 
@@ -463,7 +467,7 @@ class Refiner:
         active: (property) still probing.
     """
 
-    def __init__(self, session: Any, budget: int, total_steps: int, board: Board, *, prior: PowerPrior | None = None,
+    def __init__(self, session: FreqSession, budget: int, total_steps: int, board: Board, *, prior: PowerPrior | None = None,
                  warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None,
                  knobs: Mapping[str, Sequence[float]] | None = None):
         if session.pinned_mhz is None:
@@ -596,7 +600,7 @@ class Refiner:
         else:
             self._settle()
 
-    def _floor_from(self, report: Any) -> tuple[float, float]:
+    def _floor_from(self, report: EnergyReport) -> tuple[float, float]:
         """(time, power) relative noise of a window's mean from its own samples, the largest over the windows so far.
 
         Time: the step times' standard error. Power: batch means, each batch at least a step and at least the span a

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
@@ -34,8 +34,10 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.mlops.lifecycle import OwnedRun
     from dvfs_mlops.mlops.registry import RegistryConfig
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class CalibrationOutcome:
     kept: int | None = None
 
 
-def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
+def pick_source(c: MlflowClient, cfg: RegistryConfig, family: str, version: str = "") -> ModelVersion:
     """The version to calibrate from: `version`, else the production governor of another family trained on the most
     workloads (a trained version before a calibrated one at the same count, then the newest).
 
@@ -141,7 +143,7 @@ def candidates(preset: str) -> list[str]:
     return [f"{m}/{t}" for m in p.models for t in p.tasks]
 
 
-def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
+def _with_features(c: MlflowClient, mv: ModelVersion, names: list[str]) -> list[Any]:
     """The candidates, each with its features from the source version's training sweep where that sweep measured it
     (the source tree routes on the features its own board measured); a bare name otherwise."""
     sweep = str(mv.tags.get(schema.TAG_VERSION_SWEEP) or "")
@@ -157,7 +159,7 @@ def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
     return [(n, known[n]) if n in known else n for n in names]
 
 
-def grid_candidates(device: Any) -> list[Any]:
+def grid_candidates(device: ReplayDevice) -> list[Any]:
     """A replay device's candidates: every workload of its grid with its features from the file's columns (a replayed
     calibration picks among what the grid measured; presets do not apply)."""
     from dvfs_mlops.mlops.sweep.replayed import features_of_grid
@@ -193,7 +195,8 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
     if device.name == "replay":  # one sweep of the grid's chosen workloads, looked up
         req = sweep_mod.SweepRequest(workloads=",".join(workloads), freqs=",".join(freq_label(f) for f in clocks),
                                      experiment=request.experiment, steps=request.steps)
-        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, device, grid=device.grid), device, board, options)
+        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, device, grid=cast("ReplayDevice", device).grid), device, board,
+                                  options)
         return [out.sweep_id], len(out.ran)
     for model, tasks in _by_model(workloads).items():
         req = sweep_mod.SweepRequest(preset=request.preset, models=model, tasks=",".join(tasks),
@@ -206,7 +209,7 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
     return ids, ran
 
 
-def calibration_metrics(dataset: Any, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
+def calibration_metrics(dataset: GovernorDataset, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
     """What the calibrated gates read: both policies' mean regret on the calibration points (`evaluate_dataset`)."""
     from dvfs_mlops.mlops.evaluate import GovernorPolicy, evaluate_dataset
     from dvfs_mlops.mlops.governor import Governor, GovernorRef, PolicyModel
@@ -315,7 +318,7 @@ def _fit(c: MlflowClient, device: Device, board: Board, request: CalibrationRequ
     from dvfs_mlops.mlops.sweep.progress import device_label
     from dvfs_mlops.model.governor.transfer import calibrate_policy, plan_calibration
 
-    cands = grid_candidates(device) if device.name == "replay" else _with_features(c, source, candidates(request.preset))
+    cands = grid_candidates(cast("ReplayDevice", device)) if device.name == "replay" else _with_features(c, source, candidates(request.preset))
     plan = plan_calibration(source_policy, board, cands)
     shown = ", ".join(f"{f:g}" for f in plan.clocks_mhz)
     say(f"calibrating {source_label} for {board.family}: {len(plan.workloads)} workloads "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
@@ -18,6 +18,10 @@ from dvfs_mlops.mlops.records import RunRecord
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves
 from dvfs_mlops.model.workload import METRIC, WorkloadFeatures
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ EVAL_METRICS = tuple(fields.column(n, METRIC) for n in ("eval_accuracy", "eval_p
 COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision")) + tuple(k.column for k in fields.KNOBS)
 
 
-def _num(v: Any) -> float:
+def _num(v: str | float) -> float:
     return float(v)
 
 
@@ -40,7 +44,7 @@ def _model_task(df: Any) -> Any:
     return (df[MODEL] + "/" + df[TASK]).fillna(df[MODEL])
 
 
-def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
+def features_of(row: pd.Series, gpu_util_pct: float | None) -> WorkloadFeatures:
     """A point run's `WorkloadFeatures` from its params (each parsed as declared; a feature the run predates takes its
     default) and the workload's utilisation at maxn."""
     values = {f.name: f.parse(row.get(f.column)) for f in fields.FEATURES}
@@ -50,7 +54,7 @@ def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
 def run_record(params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]) -> RunRecord:
     """A run as MLflow gives it back (params as text, metrics as floats) -> the `RunRecord` its writer logged: each
     declared param and metric typed by its declaration (`fields.Field.parse`), undeclared ones as they are."""
-    def typed(name: str, value: Any, kind: str) -> Any:
+    def typed(name: str, value: str | float, kind: str) -> Any:
         try:
             return fields.field(name, kind).parse(value)
         except KeyError:
@@ -60,7 +64,7 @@ def run_record(params: dict[str, str], metrics: dict[str, float], tags: dict[str
                      {k: typed(k, v, METRIC) for k, v in metrics.items()}, dict(tags))
 
 
-def unheld_points(df: Any) -> list[str]:
+def unheld_points(df: pd.DataFrame) -> list[str]:
     """Point keys of pinned runs whose measured clock did not hold (tag dvfs.clock_held=false)."""
     col = f"tags.{schema.TAG_CLOCK_HELD}"
     if col not in df:
@@ -70,7 +74,7 @@ def unheld_points(df: Any) -> list[str]:
     return sorted(str(k) for k in (bad[key_col] if key_col in bad else bad["run_id"]))
 
 
-def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
+def warn_unheld_clocks(df: pd.DataFrame, sweep_id: str = "") -> None:
     """Name the points whose clock strayed: their energy belongs to another clock than the label says."""
     bad = unheld_points(df)
     if bad:
@@ -79,14 +83,14 @@ def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
                     "labelled with a clock the GPU did not run at: %s", sweep_id or "?", len(bad), shown)
 
 
-def _mean_by_clock(g: Any, column: str) -> dict[float, float]:
+def _mean_by_clock(g: pd.DataFrame, column: str) -> dict[float, float]:
     if column not in g:
         return {}
     v = g.groupby("_f")[column].mean()
     return {float(k): float(x) for k, x in v.items() if not math.isnan(x)}  # drop NaN (a run without the metric)
 
 
-def _maxn_mean(m: Any, column: str) -> float | None:
+def _maxn_mean(m: pd.DataFrame, column: str) -> float | None:
     v = float(m[column].mean()) if column in m else math.nan
     return None if math.isnan(v) else v
 
@@ -102,13 +106,13 @@ def _replayed(g: Any) -> bool:
     return col in g and bool((g[col] == "replay").all())
 
 
-def _adaptive(g: Any) -> bool:
+def _adaptive(g: pd.DataFrame) -> bool:
     """An adaptive sweep's workload (sweep/adaptive.py): its unmeasured clocks are left to the curve model."""
     col = f"tags.{schema.TAG_STRATEGY}"
     return col in g and bool((g[col] == "adaptive").all())
 
 
-def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True,
+def dataset_from_frame(df: pd.DataFrame, sweep_id: str = "", device_profile: str = "", simulated: bool = True,
                        board: Board | None = None) -> GovernorDataset:
     """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset, on the sweep's `board` (its record;
     None: a board nothing is known of).
@@ -230,7 +234,7 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
     return dataset_from_frame(df, label, "+".join(profiles), simulated, _one_board(c, [exp.experiment_id], ids, df))
 
 
-def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any) -> Board:
+def _one_board(c: MlflowClient, experiment_ids: list[str], sweep_ids: list[str], df: pd.DataFrame) -> Board:
     """The board of the sweeps: their common record, or, where a fleet's sweeps ran on boards whose curves or noise
     differ, an assumed board on their clocks (each fit then estimates its own)."""
     from dvfs_mlops.hw.board import legacy_board
@@ -262,7 +266,7 @@ def _check_one_power_mode(df: Any, label: str) -> None:
                         "governor per mode")
 
 
-def _check_comparable(df: Any) -> None:
+def _check_comparable(df: pd.DataFrame) -> None:
     """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
     cols = [c for c in COMPARABLE if c in df]
     for workload, g in df.groupby(_model_task(df)):

@@ -14,7 +14,7 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,11 @@ from dvfs_mlops.model.governor.policies import (
     paper_tree,
 )
 from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
+
+if TYPE_CHECKING:
+    
+    from dvfs_mlops.clocks import FreqRequest
+    from dvfs_mlops.model.workload import WorkloadFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ class GovernorPolicy:
     name: str
     objective: str | None = None  # passed to a curve governor; one that refuses it (a classifier) decides for its own
 
-    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
+    def choose(self, features: WorkloadFeatures | dict[str, Any], frequencies: Sequence[float] | None = None) -> float:
         table = list(frequencies or [])
         if self.objective:
             try:
@@ -145,7 +150,7 @@ class EvalReport:
                 "rows": [dataclasses.asdict(r) for r in self.rows]}
 
 
-def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]:
+def _point(curve: WorkloadCurve, freq: FreqRequest) -> tuple[float, float, float | None]:
     """(measured energy, measured time, accuracy) at a policy's choice; a clock the workload lacks is judged at its nearest."""
     if freq == MAXN:
         return curve.maxn_energy_j, curve.maxn_time_s, curve.accuracy.get(MAXN)
@@ -153,12 +158,12 @@ def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]
     return curve.energy_j[f], curve.time_s[f], curve.accuracy.get(freq_label(f))
 
 
-def _truth_energy(curve: WorkloadCurve, freq: Any) -> float:
+def _truth_energy(curve: WorkloadCurve, freq: FreqRequest) -> float:
     e, _, _, maxn_e = curve.truth()
     return maxn_e if freq == MAXN else e[curve.nearest(float(freq))]
 
 
-def _regret(curve: WorkloadCurve, freq: Any, objective: Objective, expected: bool) -> float:
+def _regret(curve: WorkloadCurve, freq: FreqRequest, objective: Objective, expected: bool) -> float:
     """Regret of a choice (maxn included: charged its own energy and time) against the oracle of one curve."""
     if expected:
         e, t, mt, maxn_e = curve.truth()

@@ -52,7 +52,7 @@ class Field:
         """Its column in `mlflow.search_runs`' frame: `params.<name>` or `metrics.<name>`."""
         return f"{self.kind}s.{self.name}"
 
-    def parse(self, value: Any) -> Any:
+    def parse(self, value: str | float | None) -> Any:
         """A logged value back as its type; None where the run has none (absent, NaN, empty)."""
         if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
             return None

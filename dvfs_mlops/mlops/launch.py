@@ -177,7 +177,7 @@ class Decision:
 
     def with_knobs_at_top(self, tables: Mapping[str, Sequence[float]]) -> Decision:
         """The decision with each tuned CPU or memory clock it leaves open at its table's top (refine's start)."""
-        tops = {k: float(max(t)) for k, t in tables.items() if t and getattr(self, k) is None}
+        tops: dict[str, Any] = {k: float(max(t)) for k, t in tables.items() if t and getattr(self, k) is None}
         return dataclasses.replace(self, **tops) if tops else self
 
     def knob_clocks(self) -> dict[str, float]:

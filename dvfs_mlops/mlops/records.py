@@ -18,6 +18,8 @@ from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.mlops import fields, schema
 
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from dvfs_mlops.hw.device import FreqSession
     from dvfs_mlops.hw.multi import GpuEnergy
     from dvfs_mlops.job.finetune import FinetuneResult
@@ -53,7 +55,7 @@ class RunRecord:
         """This record with more params, metrics and tags (a caller's own)."""
         return RunRecord({**self.params, **params}, {**self.metrics, **metrics}, {**self.tags, **tags}, dict(self.series))
 
-    def log(self, client: Any, run_id: str) -> None:
+    def log(self, client: MlflowClient, run_id: str) -> None:
         """Write the record to run `run_id`."""
         from dvfs_mlops.mlops import tracking
 

@@ -6,13 +6,18 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
 from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,7 @@ RUN_DESCRIPTION_TAG = "mlflow.note.content"
 DESCRIPTION_ARTIFACT = "description.md"
 
 
-def describe(c: Any, run_id: str, description: str, registered_name: str, version: int | None) -> None:
+def describe(c: MlflowClient, run_id: str, description: str, registered_name: str, version: int | None) -> None:
     """Say which family of candidate won and why (`SearchResult.description()`): the training run's description and
     its `description.md` artifact, and the registered version's description where one was registered."""
     tracking.log_run_batch(c, run_id, tags={RUN_DESCRIPTION_TAG: description[:5000]})
@@ -124,7 +129,7 @@ def describe(c: Any, run_id: str, description: str, registered_name: str, versio
         c.update_model_version(registered_name, str(version), description=description)
 
 
-def dataset_family(dataset: Any) -> str:
+def dataset_family(dataset: GovernorDataset) -> str:
     """The board family a dataset's sweeps measured (their board record's; a record-less sweep's from its profile)."""
     from dvfs_mlops.mlops.registry import version_family
 
@@ -132,7 +137,7 @@ def dataset_family(dataset: Any) -> str:
     return board.family if board is not None and board.family else version_family({schema.TAG_VERSION_PROFILE: dataset.device_profile})
 
 
-def _prior_tag(dataset: Any, say: Callable[[str], None]) -> dict[str, str]:
+def _prior_tag(dataset: GovernorDataset, say: Callable[[str], None]) -> dict[str, str]:
     """The version's `power_prior` tag (the sweep's board prior, for refine at launch), and a line saying so."""
     prior = board_power_prior(dataset)
     if prior is None:
@@ -162,7 +167,7 @@ def optuna_storage() -> str:
     return "sqlite:///optuna.db"
 
 
-def _trial_logger(c: Any, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
+def _trial_logger(c: MlflowClient, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
     """Each finished trial of the selection study as a run nested under the governor's training run."""
 
     def log_trial(trial: TrialRecord) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
@@ -32,6 +32,9 @@ from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 from dvfs_mlops.model.curve import Measurement, mean_measurement, next_clock
 from dvfs_mlops.model.joint import JointResult, JointSearch, JointSpace, Measured
 from dvfs_mlops.model.power_prior import MIN_CLOCKS, MIN_WORKLOADS, board_prior, sweep_fits
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 MAX_PINNED = 4
 JOINT_BUDGET = 20  # distinct configurations a joint adaptive sweep measures per workload (model.joint.DEFAULT_BUDGET)
@@ -154,7 +157,7 @@ def configuration_rows(workloads: Sequence[tuple[str, JointResult]]) -> str:
     return buf.getvalue()
 
 
-def log_configurations(c: Any, parent_id: str, workloads: Sequence[tuple[str, JointResult]], board: Board) -> None:
+def log_configurations(c: MlflowClient, parent_id: str, workloads: Sequence[tuple[str, JointResult]], board: Board) -> None:
     """configurations.csv on a joint adaptive sweep's parent run (measurements, SIMULATED on the twin)."""
     tracking.log_text_artifact(c, parent_id, CONFIGURATIONS, configuration_rows(workloads))
     simulated = ", SIMULATED" if board.simulated else ""
@@ -162,7 +165,7 @@ def log_configurations(c: Any, parent_id: str, workloads: Sequence[tuple[str, Jo
                                                schema.TAG_PREDICTIONS: f"configurations.csv (measured configurations, the joint search's pick{simulated})"})
 
 
-def measurements(c: Any, exp_id: str, sweep_id: str, key: str | None = None) -> dict[str, Measurement]:
+def measurements(c: MlflowClient, exp_id: str, sweep_id: str, key: str | None = None) -> dict[str, Measurement]:
     """FINISHED point runs of the sweep (or the one point `key`) by point key, as measurements (freq 0 at maxn)."""
     where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and attributes.status = 'FINISHED'"
     if key is not None:
@@ -196,7 +199,7 @@ def predicted_rows(workloads: Sequence[tuple[str, Sequence[Measurement]]], board
     return buf.getvalue(), [fit.prior if fit is not None else None for fit in fits]
 
 
-def log_predictions(c: Any, parent_id: str, workloads: Sequence[tuple[str, Sequence[Measurement]]], board: Board, repeats: int) -> None:
+def log_predictions(c: MlflowClient, parent_id: str, workloads: Sequence[tuple[str, Sequence[Measurement]]], board: Board, repeats: int) -> None:
     """predicted.csv on the parent run: PREDICTIONS (the curve model), not measurements; `measured` says which clocks were
     run. Each workload's power curve leans on the board prior from the others where there is one (tag dvfs.power_prior)."""
     text, priors = predicted_rows(workloads, board, repeats)

@@ -4,15 +4,18 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.mlops import schema
 from dvfs_mlops.mlops.queries import sweep_frame
 
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
-def log_sweep_artifacts(c: Any, exp_id: str, parent_id: str, sweep_id: str, simulated: bool, replayed: bool = False) -> None:
+
+def log_sweep_artifacts(c: MlflowClient, exp_id: str, parent_id: str, sweep_id: str, simulated: bool, replayed: bool = False) -> None:
     """The parent run's summary.csv (every point run's params, metrics and dvfs tags) and one figure per workload
     (labelled SIMULATED on the twin, REPLAYED on a measured grid)."""
     from dvfs_mlops.mlops.sweep.plots import plot_workload_curves

@@ -15,6 +15,8 @@ from dvfs_mlops.clocks import MAXN, Setting
 from dvfs_mlops.mlops import schema
 
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
 
 
@@ -65,7 +67,7 @@ def _number(value: Any) -> float | None:
     return None if value in (None, "") else float(value)
 
 
-def sweep_best(c: Any, experiment_id: str, sweep_id: str,
+def sweep_best(c: MlflowClient, experiment_id: str, sweep_id: str,
                played: Callable[[Setting], Setting] | None = None) -> list[WorkloadBest]:
     """Each workload's best configuration among the sweep's FINISHED points, in the order first measured.
 

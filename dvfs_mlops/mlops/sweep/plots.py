@@ -5,13 +5,16 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KNOB_COLUMNS = ["cpu_freq_mhz", "emc_freq_mhz"]  # a joint sweep's CPU and memory clocks (absent in a GPU-only sweep)
 PLOTTED = ["freq_mhz", *KNOB_COLUMNS, "energy_j", "time_s", "avg_power_w"]
 
 
-def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool, replayed: bool = False) -> list[Path]:
+def plot_workload_curves(summary: pd.DataFrame, out_dir: Path, simulated: bool, replayed: bool = False) -> list[Path]:
     """One PNG per workload (three panels), from the sweep's summary table; a twin's titled SIMULATED, a replayed
     grid's REPLAYED (a grid workload, without a task, is named as the file writes it).
 
@@ -47,7 +50,7 @@ def _copy(cached: Path, path: Path) -> bool:
         return False
 
 
-def _draw(title: str, g: Any, path: Path) -> None:
+def _draw(title: str, g: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -4,12 +4,15 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.board import Board
 
 log = logging.getLogger(__name__)
 
 
-def device_label(board: Any) -> str:
+def device_label(board: Board) -> str:
     """How a sweep's lines label what it measures: ' (SIMULATED)' on the twin, ' (REPLAYED)' on a measured grid, ''
     live."""
     if board.simulated:

@@ -21,6 +21,7 @@ from dvfs_mlops.mlops.sweep.points import tracked
 from dvfs_mlops.model.workload import WorkloadFeatures, feature_types
 
 if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
     from dvfs_mlops.hw.replay import ReplayGrid
     from dvfs_mlops.mlops.sweep.points import PointContext
     from dvfs_mlops.mlops.sweep.spec import Point
@@ -75,7 +76,7 @@ def features_of_grid(grid: ReplayGrid, workload: str) -> WorkloadFeatures:
     return WorkloadFeatures(**values)
 
 
-def replay_tags(device: Any) -> dict[str, str]:
+def replay_tags(device: Device) -> dict[str, str]:
     """The tags of every run measured on a replay device: `dvfs.device=replay`, the grid's SHA-256 and name; {} on any
     other device."""
     grid = getattr(device, "grid", None)

@@ -22,6 +22,7 @@ from dvfs_mlops.mlops.fields import parse_knobs
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
     from dvfs_mlops.hw.replay import ReplayGrid
 
 
@@ -330,7 +331,7 @@ class SweepRequest:
     workloads: str | Sequence[str] | None = None  # issue 43: a replayed grid's workloads by name (None: every one)
 
 
-def build_spec(board: Board, request: SweepRequest, device: Any = None, grid: ReplayGrid | None = None) -> SweepSpec:
+def build_spec(board: Board, request: SweepRequest, device: Device | None = None, grid: ReplayGrid | None = None) -> SweepSpec:
     """The validated definition of a sweep on `board`: the preset with the request's overrides (on a replayed grid, the
     grid's workloads: `replay_spec`).
 
@@ -392,7 +393,7 @@ REPLAY_STEPS = 1
 REPLAY_DATA_SOURCE = "replay"
 
 
-def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: Any = None) -> SweepSpec:
+def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: Device | None = None) -> SweepSpec:
     """The definition of a sweep of a measured grid: `--workloads` (default: every workload of the file, in its order)
     at `--freqs` (default: the whole table; presets do not apply), each point one looked-up unit of work.
 
@@ -428,7 +429,7 @@ def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: A
     return spec.with_default_id()
 
 
-def _knob_clocks(request: SweepRequest, device: Any) -> dict[str, tuple[float, ...]]:
+def _knob_clocks(request: SweepRequest, device: Device | None) -> dict[str, Any]:
     """The CPU and memory clocks of a sweep that tunes them: those asked for, else the device's whole table.
 
     Raises:
@@ -449,7 +450,7 @@ def _knob_clocks(request: SweepRequest, device: Any) -> dict[str, tuple[float, .
     return out
 
 
-def _clocks(freqs: Any, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
+def _clocks(freqs: str | Sequence[str] | None, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
     """The sweep's clocks: maxn (the baseline, always) and the requested ones, else the preset's, else the table."""
     names = _split_list(freqs) or (list(preset.freqs) if preset.freqs else None)
     table = list(board.frequencies_mhz)
