@@ -98,6 +98,12 @@ def test_a_joint_adaptive_sweep_on_a_replayed_grid_measures_what_the_joint_searc
     lines = text.splitlines()
     assert lines[0] == "workload,freq_mhz,cpu_mhz,emc_mhz,time_s,energy_j,picked" and len(lines) == 1 + alone.configurations
     assert sum(line.endswith(",1") for line in lines[1:]) == 1
+    # the same command again resumes it: every configuration is read back by its point key, nothing is measured again
+    again = run_cli("sweep", "--device", "replay", "--trace", str(grid), *TRAIN, "--knobs", "gpu,cpu,emc", "--strategy", "adaptive",
+                    "--json", env={"MLFLOW_TRACKING_URI": empty_store})
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = json.loads(again.stdout)
+    assert resumed["ran"] == 0 and resumed["already_finished"] == len(points) and resumed["workloads"][0]["best"] == w["best"]
 
 
 @pytest.mark.parametrize("strategy", ["grid", "adaptive"])
