@@ -122,6 +122,9 @@ def test_a_joint_sweep_on_the_twin_pins_each_configuration(strategy, empty_store
     assert w["configurations_measured"] == len({(p.data.params["freq_mhz"], p.data.params["cpu_freq_mhz"]) for p in pinned})
     if strategy == "grid":
         assert w["configurations_measured"] == 9
+        # a governor of GPU clocks does not learn from it: several configurations share each GPU clock
+        t = run_cli("train", "--sweep-id", out["sweep_id"], "--trials", "2", env={"MLFLOW_TRACKING_URI": empty_store})
+        assert t.returncode == 2 and f"sweep {out['sweep_id']} tunes the CPU or memory clock too" in t.stderr, t.stderr[-2000:]
     # one energy for both: every point of a joint sweep on the twin carries the energy of the rails every clock feeds
     # (AGX Orin: GPU/SoC, CPU and DRAM), and its configurations are compared on it
     points = _points(empty_store)
