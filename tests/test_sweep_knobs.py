@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ CPU = (1000.0, 2201.6)
 EMC = (800.0, 3199.0)
 WORKLOAD = "bert-tiny/sst2"
 # a point trains a few steps of the tiny model on the CPU; the replay device charges each step as the grid records it
-TRAIN = ["--models", "bert-tiny", "--tasks", "sst2", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--claims", "none"]
+TRAIN = ["--workloads", WORKLOAD, "--claims", "none"]  # a replayed grid names its workloads; each point looks one unit up
 
 
 def _time(g: float, c: float, e: float) -> float:
@@ -55,9 +56,10 @@ def test_a_joint_grid_sweep_on_a_replayed_grid_measures_every_configuration_and_
     r = run_cli("sweep", "--device", "replay", "--trace", str(grid), *TRAIN, "--knobs", "gpu,cpu,emc", "--freqs", "612,918.75",
                 "--json", env={"MLFLOW_TRACKING_URI": empty_store})
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout)
+    picks = [json.loads(line) for line in r.stdout.splitlines()]  # one JSON object per workload
     points = _points(empty_store)
-    assert out["ran"] == len(points) == 1 + 2 * len(CPU) * len(EMC)  # maxn, then every configuration of the two GPU clocks
+    assert len(points) == 1 + 2 * len(CPU) * len(EMC)  # maxn, then every configuration of the two GPU clocks
+    assert f"ran {len(points)} points" in r.stderr
     keys = {p.data.tags["dvfs.point"] for p in points}
     assert f"{WORKLOAD}@612/cpu1000/emc800#0" in keys and f"{WORKLOAD}@maxn#0" in keys
     pinned = [p for p in points if p.data.params["freq_mhz"] != "maxn"]
@@ -65,10 +67,10 @@ def test_a_joint_grid_sweep_on_a_replayed_grid_measures_every_configuration_and_
             for p in pinned} == set(itertools.product((612.0, 918.75), CPU, EMC))
     # the best is the grid's own least-energy configuration among those swept, as the file writes it
     g, c, e = min(itertools.product((612.0, 918.75), CPU, EMC), key=lambda s: _energy(*s))
-    (w,) = out["workloads"]
-    assert w["workload"] == WORKLOAD and w["configurations_measured"] == 8
-    assert (w["best"]["freq_mhz"], w["best"]["cpu_mhz"], w["best"]["emc_mhz"]) == (g, c, e)
-    assert w["saving_vs_maxn"] == pytest.approx(1 - _energy(g, c, e) / _energy(GPU[-1], CPU[-1], EMC[-1]), rel=1e-6)
+    (w,) = picks
+    assert w["workload"] == WORKLOAD and w["points_measured"] == 8
+    assert (w["best"]["gpu_mhz"], w["best"]["cpu_mhz"], w["best"]["emc_mhz"]) == (g, c, e)
+    assert w["best"]["energy_j"] == pytest.approx(_energy(g, c, e), rel=1e-6)
 
 
 def test_a_joint_adaptive_sweep_on_a_replayed_grid_measures_what_the_joint_search_asks_and_picks(tmp_path, empty_store):
@@ -82,15 +84,15 @@ def test_a_joint_adaptive_sweep_on_a_replayed_grid_measures_what_the_joint_searc
     r = run_cli("sweep", "--device", "replay", "--trace", str(grid), *TRAIN, "--knobs", "gpu,cpu,emc", "--strategy", "adaptive",
                 "--json", env={"MLFLOW_TRACKING_URI": empty_store})
     assert r.returncode == 0, r.stderr[-2000:]
-    (w,) = json.loads(r.stdout)["workloads"]
+    (w,) = [json.loads(line) for line in r.stdout.splitlines()]
     # what the search run on its own measures and picks from the same grid (the sweep's start: mid-table, no governor)
     dev = ReplayDevice(grid)
     board = board_of(dev)
     proposer = JointSearch(JointSpace.from_grid(dev.grid), budget=20, start_mhz=GPU[len(GPU) // 2], voltage_shape=board.voltage_shape,
                            noise=board.noise(1))
     alone = search(lambda s: dev.measure_setting(WORKLOAD, s), proposer)
-    assert w["configurations_measured"] == alone.configurations <= 20
-    assert (w["best"]["freq_mhz"], w["best"]["cpu_mhz"], w["best"]["emc_mhz"]) == (alone.pick.gpu_mhz, alone.pick.cpu_mhz, alone.pick.emc_mhz)
+    assert w["points_measured"] == alone.configurations <= 20
+    assert (w["best"]["gpu_mhz"], w["best"]["cpu_mhz"], w["best"]["emc_mhz"]) == (alone.pick.gpu_mhz, alone.pick.cpu_mhz, alone.pick.emc_mhz)
     points = _points(empty_store)
     assert all(p.data.tags["dvfs.strategy"] == "adaptive" for p in points)
     parent = next(r for r in _runs(empty_store) if "dvfs.point" not in r.data.tags)
@@ -102,8 +104,8 @@ def test_a_joint_adaptive_sweep_on_a_replayed_grid_measures_what_the_joint_searc
     again = run_cli("sweep", "--device", "replay", "--trace", str(grid), *TRAIN, "--knobs", "gpu,cpu,emc", "--strategy", "adaptive",
                     "--json", env={"MLFLOW_TRACKING_URI": empty_store})
     assert again.returncode == 0, again.stderr[-2000:]
-    resumed = json.loads(again.stdout)
-    assert resumed["ran"] == 0 and resumed["already_finished"] == len(points) and resumed["workloads"][0]["best"] == w["best"]
+    (resumed,) = [json.loads(line) for line in again.stdout.splitlines()]
+    assert f"ran 0 points, {len(points)} were already finished" in again.stderr and resumed["best"] == w["best"]
 
 
 @pytest.mark.parametrize("strategy", ["grid", "adaptive"])
@@ -113,25 +115,25 @@ def test_a_joint_sweep_on_the_twin_pins_each_configuration(strategy, empty_store
                 "--claims", "none", "--knobs", "gpu,cpu", "--cpu-freqs", "729.6,1190.4,2201.6", "--freqs", "612,918,1300.5",
                 "--strategy", strategy, "--json", env={"MLFLOW_TRACKING_URI": empty_store})
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout)
-    assert out["simulated"] is True
-    (w,) = out["workloads"]
-    assert w["best"]["cpu_mhz"] in (729.6, 1190.4, 2201.6) and w["best"]["emc_mhz"] is None
+    assert any(" (SIMULATED): ran " in line for line in r.stderr.splitlines()), r.stderr[-2000:]
+    (w,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert w["best"]["cpu_mhz"] in (729.6, 1190.4, 2201.6) and "emc_mhz" not in w["best"]
     pinned = [p for p in _points(empty_store) if p.data.params["freq_mhz"] != "maxn"]
     assert {p.data.params["cpu_freq_mhz"] for p in pinned} <= {"729.6", "1190.4", "2201.6"} and "emc_freq_mhz" not in pinned[0].data.params
-    assert w["configurations_measured"] == len({(p.data.params["freq_mhz"], p.data.params["cpu_freq_mhz"]) for p in pinned})
+    assert w["points_measured"] == len({(p.data.params["freq_mhz"], p.data.params["cpu_freq_mhz"]) for p in pinned})
     if strategy == "grid":
-        assert w["configurations_measured"] == 9
+        assert w["points_measured"] == 9
         # a governor of GPU clocks does not learn from it: several configurations share each GPU clock
-        t = run_cli("train", "--sweep-id", out["sweep_id"], "--trials", "2", env={"MLFLOW_TRACKING_URI": empty_store})
-        assert t.returncode == 2 and f"sweep {out['sweep_id']} tunes the CPU or memory clock too" in t.stderr, t.stderr[-2000:]
+        sweep_id = re.search(r"sweep (sweep-\w+) \(SIMULATED\): ran", r.stderr).group(1)
+        t = run_cli("train", "--sweep-id", sweep_id, "--trials", "2", env={"MLFLOW_TRACKING_URI": empty_store})
+        assert t.returncode == 2 and f"sweep {sweep_id} tunes the CPU or memory clock too" in t.stderr, t.stderr[-2000:]
     # one energy for both: every point of a joint sweep on the twin carries the energy of the rails every clock feeds
     # (AGX Orin: GPU/SoC, CPU and DRAM), and its configurations are compared on it
     points = _points(empty_store)
     assert all(p.data.params["energy_joint_rails"] == "VDD_GPU_SOC,VDD_CPU_CV,VDDQ_VDD2_1V8AO" for p in points)
     assert all(p.data.metrics["energy_joint_j"] > p.data.metrics["energy_j"] for p in points)  # the DRAM rail's share on top
     best = min(pinned, key=lambda p: p.data.metrics["energy_joint_j"])
-    assert (float(best.data.params["freq_mhz"]), float(best.data.params["cpu_freq_mhz"])) == (w["best"]["freq_mhz"], w["best"]["cpu_mhz"])
+    assert (float(best.data.params["freq_mhz"]), float(best.data.params["cpu_freq_mhz"])) == (w["best"]["gpu_mhz"], w["best"]["cpu_mhz"])
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -163,6 +163,8 @@ def run_finetune(device: Device, board: Board, job: Job, options: LaunchOptions,
         if options.save_model and result.model is not None:
             _log_model(run, result, job.workload)
     say(_done_line(done, result, options.observe, board.simulated, run))
+    if (lost := records.clock_lost_line(done.session)) is not None:
+        say(lost)
     summary = _summary(decision, board, job)
     summary.update({"run_id": run.run_id, "experiment": run.experiment_name,
                     "metrics": {k: v for k, v in base.metrics.items() if v is not None}})

@@ -161,6 +161,7 @@ _DEVICE_OPTIONS = {
     "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml", help="sim: twin constants (twin fit's YAML)."),
     "device_id": option("--device-id", metavar="ID", help="Which board this is, tagged dvfs.device_id (default: serial, UUID, sim@HOST)."),
     "trace": option("--trace", metavar="FILE.csv", help=TRACE_HELP),
+    "above_mode_cap": option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU, CPU or EMC cap (recorded)."),
 }
 
 
@@ -197,13 +198,14 @@ sweep_options = option_group(
     option("--sweep-id", help="Resume/extend this sweep id (default: a hash of the sweep's definition)."),
     option("--train-size", type=Count(min=1), help="Synthetic training examples per task (default: the preset's)."),
     option("--dev-size", type=Count(min=1), help="Synthetic dev examples per task (default: the preset's)."),
-    option("--replay/--no-replay", help="Sim: train once per workload and replay its steps at every clock."),
+    option("--train-once/--no-train-once", help="Sim: train once per workload and charge its steps again at every other clock."),
     WARMUP_OPTION, PRECISION_OPTION, peft_options,
     option("--strategy", type=click.Choice(["grid", "adaptive"]), help=STRATEGY_HELP),
     KNOBS_OPTION,
     option("--cpu-freqs", help="With cpu in --knobs: comma-separated CPU clocks in MHz (default: the device's table)."),
     option("--emc-freqs", help="With emc in --knobs: comma-separated EMC clocks in MHz (default: the device's table)."),
     KNOB_OPTION,
+    option("--workloads", help="replay: comma-separated workloads of the --trace grid, by name (default: every one)."),
 )
 
 sweep_worker_options = option_group(

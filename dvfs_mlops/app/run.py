@@ -185,7 +185,7 @@ def _energy(report: EnergyReport) -> str:
 
 def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequence[str],
                 say: Callable[[str], None] = lambda _m: None, *, gpu_index_given: bool = False, all_gpus: bool = False,
-                above_mode_cap: bool = False, knobs: RunKnobs | None = None) -> RunOutcome:
+                knobs: RunKnobs | None = None) -> RunOutcome:
     """`dvfs-mlops run`: check everything (the clocks, the command, the device), then run the command metered.
 
     Args:
@@ -196,7 +196,6 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
         say: where the 'device: ...' line goes, once every check has passed.
         gpu_index_given: nvml: --gpu-index was given: that GPU alone.
         all_gpus: nvml: every GPU the command can see, from the start, even with CUDA_VISIBLE_DEVICES unset.
-        above_mode_cap: jetson: allow a pin above the power mode's GPU, CPU or EMC cap (recorded).
         knobs: the CPU and memory clocks to pin as well (None: neither).
 
     Returns:
@@ -219,8 +218,6 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
     from dvfs_mlops.hw.device import open_session
 
     dev = open_chosen(choice, load_twin(choice))
-    if above_mode_cap and dev.name == "jetson":
-        dev.above_mode_cap = True
     freq = freq or "maxn"
     if dev.name == "nvml" and not gpu_index_given:
         from dvfs_mlops.hw.multi import open_visible

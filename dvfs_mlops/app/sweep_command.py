@@ -6,6 +6,7 @@ device), the tracking store, the claims database, the device and its CUDA, then 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +16,10 @@ from dvfs_mlops.errors import DvfsError
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
+    from dvfs_mlops.hw.device import Device
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
-    from dvfs_mlops.mlops.sweep.best import WorkloadBest
+    from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
+    from dvfs_mlops.mlops.sweep.spec import SweepSpec
 
 # --knobs (sweep, finetune) and --strategy: their help, as the options show it.
 TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
@@ -44,28 +47,29 @@ class SweepWorker:
 
 @dataclasses.dataclass(frozen=True)
 class SweepReport:
-    """What `dvfs-mlops sweep` did: the runner's outcome, whether it ran on the twin, and the MLflow UI link lines."""
+    """What `dvfs-mlops sweep` did: the runner's outcome, how its points were measured (' (SIMULATED)',
+    ' (REPLAYED)' or ''), the MLflow UI link lines, and what it recommends per workload (`sweep --json`)."""
 
     outcome: SweepOutcome
-    simulated: bool
+    label: str
     link: list[str]
-    workloads: list[WorkloadBest] = dataclasses.field(default_factory=list)
+    picks: list[WorkloadPick] = dataclasses.field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The summary line: points run, found finished, run by other workers; the parent run."""
         out = self.outcome
-        label = " (SIMULATED)" if self.simulated else ""
+        label = self.label
         others = f", {len(out.by_others)} were run by other workers" if out.by_others else ""
         return [(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
                  f"parent run {out.parent_run_id} in experiment {out.experiment or out.experiment_id}")]
 
-    def to_json(self) -> dict[str, Any]:
-        """`sweep --json`: the outcome and, per workload, its best measured configuration (`best`: freq_mhz, cpu_mhz,
-        emc_mhz, energy_j, time_s), how many configurations were measured, and the saving against maxn."""
-        out = self.outcome
-        return {"sweep_id": out.sweep_id, "simulated": self.simulated, "parent_run_id": out.parent_run_id,
-                "experiment": out.experiment or out.experiment_id, "ran": len(out.ran), "already_finished": len(out.skipped),
-                "by_other_workers": len(out.by_others), "workloads": [w.to_dict() for w in self.workloads]}
+    def emit(self, as_json: bool, echo: Callable[..., Any]) -> None:
+        """Print the summary and the link lines (on stderr with `as_json`), then, with `as_json`, one JSON object per
+        workload on stdout: `{"workload", "best": {"gpu_mhz", "energy_j", "time_s"}, "points_measured"}`."""
+        for line in [*self.lines(), *self.link]:
+            echo(line, err=as_json)
+        for pick in self.picks if as_json else []:
+            echo(json.dumps(pick.to_json()))
 
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,
@@ -100,20 +104,31 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request, dev)
+    spec = sweep_mod.build_spec(board, request, dev, grid=dev.grid if dev.name == "replay" else None)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    best = []
-    if with_best:
-        from dvfs_mlops.mlops.sweep.best import sweep_best
+    from dvfs_mlops.mlops.sweep.progress import device_label
 
-        played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if choice.backend == "replay" else None
-        best = sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)
-    return SweepReport(out, bool(dev.simulated), link, best)
+    return SweepReport(out, device_label(board), link, _picks(out, spec, dev, board) if with_best else [])
+
+
+def _picks(out: SweepOutcome, spec: SweepSpec, dev: Device, board: Board) -> list[WorkloadPick]:
+    """What the sweep recommends per workload (`sweep --json`): a GPU-only sweep's measured minimum (grid) or curve-model
+    pick (adaptive); a sweep that tunes CPU or memory clocks, its best measured configuration (a replay grid's clocks as
+    its file writes them)."""
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+
+    if not spec.joint:
+        return workload_picks(out.experiment_id, out.sweep_id, board, spec.strategy)
+    from dvfs_mlops.mlops.sweep.best import sweep_best
+
+    played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if dev.name == "replay" else None  # type: ignore[attr-defined]
+    return [b.pick() for b in sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)]
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

@@ -264,6 +264,11 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
     df = sweep_frame([exp.experiment_id], sweep_id)
     if not len(df):
         raise DvfsError(f"sweep {sweep_id!r} has no finished points in experiment {experiment!r}")
+    replayed = f"tags.{schema.TAG_DEVICE}"
+    if replayed in df and (df[replayed] == "replay").any():  # its points are the grid's rows, not jobs the twin can trace
+        name = df[f"tags.{schema.TAG_TRACE_NAME}"].dropna().iloc[0] if f"tags.{schema.TAG_TRACE_NAME}" in df else "a grid"
+        raise DvfsError(f"sweep {sweep_id} replays a measured grid ({name}); fit the twin on the grid itself: "
+                        "dvfs-mlops twin fit --csv FILE (its workloads MODEL/TASK, as the twin traces them)")
     pinned = df[df["params.freq_mhz"] != "maxn"]
     for tag in (schema.TAG_CLOCK_HELD, schema.TAG_OBSERVE):
         column = f"tags.{tag}"

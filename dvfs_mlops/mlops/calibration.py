@@ -157,6 +157,15 @@ def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
     return [(n, known[n]) if n in known else n for n in names]
 
 
+def grid_candidates(device: Any) -> list[Any]:
+    """A replay device's candidates: every workload of its grid with its features from the file's columns (a replayed
+    calibration picks among what the grid measured; presets do not apply)."""
+    from dvfs_mlops.mlops.sweep.replayed import features_of_grid
+
+    grid = device.grid
+    return [(w, features_of_grid(grid, w)) for w in grid.workloads]
+
+
 def _by_model(workloads: tuple[str, ...]) -> dict[str, list[str]]:
     """{model: [tasks]} of `MODEL/TASK` names, in order: one sweep per model measures exactly its tasks."""
     out: dict[str, list[str]] = {}
@@ -179,13 +188,18 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
 
     claims = open_claims(None, tracking.tracking_uri())
     ids, ran = [], 0
+    options = sweep_mod.RunOptions(announce=say, claims=claims, adopt_run=False,
+                                   parent_tags={schema.TAG_SWEEP_KIND: schema.CALIBRATION_SWEEP})
+    if device.name == "replay":  # one sweep of the grid's chosen workloads, looked up
+        req = sweep_mod.SweepRequest(workloads=",".join(workloads), freqs=",".join(freq_label(f) for f in clocks),
+                                     experiment=request.experiment, steps=request.steps)
+        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, device, grid=device.grid), device, board, options)
+        return [out.sweep_id], len(out.ran)
     for model, tasks in _by_model(workloads).items():
         req = sweep_mod.SweepRequest(preset=request.preset, models=model, tasks=",".join(tasks),
                                      freqs=",".join(freq_label(f) for f in clocks), steps=request.steps,
                                      batch_size=request.batch_size, experiment=request.experiment)
         spec = sweep_mod.build_spec(board, req)
-        options = sweep_mod.RunOptions(announce=say, claims=claims, adopt_run=False,
-                                       parent_tags={schema.TAG_SWEEP_KIND: schema.CALIBRATION_SWEEP})
         out = sweep_mod.run_sweep(spec, device, board, options)
         ids.append(out.sweep_id)
         ran += len(out.ran)
@@ -298,20 +312,21 @@ def _fit(c: MlflowClient, device: Device, board: Board, request: CalibrationRequ
          source_label: str, say: Callable[[str], None]) -> _Fitted:
     """Plan the calibration points, measure them (the calibration sweeps), read them back and move the policy."""
     from dvfs_mlops.mlops.dataset import load_sweep_dataset
+    from dvfs_mlops.mlops.sweep.progress import device_label
     from dvfs_mlops.model.governor.transfer import calibrate_policy, plan_calibration
 
-    cands = _with_features(c, source, candidates(request.preset))
+    cands = grid_candidates(device) if device.name == "replay" else _with_features(c, source, candidates(request.preset))
     plan = plan_calibration(source_policy, board, cands)
     shown = ", ".join(f"{f:g}" for f in plan.clocks_mhz)
     say(f"calibrating {source_label} for {board.family}: {len(plan.workloads)} workloads "
-        f"({', '.join(plan.workloads)}) at {shown} MHz and maxn" + (" (SIMULATED)" if board.simulated else ""))
+        f"({', '.join(plan.workloads)}) at {shown} MHz and maxn{device_label(board)}")
     sweep_ids, ran = measure(device, board, request, plan.workloads, plan.clocks_mhz, say)
     dataset = load_sweep_dataset(",".join(sweep_ids), request.experiment)
     learnt = {name: feats for name, feats in (x for x in cands if not isinstance(x, str)) if name in plan.workloads}
     policy = calibrate_policy(source_policy, board, dataset.curves, learnt or None)  # as the source's sweep measured them
     metrics = calibration_metrics(dataset, source_policy, policy, str(source.tags.get(schema.TAG_OBJECTIVE) or "energy"))
     say(f"calibration regret {100 * metrics['calibration_regret']:.2f}% on its {len(dataset.curves)} workloads "
-        f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%)" + (" (SIMULATED)" if dataset.simulated else ""))
+        f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%){device_label(board)}")
     return _Fitted(policy, plan.workloads, plan.clocks_mhz, sweep_ids, ran, metrics, dataset.simulated)
 
 

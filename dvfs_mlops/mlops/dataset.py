@@ -33,6 +33,13 @@ def _num(v: Any) -> float:
     return float(v)
 
 
+def _model_task(df: Any) -> Any:
+    """Each run's MODEL/TASK; a replayed grid's point has no task: its workload is the model param, the grid's name."""
+    if TASK not in df:
+        return df[MODEL]
+    return (df[MODEL] + "/" + df[TASK]).fillna(df[MODEL])
+
+
 def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
     """A point run's `WorkloadFeatures` from its params (each parsed as declared; a feature the run predates takes its
     default) and the workload's utilisation at maxn."""
@@ -84,6 +91,17 @@ def _maxn_mean(m: Any, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def is_replayed(dataset: GovernorDataset) -> bool:
+    """The dataset's sweep played a measured grid (its board is a replay device's): what it says is REPLAYED."""
+    return dataset.board is not None and dataset.board.backend == "replay"
+
+
+def _replayed(g: Any) -> bool:
+    """The workload's points were looked up in a measured grid (`--device replay`)."""
+    col = f"tags.{schema.TAG_DEVICE}"
+    return col in g and bool((g[col] == "replay").all())
+
+
 def _adaptive(g: Any) -> bool:
     """An adaptive sweep's workload (sweep/adaptive.py): its unmeasured clocks are left to the curve model."""
     col = f"tags.{schema.TAG_STRATEGY}"
@@ -101,7 +119,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
-    df["_workload"] = df[MODEL] + "/" + df[TASK]
+    df["_workload"] = _model_task(df)
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, sweep_id)
@@ -111,11 +129,17 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     missing: list[str] = []
     measured: list[Curves] = []
     gaps: list[int] = []  # adaptive workloads among `measured`
+    no_util: list[str] = []  # replayed workloads without a GPU utilisation
+    capped_col = f"tags.{schema.TAG_CAP_AT_START}"
     for workload, g in df.groupby("_workload", sort=True):
         gp = g[g[FREQ] != "maxn"].assign(_f=lambda x: x[FREQ].map(_num))
         m = g[g[FREQ] == "maxn"]
+        if capped_col in m:  # maxn under a cap found at the start is another clock than the baseline: not used as it
+            m = m[m[capped_col].isna()]
         if m.empty or gp.empty:
-            missing.append(f"{workload}@maxn" if m.empty else f"{workload}@(any pinned clock)")
+            capped = capped_col in g and g[(g[FREQ] == "maxn") & g[capped_col].notna()].shape[0] > 0
+            missing.append(f"{workload}@maxn" + (" (capped at the start)" if capped else "") if m.empty
+                           else f"{workload}@(any pinned clock)")
             continue
         energy = _mean_by_clock(gp, ENERGY)
         time = _mean_by_clock(gp, TIME)
@@ -126,7 +150,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
             gaps.append(len(measured) - 1)  # filled below, once the sweep's voltage shape and power prior are known
         r0 = g.iloc[0]
-        feats = features_of(r0, float(m[UTIL].mean()))
+        maxn_util = _maxn_mean(m, UTIL)
+        if maxn_util is None and _replayed(g):  # a grid that does not give the utilisation: the governor cannot decide on it
+            no_util.append(str(workload))
+        feats = features_of(r0, math.nan if maxn_util is None else maxn_util)
         acc_col = next((c for c in EVAL_METRICS if c in g and g[c].notna().any()), None)
         acc = {str(k): float(v) for k, v in g.groupby(FREQ)[acc_col].mean().items()} if acc_col else {}
 
@@ -134,6 +161,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
                                     float(m[ENERGY].mean()), float(m[TIME].mean()), acc,
                                     e_exp, t_exp, _maxn_mean(m, ENERGY_EXPECTED), _maxn_mean(m, TIME_EXPECTED),
                                     dict(util)))
+    if no_util:
+        raise DvfsError(f"sweep {sweep_id or '?'} replays a grid without the GPU utilisation the governor decides on "
+                        f"({', '.join(no_util[:6])}{' ...' if len(no_util) > 6 else ''}); add a gpu_util_pct column (% at the top "
+                        "setting) to the grid and sweep it again")
     repeats = int(pinned.groupby(["_workload", FREQ]).size().median()) if len(pinned) else 1
     if gaps:
         shape = fill_from_curves(measured, freqs, gaps, board, repeats)
@@ -192,6 +223,7 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
         shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
         raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
                         "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
+    _check_one_power_mode(df, label)
     if len(ids) > 1:
         _check_comparable(df)
     simulated = bool((df[f"tags.{schema.TAG_SIMULATED}"].astype(str) == "true").all())
@@ -213,11 +245,27 @@ def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any)
     return legacy_board("+".join(sorted({b.profile for b in boards})), clocks)
 
 
+def _check_one_power_mode(df: Any, label: str) -> None:
+    """A governor does not mix power modes: the same clock gives other throughput under another mode (its TPCs
+    power-gated, its caps). Points of several modes (tag dvfs.power_mode; absent: MAXN or no mode) are refused.
+
+    Raises:
+        DvfsError: the points were measured under more than one power mode (one line naming them).
+    """
+    col = f"tags.{schema.TAG_POWER_MODE}"
+    if col not in df:
+        return
+    modes = sorted({str(m) if isinstance(m, str) and m else "MAXN (or no mode)" for m in df[col]})
+    if len(modes) > 1:
+        raise DvfsError(f"sweep(s) {label} mix {len(modes)} power modes ({'; '.join(modes)}); a governor learns one mode: pick "
+                        f"the sweeps of one (e.g. --sweeps-filter \"tags.`{schema.TAG_POWER_MODE}` = '...'\") and train one "
+                        "governor per mode")
+
+
 def _check_comparable(df: Any) -> None:
     """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
     cols = [c for c in COMPARABLE if c in df]
-    names = df[MODEL] + "/" + df[TASK]
-    for workload, g in df.groupby(names):
+    for workload, g in df.groupby(_model_task(df)):
         differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
         if differ:
             sweeps = ", ".join(sorted(set(g[f"tags.{schema.TAG_SWEEP}"])))

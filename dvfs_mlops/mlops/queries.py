@@ -32,7 +32,17 @@ def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
                             max_results=50000)
     if len(df) and f"tags.{schema.TAG_POINT}" in df:
         df = df[df[f"tags.{schema.TAG_POINT}"].notna()]
-    return df
+    return renamed_tags(df)
+
+
+def renamed_tags(df: Any) -> Any:
+    """A frame of runs with a renamed tag read under its name of now: `dvfs.sim_replay` (points logged before the
+    twin's train-once was named so) as `dvfs.sim_train_once`."""
+    old, new = f"tags.{schema.TAG_TRAIN_ONCE_BEFORE}", f"tags.{schema.TAG_TRAIN_ONCE}"
+    if old not in df:
+        return df
+    merged = df[new].fillna(df[old]) if new in df else df[old]
+    return df.drop(columns=[old]).assign(**{new: merged})
 
 
 def find_sweep_ids(c: Any, experiment_ids: list[str], filter_string: str) -> list[str]:

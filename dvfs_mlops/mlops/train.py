@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
-from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
@@ -84,7 +84,7 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
         dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
                                      say=say)
         refuse_joint_sweeps(c, r.experiment, dataset.sweep_id.split(","))
-        label = " (SIMULATED sweep)" if dataset.simulated else ""
+        label = " (SIMULATED sweep)" if dataset.simulated else " (REPLAYED sweep)" if is_replayed(dataset) else ""
         n_sweeps = len(dataset.sweep_id.split(","))
         say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
             f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")

@@ -28,6 +28,7 @@ from dvfs_mlops.clocks import MAXN
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.mlops import schema, tracking
+from dvfs_mlops.mlops.sweep.progress import device_label
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 from dvfs_mlops.model.curve import Measurement, mean_measurement, next_clock
 from dvfs_mlops.model.joint import JointResult, JointSearch, JointSpace, Measured
@@ -60,11 +61,11 @@ class AdaptiveStrategy:
         return len(self.workloads) * (per_workload + 1) * self.spec.repeats
 
     def counted(self, done: set[str]) -> int:
-        names = {f"{m}/{t}{self.spec.variant}" for m, t in self.workloads}
+        names = {Point(m, t, MAXN, 0, self.spec.variant).workload for m, t in self.workloads}
         return sum(key.rsplit("@", 1)[0] in names for key in done)
 
     def describe(self, runner: Any) -> str:
-        sim = " (SIMULATED)" if runner.board.simulated else ""
+        sim = device_label(runner.board)
         each = (f"maxn + at most {JOINT_BUDGET} configurations ({','.join(self.spec.tuned)}) each" if self.spec.joint
                 else f"maxn + at most {MAX_PINNED} clocks each")
         return (f"sweep {self.spec.sweep_id} (adaptive): {len(self.workloads)} workloads, {each}, "
@@ -93,7 +94,7 @@ class AdaptiveStrategy:
                 at = [Point(model, task, f, r, spec.variant) for r in range(spec.repeats)]
                 yield at
                 measured.append(mean_measurement(f, self._read(runner, at)))
-            self.measured.append((f"{model}/{task}{spec.variant}", measured))
+            self.measured.append((Point(model, task, MAXN, 0, spec.variant).workload, measured))
 
     def _joint_rounds(self, runner: Any) -> Iterator[list[Point]]:
         """Per workload: maxn, then each configuration the joint search asks for (every repeat), then its pick."""
@@ -112,7 +113,7 @@ class AdaptiveStrategy:
                 yield at
                 m = mean_measurement(setting.gpu_mhz, self._read(runner, at))
                 measured.append(Measured(setting, m.time_s, m.energy_j, m.gpu_util))
-            self.joint.append((f"{model}/{task}{spec.variant}", JointResult(proposer.pick(measured), tuple(measured), "energy")))
+            self.joint.append((Point(model, task, MAXN, 0, spec.variant).workload, JointResult(proposer.pick(measured), tuple(measured), "energy")))
 
     def _start(self, runner: Any, maxn: list[Point], table: list[float]) -> float:
         """Where the search starts: the governor's clock for the features with the utilisation measured at maxn."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, Setting
 from dvfs_mlops.mlops import schema
+
+if TYPE_CHECKING:
+    from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,13 @@ class WorkloadBest:
     def saving_vs_maxn(self) -> float | None:
         """1 - energy / maxn's energy (None without maxn)."""
         return None if not self.maxn_energy_j else 1.0 - self.energy_j / self.maxn_energy_j
+
+    def pick(self) -> WorkloadPick:
+        """As `sweep --json` writes it: the configuration's clocks and figures, and the configurations measured."""
+        from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
+
+        s = self.best
+        return WorkloadPick(self.workload, s.gpu_mhz, self.energy_j, self.time_s, self.configurations, s.cpu_mhz, s.emc_mhz)
 
     def to_dict(self) -> dict[str, Any]:
         """As `sweep --json` writes it: `best` the configuration (freq_mhz, cpu_mhz, emc_mhz) and its figures."""

@@ -2,6 +2,7 @@
 clock too draws one line per (CPU, EMC) pair and marks the best configuration."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ KNOB_COLUMNS = ["cpu_freq_mhz", "emc_freq_mhz"]  # a joint sweep's CPU and memor
 PLOTTED = ["freq_mhz", *KNOB_COLUMNS, "energy_j", "time_s", "avg_power_w"]
 
 
-def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[Path]:
-    """One PNG per workload (three panels), from the sweep's summary table.
+def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool, replayed: bool = False) -> list[Path]:
+    """One PNG per workload (three panels), from the sweep's summary table; a twin's titled SIMULATED, a replayed
+    grid's REPLAYED (a grid workload, without a task, is named as the file writes it).
 
     Every invocation of a sweep logs the whole sweep's figures on its own parent run. A figure is drawn once per
     content (drawing is most of a rerun's time, README "Sweeps"): a workload
@@ -22,9 +24,11 @@ def plot_workload_curves(summary: Any, out_dir: Path, simulated: bool) -> list[P
 
     paths = []
     for (model, task), g in summary.groupby(["model", "task"]):
-        path = out_dir / f"{model}_{task}.png"
+        name = f"{model}_{task}" if task else str(model)
+        path = out_dir / (re.sub(r"[^A-Za-z0-9._+-]", "_", name) + ".png")
         profile = str(g["device_profile"].iloc[0]) if "device_profile" in g.columns else "sim-orin"
-        title = f"{model} / {task}" + (f"  (SIMULATED: {profile} twin)" if simulated else "")
+        title = f"{model} / {task}" if task else str(model)
+        title += f"  (SIMULATED: {profile} twin)" if simulated else f"  (REPLAYED: {profile} grid)" if replayed else ""
         key = digest(["figure/1", code_digest("mlops.sweep.plots"), dist_version("matplotlib"), title,
                       g[[c for c in PLOTTED if c in g.columns]].to_csv(index=False)])
         if not _copy(cache_dir("figures") / f"{key}.png", path):

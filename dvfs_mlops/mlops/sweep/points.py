@@ -58,10 +58,10 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     """
     spec, c = ctx.spec, ctx.client
     trained = ctx.trained.setdefault(point.workload, {})
-    mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
+    mode = PROFILE if spec.steps == 0 else REPLAY if spec.train_once and point.repeat in trained else TRAIN
     tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
-            schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
+            schema.TAG_TRAIN_ONCE: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
             **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
     job = ctx.job(workload)
     with contextlib.ExitStack() as stack:
@@ -76,7 +76,7 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
         assert result is not None
         if mode == TRAIN:
             result.model = None
-            if spec.replay:
+            if spec.train_once:
                 trained[point.repeat] = result
         # where a non-preset's config came from (what `twin fit` rebuilds the point from), and the sweep's data source
         # as the definition names it (tsv for a folder, whatever its files)

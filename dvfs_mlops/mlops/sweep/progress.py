@@ -4,8 +4,17 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def device_label(board: Any) -> str:
+    """How a sweep's lines label what it measures: ' (SIMULATED)' on the twin, ' (REPLAYED)' on a measured grid, ''
+    live."""
+    if board.simulated:
+        return " (SIMULATED)"
+    return " (REPLAYED)" if board.backend == "replay" else ""
 
 
 class Progress:

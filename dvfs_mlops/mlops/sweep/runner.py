@@ -48,6 +48,7 @@ from dvfs_mlops.mlops.claims import (
 from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.mlops.sweep.points import PointContext, run_point, tracked
 from dvfs_mlops.mlops.sweep.progress import Progress
+from dvfs_mlops.mlops.sweep.replayed import run_replayed_point
 from dvfs_mlops.mlops.sweep.resume import check_same_profile, close_stale_parents, finished_points, point_runs
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 
@@ -183,6 +184,10 @@ class SweepRunner:
     # points -----------------------------------------------------------------------------------------
     def workload(self, point: Point) -> Any:
         """The point's prepared workload (prepared once per workload; a failure frees the point's claim at once)."""
+        if point.workload not in self._workloads and self.spec.replayed:  # a measured grid's: nothing to prepare
+            from dvfs_mlops.mlops.sweep.replayed import replayed_workload
+
+            self._workloads[point.workload] = replayed_workload(self.device.grid, point.workload)
         if point.workload not in self._workloads:
             from dvfs_mlops.job.workloads.prepare import prepare_workload
 
@@ -283,7 +288,8 @@ class SweepRunner:
             if self.ran and self.options.settle_s > 0 and not self.board.simulated:
                 time.sleep(self.options.settle_s)
             assert self.points is not None
-            summary = run_point(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
+            run = run_replayed_point if spec.replayed else run_point
+            summary = run(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
                                 run_id=self.claims.run_of(self.scope, point.key))
         except BaseException:
             lease.stop()
@@ -318,7 +324,8 @@ class SweepRunner:
             finally:
                 self._close_workers()
             strategy.finish(self)  # an interrupted sweep gets its artifacts on resume
-            log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, spec.sweep_id, self.board.simulated)
+            log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, spec.sweep_id, self.board.simulated,
+                                replayed=spec.replayed)
         return SweepOutcome(spec.sweep_id, self.parent_id, self.ran, sorted(self.found), self.experiment_id, sorted(self.others),
                             parent.experiment_name)
 

@@ -7,7 +7,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, Setting, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
@@ -20,6 +20,9 @@ from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.job.workloads.zoo import ModelEntry, model_entry
 from dvfs_mlops.mlops.fields import parse_knobs
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.replay import ReplayGrid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,8 @@ class Point:
 
     @property
     def workload(self) -> str:
-        return f"{self.model}/{self.task}{self.variant}"
+        """MODEL/TASK plus the variant; a replayed grid's workload (no task) is its name as the file writes it."""
+        return f"{self.model}/{self.task}{self.variant}" if self.task else self.model
 
     @property
     def clocks(self) -> str:
@@ -112,7 +116,7 @@ class SweepSpec:
     train_size: int
     dev_size: int
     experiment: str
-    replay: bool
+    train_once: bool  # the twin: each workload trains once and its steps are charged again at every other clock
     device_profile: str
     sweep_id: str = ""
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
@@ -135,6 +139,20 @@ class SweepSpec:
     def joint(self) -> bool:
         """The sweep tunes a clock besides the GPU's."""
         return self.tuned != ("gpu",)
+    # issue 42/43: the board's power mode (Board.power_mode_key: '' in MAXN or without a mode), and a replayed grid's
+    # SHA-256 (its workloads are `models`, with the one task REPLAYED_TASK: '')
+    power_mode: str = ""
+    trace_sha256: str = ""
+
+    @property
+    def replay(self) -> bool:
+        """`train_once` under the name the identity has always written it (`IDENTITY_FIELDS`), so sweep ids stay."""
+        return self.train_once
+
+    @property
+    def replayed(self) -> bool:
+        """The sweep plays a measured grid (`--device replay`): its points look their measurements up."""
+        return bool(self.trace_sha256)
 
     @property
     def variant(self) -> str:
@@ -193,7 +211,7 @@ class SweepSpec:
 IDENTITY_SCHEMA = 1
 IDENTITY_FIELDS = ("models", "tasks", "freqs", "steps", "profile_steps", "batch_size", "repeats", "seed", "data_source", "data_dir",
                    "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft",
-                   "warmup_steps", "knobs", "tuned", "cpu_freqs", "emc_freqs")
+                   "warmup_steps", "knobs", "tuned", "cpu_freqs", "emc_freqs", "power_mode", "trace_sha256")
 # Fields that joined the identity after the first sweeps, and the value under which they stay out of it.
 _FIRST_VALUES: dict[str, Any] = {
     "twin_digest": lambda v: v == "",  # a built-in twin profile
@@ -205,6 +223,9 @@ _FIRST_VALUES: dict[str, Any] = {
     "tuned": lambda v: tuple(v) == ("gpu",),  # the GPU clock alone (the study)
     "cpu_freqs": lambda v: not v,  # the CPU clock not tuned
     "emc_freqs": lambda v: not v,  # the memory clock not tuned
+    # issue 42/43: MAXN (or no power mode) keeps today's ids; a sweep that is no replay has no trace
+    "power_mode": lambda v: v == "",
+    "trace_sha256": lambda v: v == "",
 }
 
 
@@ -294,7 +315,7 @@ class SweepRequest:
     data_source: str = "synthetic"
     data_dir: str | None = None
     experiment: str = SWEEP_EXPERIMENT
-    replay: bool = True
+    train_once: bool = True
     sweep_id: str | None = None
     train_size: int | None = None
     dev_size: int | None = None
@@ -306,15 +327,18 @@ class SweepRequest:
     tuned: str | Sequence[str] = "gpu"  # --knobs: the clocks tuned (gpu, gpu,cpu, gpu,cpu,emc)
     cpu_freqs: str | Sequence[str] | None = None  # the CPU clocks of a sweep tuning cpu (None: the device's table)
     emc_freqs: str | Sequence[str] | None = None  # the memory clocks of a sweep tuning emc (None: the device's table)
+    workloads: str | Sequence[str] | None = None  # issue 43: a replayed grid's workloads by name (None: every one)
 
 
-def build_spec(board: Board, request: SweepRequest, device: Any = None) -> SweepSpec:
-    """The validated definition of a sweep on `board`: the preset with the request's overrides.
+def build_spec(board: Board, request: SweepRequest, device: Any = None, grid: ReplayGrid | None = None) -> SweepSpec:
+    """The validated definition of a sweep on `board`: the preset with the request's overrides (on a replayed grid, the
+    grid's workloads: `replay_spec`).
 
     Args:
         board: the board the sweep runs on (its clock table, profile and whether it is the twin).
         request: the preset and its overrides.
         device: the open device (its CPU and memory clock tables, for a sweep that tunes them).
+        grid: the measured grid a replay device plays (None: any other device).
 
     Returns:
         The `SweepSpec`, with its id (the request's, else the hash of its identity).
@@ -326,6 +350,11 @@ def build_spec(board: Board, request: SweepRequest, device: Any = None) -> Sweep
     """
     r = request
     check_request(r)
+    if grid is not None:
+        return replay_spec(board, r, grid, device)
+    if _split_list(r.workloads):
+        raise DvfsError("--workloads picks the workloads of a replayed grid (--device replay --trace FILE); on this device "
+                        "name them with --models and --tasks")
     p = PRESETS[r.preset]
     entries = _model_entries(_split_list(r.models) or list(p.models))
     task_list = _split_list(r.tasks) or list(p.tasks)
@@ -347,11 +376,53 @@ def build_spec(board: Board, request: SweepRequest, device: Any = None) -> Sweep
         profile_steps=p.profile_steps if r.profile_steps is None else r.profile_steps, batch_size=r.batch_size,
         repeats=p.repeats if r.repeats is None else r.repeats, seed=r.seed, data_source=data_source, data_dir=r.data_dir,
         train_size=p.train_size if r.train_size is None else r.train_size, dev_size=p.dev_size if r.dev_size is None else r.dev_size,
-        experiment=r.experiment, replay=r.replay and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
+        experiment=r.experiment, train_once=r.train_once and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
         shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
         model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
         warmup_steps=warmup_for(r.warmup_steps, board.simulated, n_steps),  # what runs: at most a quarter of the steps
-        knobs=tuple(sorted(parse_knobs(r.knobs).items())),
+        knobs=tuple(sorted(parse_knobs(r.knobs).items())), power_mode=board.power_mode_key,
+        tuned=parse_tuned(r.tuned), **_knob_clocks(r, device),
+    )
+    return spec.with_default_id()
+
+
+# issue 43: a replayed sweep. Its points are the grid's workloads at the table's clocks; each point looks one unit of
+# work up (the grid's time_s and energy_j are that unit's), so training options do not apply.
+REPLAY_STEPS = 1
+REPLAY_DATA_SOURCE = "replay"
+
+
+def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: Any = None) -> SweepSpec:
+    """The definition of a sweep of a measured grid: `--workloads` (default: every workload of the file, in its order)
+    at `--freqs` (default: the whole table; presets do not apply), each point one looked-up unit of work.
+
+    Args:
+        board: the replay device's board (the file's clock table).
+        request: the request; models, tasks, steps and the training options do not apply.
+        grid: the grid the device plays.
+        device: the replay device (its CPU and memory clock tables, for a sweep that tunes them).
+
+    Returns:
+        The `SweepSpec`; its identity has the grid's SHA-256 (another file, or the same file edited, is another sweep).
+
+    Raises:
+        DvfsError: --models or --tasks (a grid names its workloads), a workload not in the file, or a clock not in it.
+    """
+    r = request
+    if _split_list(r.models) or _split_list(r.tasks):
+        raise DvfsError(f"a replayed grid names its own workloads ({', '.join(grid.workloads[:6])}); pick them with --workloads, "
+                        "not --models/--tasks")
+    if r.steps not in (None, REPLAY_STEPS) or r.profile_steps is not None:
+        raise DvfsError("a replayed point looks one measured unit of work up, so --steps and --profile-steps do not apply; "
+                        "drop them")
+    names = list(dict.fromkeys(_split_list(r.workloads) or grid.workloads))
+    for name in names:
+        grid.check_workload(name)
+    spec = SweepSpec(
+        models=tuple(names), tasks=("",), freqs=_clocks(r.freqs, SweepPreset((), (), None, REPLAY_STEPS), board), steps=REPLAY_STEPS, profile_steps=0,
+        batch_size=r.batch_size, repeats=1 if r.repeats is None else r.repeats, seed=r.seed, data_source=REPLAY_DATA_SOURCE,
+        data_dir=None, train_size=0, dev_size=0, experiment=r.experiment, train_once=False, device_profile=board.profile,
+        sweep_id=r.sweep_id or "", strategy=r.strategy, trace_sha256=grid.sha256,
         tuned=parse_tuned(r.tuned), **_knob_clocks(r, device),
     )
     return spec.with_default_id()
