@@ -309,9 +309,9 @@ def test_optuna_storage_on_the_mlflow_database_gets_its_own_schema(fleet_server,
 
 
 def _readme_fleet_recipe() -> list[str]:
-    """The command lines of the README's fleet recipe, as written (comments dropped)."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### A fleet"):]
+    """The command lines of the fleet page's recipe (docs/fleet.md, its first bash block), as written (comments dropped)."""
+    text = (REPO / "docs" / "fleet.md").read_text()
+    section = text[text.index("# Fleet"):]
     start = section.index("```bash\n") + len("```bash\n")
     block = section[start:section.index("```", start)]
     return [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.hw.board import Board
+from dvfs_mlops.hw.board import Board, board_family
 from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.model.curve import PowerPrior
 from dvfs_mlops.model.workload import WorkloadFeatures
@@ -164,7 +164,8 @@ class Governor:
         return float(out["freq_mhz"].iloc[0]), path
 
     def check_board(self, board: Board, strict: bool, say: Callable[[str], None]) -> None:
-        """A governor trained for another device profile: an error with `strict`, else a warning.
+        """A governor trained for another device profile: an error with `strict`, else a warning where that profile is
+        of another board family (a board and its twin, e.g. jetson-agx-orin-64gb and sim-orin, are one family: logged).
 
         Raises:
             DvfsError: with `strict`, when the version was trained for another profile.
@@ -174,7 +175,10 @@ class Governor:
             msg = f"governor {self.ref.uri} was trained for device profile {trained_for!r}, this device is {board.profile!r}"
             if strict:
                 raise DvfsError(msg + " (--strict); retrain on this device or drop --strict")
-            say(f"warning: {msg}; its clocks are snapped to this device's table")
+            if board_family(trained_for) == board.family:
+                log.info("%s, of the same family (%s)", msg, board.family)
+            else:
+                say(f"warning: {msg}; its clocks are snapped to this device's table")
 
 
 @dataclasses.dataclass(frozen=True)
