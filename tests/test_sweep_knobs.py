@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,12 @@ def test_a_joint_adaptive_sweep_on_a_replayed_grid_measures_what_the_joint_searc
     lines = text.splitlines()
     assert lines[0] == "workload,freq_mhz,cpu_mhz,emc_mhz,time_s,energy_j,picked" and len(lines) == 1 + alone.configurations
     assert sum(line.endswith(",1") for line in lines[1:]) == 1
+    # the same command again resumes it: every configuration is read back by its point key, nothing is measured again
+    again = run_cli("sweep", "--device", "replay", "--trace", str(grid), *TRAIN, "--knobs", "gpu,cpu,emc", "--strategy", "adaptive",
+                    "--json", env={"MLFLOW_TRACKING_URI": empty_store})
+    assert again.returncode == 0, again.stderr[-2000:]
+    (resumed,) = [json.loads(line) for line in again.stdout.splitlines()]
+    assert f"ran 0 points, {len(points)} were already finished" in again.stderr and resumed["best"] == w["best"]
 
 
 @pytest.mark.parametrize("strategy", ["grid", "adaptive"])
@@ -116,7 +123,16 @@ def test_a_joint_sweep_on_the_twin_pins_each_configuration(strategy, empty_store
     assert w["points_measured"] == len({(p.data.params["freq_mhz"], p.data.params["cpu_freq_mhz"]) for p in pinned})
     if strategy == "grid":
         assert w["points_measured"] == 9
-    best = min(pinned, key=lambda p: p.data.metrics["energy_j"])
+        # a governor of GPU clocks does not learn from it: several configurations share each GPU clock
+        sweep_id = re.search(r"sweep (sweep-\w+) \(SIMULATED\): ran", r.stderr).group(1)
+        t = run_cli("train", "--sweep-id", sweep_id, "--trials", "2", env={"MLFLOW_TRACKING_URI": empty_store})
+        assert t.returncode == 2 and f"sweep {sweep_id} tunes the CPU or memory clock too" in t.stderr, t.stderr[-2000:]
+    # one energy for both: every point of a joint sweep on the twin carries the energy of the rails every clock feeds
+    # (AGX Orin: GPU/SoC, CPU and DRAM), and its configurations are compared on it
+    points = _points(empty_store)
+    assert all(p.data.params["energy_joint_rails"] == "VDD_GPU_SOC,VDD_CPU_CV,VDDQ_VDD2_1V8AO" for p in points)
+    assert all(p.data.metrics["energy_joint_j"] > p.data.metrics["energy_j"] for p in points)  # the DRAM rail's share on top
+    best = min(pinned, key=lambda p: p.data.metrics["energy_joint_j"])
     assert (float(best.data.params["freq_mhz"]), float(best.data.params["cpu_freq_mhz"])) == (w["best"]["gpu_mhz"], w["best"]["cpu_mhz"])
 
 

@@ -193,6 +193,10 @@ _SESSION_FIELDS: tuple[Field, ...] = (
 _CONFIGURATION_PARAMS: tuple[Field, ...] = (
     _param("cpu_freq_mhz", float, "MHz", "the CPU clock pinned with freq_mhz (a sweep or job tuning cpu); absent: left alone"),
     _param("emc_freq_mhz", float, "MHz", "the memory (EMC) clock pinned with freq_mhz (tuning emc); absent: left alone"),
+    _param("energy_joint_rails", str, "", "a joint sweep on the twin: the rails energy_joint_j sums (the CPU and memory clocks' too)"),
+    _metric("energy_joint_j", "J", "a joint sweep on the twin: the training window's energy on energy_joint_rails, what its "
+            "configurations are compared on (SIMULATED)"),
+    _metric("energy_joint_expected_j", "J", "energy_joint_j without its run-to-run noise (SIMULATED)"),
 )
 
 FEATURES: tuple[Field, ...] = _feature_fields()

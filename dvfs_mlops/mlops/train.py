@@ -88,6 +88,7 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=f"governor {obj.name}", client=c, fluent=True) as run:
         dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
                                      say=say)
+        refuse_joint_sweeps(c, r.experiment, dataset.sweep_id.split(","))
         label = " (SIMULATED sweep)" if dataset.simulated else " (REPLAYED sweep)" if is_replayed(dataset) else ""
         n_sweeps = len(dataset.sweep_id.split(","))
         say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
@@ -127,6 +128,26 @@ def describe(c: MlflowClient, run_id: str, description: str, registered_name: st
     tracking.log_text_artifact(c, run_id, DESCRIPTION_ARTIFACT, description)
     if version is not None:
         c.update_model_version(registered_name, str(version), description=description)
+
+
+def refuse_joint_sweeps(c: MlflowClient, experiment: str, sweep_ids: list[str]) -> None:
+    """A governor of GPU clocks learns from sweeps of the GPU clock alone: a sweep that tuned the CPU or memory clock
+    too (`sweep --knobs gpu,cpu...`: its definition names `tuned`) holds several configurations per GPU clock.
+
+    Raises:
+        DvfsError: one of `sweep_ids` is such a sweep (one line naming it).
+    """
+    from dvfs_mlops.errors import DvfsError
+
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return
+    for sweep_id in sweep_ids:
+        where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and params.sweep_definition LIKE '%\"tuned\"%'"
+        if c.search_runs([exp.experiment_id], filter_string=where, max_results=1):
+            raise DvfsError(f"sweep {sweep_id} tunes the CPU or memory clock too (--knobs), and `dvfs-mlops train` learns GPU clocks "
+                            "from sweeps of the GPU clock alone; train on a --knobs gpu sweep (a governor of configurations is "
+                            "benchmarks/governor_joint.py's, not registered yet)")
 
 
 def dataset_family(dataset: GovernorDataset) -> str:

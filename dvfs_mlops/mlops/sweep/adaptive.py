@@ -14,7 +14,8 @@ FINISHED are read back from the store, and the same choices are made again from 
 A sweep that tunes the CPU or memory clock too (`--knobs gpu,cpu[,emc]`) asks `model.joint.JointSearch` instead: after
 maxn, the configurations it asks for (the GPU axis by the curve model at the top CPU and EMC clocks, then each other
 knob's axis, then single table steps while they improve), at most `JOINT_BUDGET` distinct ones per workload, and it
-picks the measured one of least energy. The parent run gets `configurations.csv` (every configuration measured, the
+picks the measured one of least energy (on the twin `energy_joint_j`: the rails the CPU and memory clocks feed
+included). The parent run gets `configurations.csv` (every configuration measured, the
 pick marked): measurements, not predictions.
 """
 from __future__ import annotations
@@ -176,7 +177,8 @@ def measurements(c: MlflowClient, exp_id: str, sweep_id: str, key: str | None = 
         if k and "time_s" in m and "energy_j" in m:
             freq = r.data.params.get("freq_mhz", MAXN)
             util = m.get("gpu_util_pct")
-            out[k] = Measurement(0.0 if freq == MAXN else float(freq), m["time_s"], m["energy_j"], None if util is None else util / 100.0)
+            energy = m.get("energy_joint_j", m["energy_j"])  # a joint sweep on the twin: the rails every clock feeds
+            out[k] = Measurement(0.0 if freq == MAXN else float(freq), m["time_s"], energy, None if util is None else util / 100.0)
     return out
 
 

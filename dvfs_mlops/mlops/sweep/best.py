@@ -1,7 +1,8 @@
 """A finished sweep's best configuration per workload, from its FINISHED points (`sweep --json`'s `workloads`).
 
 Each configuration's repeats are averaged; the best is the pinned configuration of least mean energy (`energy_j`, the
-training window), judged against the workload's maxn points. On the twin the figures are SIMULATED (one noisy draw per
+training window; on a joint sweep of the twin `energy_joint_j`, the rails the CPU and memory clocks feed included),
+judged against the workload's maxn points. On the twin the figures are SIMULATED (one noisy draw per
 point: judge policies on the twin's expected values, `dvfs-mlops evaluate`).
 """
 from __future__ import annotations
@@ -89,7 +90,7 @@ def sweep_best(c: MlflowClient, experiment_id: str, sweep_id: str,
             continue
         key: Setting | str = MAXN if p["freq_mhz"] == MAXN else Setting(float(p["freq_mhz"]), _number(p.get("cpu_freq_mhz")),
                                                                          _number(p.get("emc_freq_mhz")))
-        runs.setdefault(workload, {}).setdefault(key, []).append((m["energy_j"], m["time_s"]))
+        runs.setdefault(workload, {}).setdefault(key, []).append((m.get("energy_joint_j", m["energy_j"]), m["time_s"]))
     out = []
     for workload, by_config in runs.items():
         means = {k: (math.fsum(e for e, _ in v) / len(v), math.fsum(t for _, t in v) / len(v)) for k, v in by_config.items()}

@@ -82,8 +82,10 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
         # as the definition names it (tsv for a folder, whatever its files)
         entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
+        joint_metrics, joint_params = joint_energy(done.session) if spec.joint else ({}, {})
         record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
-            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params()})
+            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params(),
+                    **joint_params}, metrics=joint_metrics)
         tracked(lambda: run.log(record), point)
         if still_mine is not None and not still_mine():
             tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
@@ -96,6 +98,17 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     held = " (clock did NOT hold)" if report.clock_held is False else ""
     return (f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
             + held)
+
+
+def joint_energy(session: Any) -> tuple[dict[str, float | None], dict[str, str]]:
+    """A joint sweep's point on the twin: the training window's energy on the rails a joint comparison uses
+    (`SimSession.joint`: the CPU and memory clocks' rails included), as (metrics, params); nothing elsewhere."""
+    reading = getattr(session, "joint", None)
+    if reading is None:
+        return {}, {}
+    r = reading()
+    return ({"energy_joint_j": r.energy_joint_j, "energy_joint_expected_j": r.energy_joint_expected_j},
+            {"energy_joint_rails": ",".join(r.rails)})
 
 
 def tracked(call: Callable[[], Any], point: Point) -> Any:
