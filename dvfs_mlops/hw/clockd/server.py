@@ -155,6 +155,7 @@ class ClockService:
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a pin in progress ends
         self._in_progress = 0
+        self._answering = 0  # requests being answered (a pin's reply is sent after the pin ends)
         self._jetson: Any = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -242,7 +243,7 @@ class ClockService:
             self._stopping = True
         self._listener.close()
         with self._lock:
-            if not self._settled.wait_for(lambda: self._in_progress == 0, timeout=STOP_WAIT_S):
+            if not self._settled.wait_for(lambda: self._in_progress == 0 and self._answering == 0, timeout=STOP_WAIT_S):
                 log.error("clockd: a pin was still in progress after %.0f s; restoring what is held", STOP_WAIT_S)
         for lease in self._held_leases():
             with contextlib.suppress(DvfsError):  # logged by _end; the journal is kept for the next start
@@ -341,11 +342,18 @@ class ClockService:
                     break  # end of file: the client closed, exited or was killed
                 line, sender = got
                 self._heard(client, sender)
+                with self._lock:
+                    self._answering += 1  # stop() waits for the answer too, not only the pin it answers
                 try:
-                    reply = self._do(Request.decode(line), client)
-                except Exception as e:  # noqa: BLE001 - every error is a reply, the service goes on
-                    reply = Reply.failure(e)
-                conn.sendall(reply.encode())
+                    try:
+                        reply = self._do(Request.decode(line), client)
+                    except Exception as e:  # noqa: BLE001 - every error is a reply, the service goes on
+                        reply = Reply.failure(e)
+                    conn.sendall(reply.encode())
+                finally:
+                    with self._lock:
+                        self._answering -= 1
+                        self._settled.notify_all()
         except DvfsError as e:  # a line too long
             with contextlib.suppress(OSError):
                 conn.sendall(Reply.failure(e).encode())
