@@ -224,14 +224,30 @@ def production_store(root: Path, **env: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This worker's warm interpreter (testkit/warm.py): `warm.command()` runs `dvfs-mlops` as a new process forked
+    from one that has imported torch, transformers and mlflow already; `warm.path()` is a PATH whose `dvfs-mlops` and
+    `mlflow` are those (for scripts and `mlflow run`). For tests whose subject is what the commands do, not how a
+    fresh interpreter starts (those keep `sys.executable`)."""
+    from testkit.warm import WarmInterpreter
+
+    interpreter = WarmInterpreter.start(tmp_path_factory.mktemp("warm"))
+    try:
+        yield interpreter
+    finally:
+        interpreter.stop()
+
+
 SMOKE_SWEEP_CMD = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep",
                    "-P", "preset=smoke", "-P", "twin_profile=sim-orin"]  # the default, named: the same sweep id as without it
 
 
 @pytest.fixture(scope="session")
-def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir: Path) -> Path:
-    """The smoke sweep made by `mlflow run . -e sweep`, once per test run and shared by every xdist worker (a file
-    lock; the first worker to ask makes it). Nobody writes to it: users take a copy (`smoke_sweep_copy`)."""
+def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir: Path, warm: Any) -> Path:
+    """The smoke sweep made by `mlflow run . -e sweep` (its `mlflow` and `dvfs-mlops` warm), once per test run and
+    shared by every xdist worker (a file lock; the first worker to ask makes it). Nobody writes to it: users take a
+    copy (`smoke_sweep_copy`)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     master = shared / "smoke-sweep"
@@ -241,9 +257,8 @@ def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir
         if not done.exists():
             shutil.rmtree(master, ignore_errors=True)
             master.mkdir()
-            venv_bin = str(Path(sys.executable).parent)
             env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{master}/mlflow.db", "DVFS_CACHE_DIR": str(trace_cache_dir),
-                   "DVFS_SYSTEM_STATE_PREFIX": str(master / "state"), "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
+                   "DVFS_SYSTEM_STATE_PREFIX": str(master / "state"), "PATH": warm.path()}
             out = subprocess.run(SMOKE_SWEEP_CMD, env=env, capture_output=True, text=True, timeout=900, cwd=master)
             done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}))
     return master
