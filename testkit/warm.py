@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Imported by the zygote before it serves: the heavy roots the commands import lazily (then what the commands import
@@ -42,13 +43,16 @@ PRELOAD = ("torch", "transformers", "transformers.models.bert.modeling_bert", "t
            "transformers.models.auto.modeling_auto", "accelerate", "mlflow", "mlflow.cli", "mlflow.projects", "mlflow.pyfunc",
            "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store",
            "mlflow.tracking", "optuna", "sqlalchemy", "alembic", "psycopg", "dvfs_mlops.app.cli")
-COMMANDS = ("dvfs-mlops", "mlflow")  # console scripts of the venv that get a warm shim
+COMMANDS = ("dvfs-mlops", "mlflow", "python")  # the venv's console scripts, and `python -m MODULE` / `python -c CODE`
 # Environment variables read at import time by Python or the preloaded libraries (Python's PYTHON*, the locale of
 # stdio, torch's and OpenMP's thread pools, huggingface_hub.constants, tqdm's envwrap defaults, mlflow/__init__.py's
 # logging set-up): a command whose value differs from the zygote's starts cold.
 COLD_ENV = re.compile(r"^(PYTHON|LANG$|LC_|HF_|HUGGINGFACE|TRANSFORMERS|TOKENIZERS|TORCH|PYTORCH|CUDA|OMP_|MKL_|KMP_|"
                       r"OPENBLAS|TQDM_|MLFLOW_CONFIGURE_LOGGING$|MLFLOW_LOGGING_LEVEL$|_MLFLOW_)")
 _COLD = ""  # set when preloading started a thread: every command is exec'd cold from then on
+# Set by the preloaded libraries themselves when imported (a test process that imported them passes them on): MLflow's
+# telemetry session id (mlflow/telemetry), torch's inductor cache folder (torch/_inductor); neither is read at import.
+SET_BY_IMPORTS = frozenset({"_MLFLOW_TELEMETRY_SESSION_ID", "TORCHINDUCTOR_CACHE_DIR"})
 HEADER = 8  # bytes: the request's length, sent with its three file descriptors
 
 SHIM = '''#!{python} -S
@@ -136,8 +140,13 @@ class WarmInterpreter:
         return cls(folder, proc)
 
     def command(self, name: str = "dvfs-mlops") -> list[str]:
-        """The argv prefix that runs console script `name` warm (in place of `[sys.executable, "-m", "dvfs_mlops"]`)."""
+        """The argv prefix that runs console script `name` warm."""
         return [str(self.bin / name)]
+
+    @property
+    def python(self) -> str:
+        """An interpreter whose `-m MODULE ...` and `-c CODE ...` run warm (in place of `sys.executable`)."""
+        return str(self.bin / "python")
 
     def path(self, rest: str | None = None) -> str:
         """A PATH whose `dvfs-mlops` and `mlflow` are the warm shims (for scripts and `mlflow run`), then the venv."""
@@ -283,20 +292,48 @@ def _become(request: dict, fds: list[int], zygote_env: dict[str, str], learned: 
     env = request["env"]
     os.environ.clear()
     os.environ.update(env)
-    script = str(Path(sys.executable).parent / request["command"])
-    argv = [script, *request["argv"]]
-    cold = sorted(k for k in set(env) | set(zygote_env) if COLD_ENV.match(k) and env.get(k) != zygote_env.get(k))
-    if cold or _COLD:
-        os.execve(sys.executable, [sys.executable, *argv], env)
+    main = _entry(request["command"], request["argv"])
+    cold = sorted(k for k in (set(env) | set(zygote_env)) - SET_BY_IMPORTS if COLD_ENV.match(k) and env.get(k) != zygote_env.get(k))
+    why = _COLD or (f"{', '.join(cold)} differ" if cold else "") or ("not a form it runs warm" if main is None else "")
+    with open(learned.with_name("commands.log"), "a") as log:  # what ran warm, what cold and why
+        log.write(f"{'cold (' + why + ')' if why else 'warm'}: {request['command']} {' '.join(request['argv'])[:300]}\n")
+    if why:
+        script = [] if request["command"] == "python" else [str(Path(sys.executable).parent / request["command"])]
+        os.execve(sys.executable, [sys.executable, *script, *request["argv"]], env)
     if "numpy" in sys.modules:  # numpy's global generator was seeded in the zygote (Python's `random` reseeds at fork)
         sys.modules["numpy"].random.seed()
-    sys.argv = argv
-    sys.path[0] = str(Path(script).parent)  # as a console script's own interpreter has it
     gc.enable()
     before = set(sys.modules)
-    code = _run_as_main(script)
+    code = _run_as_main(main)
     _report(before, learned)
     os._exit(code)
+
+
+def _entry(command: str, args: list[str]) -> Callable[[], object] | None:
+    """What runs `command args` as `__main__`, with sys.argv and sys.path[0] as that interpreter would have them
+    (Python docs, "Command line and environment": `-c` argv[0] '-c' and path '', `-m` the module's file and the
+    working directory, a script its own path and folder); None for a form it does not run warm (other options)."""
+    import runpy
+
+    if command != "python":
+        script = str(Path(sys.executable).parent / command)  # the venv's console script
+        sys.argv, sys.path[0] = [script, *args], str(Path(script).parent)
+        return lambda: runpy.run_path(script, run_name="__main__")
+    if len(args) >= 2 and args[0] == "-m":
+        sys.argv, sys.path[0] = [args[1], *args[2:]], os.getcwd()  # runpy puts the module's file in argv[0]
+        return lambda: runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    if len(args) >= 2 and args[0] == "-c":
+        sys.argv, sys.path[0] = ["-c", *args[2:]], ""
+
+        def run_code() -> None:
+            import types
+
+            module = types.ModuleType("__main__")
+            sys.modules["__main__"] = module
+            exec(compile(args[1], "<string>", "exec"), module.__dict__)  # noqa: S102 - what `python -c` does
+
+        return run_code
+    return None
 
 
 def _learned_file(sock_path: str) -> Path:
@@ -324,20 +361,19 @@ def _report(before: set[str], learned: Path) -> None:
             f.write(" ".join(sorted(new)) + "\n")
 
 
-def _run_as_main(script: str) -> int:
-    """Run `script` as `__main__` and end as Python's own shutdown does (Python/pythonrun.c `handle_system_exit`,
+def _run_as_main(main: Callable[[], object]) -> int:
+    """Run `main` (a script, module or code as `__main__`) and end as Python's own shutdown does (Python/pythonrun.c `handle_system_exit`,
     Python/pylifecycle.c `Py_FinalizeEx`): SystemExit's code (None 0, an int itself, anything else printed and 1), an
     uncaught exception's traceback and 1, an uncaught KeyboardInterrupt the SIGINT death; then non-daemon threads
     joined, atexit handlers run, stdio flushed. Returns the exit code. What it skips is the module teardown (its garbage
     collection of the zygote's whole heap costs seconds; the stores' SQLite files are committed, not journalled in WAL)."""
     import atexit
-    import runpy
     import threading
     import traceback
 
     code, interrupted = 0, False
     try:
-        runpy.run_path(script, run_name="__main__")
+        main()
     except SystemExit as e:
         if e.code is None:
             code = 0
