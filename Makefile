@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    - the main job on the embedded default (sim device, local SQLite MLflow store)
 #   make test   - the test suite
-# Both create or refresh the local virtual environment (.venv) first.
+# Both create or refresh the local virtual environment (.venv) first; `make docs` builds the documentation site.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -23,6 +23,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -25,6 +25,9 @@ SUITES = {
     "clockd": ("Clock service: restore after SIGKILL, pin and restore overhead (fake Jetson sysfs, as root)",
                "benchmarks.clockd_latency"),
     "fleet": ("Workers sharing only a tracking server split one sweep: duplicated work (SIMULATED)", "benchmarks.fleet_split"),
+    "real": ("Real measured grids replayed: curve error, adaptive regret, refine (REPLAYED)", "benchmarks.real"),
+    "joint": ("Joint GPU/CPU/EMC search on the BoFL grid (REPLAYED)", "benchmarks.joint"),
+    "twin_joint": ("The twin fitted on the BoFL grid: held-out error and picks (SIMULATED vs REPLAYED)", "benchmarks.twin_joint"),
 }
 
 

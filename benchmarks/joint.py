@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dvfs_mlops.hw.replay import Setting
+    from dvfs_mlops.clocks import Setting
     from dvfs_mlops.model.governor.objectives import Objective
     from dvfs_mlops.model.joint import JointSpace, Measured, TimeEnergy
 

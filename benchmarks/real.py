@@ -21,8 +21,10 @@ GPU-only slice (CPU and EMC clocks at their highest), through the replay device 
   smoother lands within the target and the curve model through every clock does not, the model's form is the limit.
 
 Single-shot grids (one measurement per setting) carry their noise into every figure: a regret is one draw, not an
-average. Nothing here writes anything. The Perseus grids are built from the per-workload curves next to them
-(`--rebuild`; those are built from raw/ by `python -m benchmarks.public_curves --rebuild`).
+average. Nothing here writes anything outside a temporary folder: the timed `dvfs-mlops sweep --device replay` of the
+BoFL grid's GPU-only slice (one MLflow run per point, end to end) logs into a fresh SQLite store there. The Perseus
+grids are built from the per-workload curves next to them (`--rebuild`; those are built from raw/ by
+`python -m benchmarks.public_curves --rebuild`).
 
     python -m benchmarks.real             # the markdown table and the notes on rough curves
     python -m benchmarks.real --rebuild   # regenerate the Perseus grids first
@@ -216,6 +218,30 @@ def replay_time(name: str, repeats: int = 5) -> tuple[float, float, int]:
     return statistics.median(opens), statistics.median(plays), sessions
 
 
+def sweep_time(name: str) -> tuple[float, int, list[dict[str, Any]]]:
+    """(wall seconds, points, `sweep --json`'s picks) of `dvfs-mlops sweep --device replay` over the grid's GPU-only
+    slice, end to end (one MLflow run per point, summary, plots) into a fresh SQLite store whose schema is made first
+    (MLflow's migrations are not the sweep's). One run: the figure of record, not a median."""
+    import json
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "DVFS_TORCH_DEVICE": "cpu",
+               "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", "from mlflow.tracking import MlflowClient; MlflowClient().search_experiments()"],
+                       env=env, cwd=tmp, check=True, capture_output=True)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "dvfs_mlops", "sweep", "--device", "replay", "--trace", str(DATA / f"{name}.csv"),
+                               "--claims", "none", "--json"], env=env, cwd=tmp, check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    picks = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    ran = re.search(r": ran (\d+) points", done.stderr)
+    return wall, int(ran.group(1)) if ran else 0, picks
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
@@ -278,6 +304,10 @@ def run() -> list[tuple[str, str, str]]:
     opened, played, sessions = replay_time("bofl-agx-xavier")
     rows.append((f"[bofl-agx-xavier] open the grid; replay its GPU-only slice ({sessions} sessions)",
                  f"{1000 * opened:.0f} ms; {1000 * played:.1f} ms", "-"))
+    wall, points, picks = sweep_time("bofl-agx-xavier")
+    best = ", ".join(sorted({f"{p['best']['gpu_mhz']:g}" for p in picks}))
+    what = f"[bofl-agx-xavier] `dvfs-mlops sweep --device replay` of the GPU-only slice, end to end ({points} MLflow runs; picks {best} MHz)"
+    rows.append((what, f"{wall:.1f} s", "-"))
     return rows
 
 

@@ -98,7 +98,7 @@ def _argmins(measured: Any, twin: Any, idx: list[int]) -> tuple[int, int]:
 
 def emc_axis(grid: Any, fit: Any) -> list[tuple[str, float, float, float]]:
     """Per workload and EMC clock at the top GPU and CPU clocks: (workload, EMC MHz, grid time, twin time)."""
-    from dvfs_mlops.hw.replay import Setting
+    from dvfs_mlops.clocks import Setting
     from dvfs_mlops.hw.twin.physics import estimate_work
 
     top = grid.top
@@ -130,7 +130,7 @@ def orin_headroom(profile: str, model: str) -> Headroom:
     """Every (GPU, CPU, EMC) setting of a built-in twin's tables for one model (batch 16, SST-2's mean length)."""
     import itertools
 
-    from dvfs_mlops.hw.replay import Setting
+    from dvfs_mlops.clocks import Setting
     from dvfs_mlops.hw.twin.physics import RAILS, estimate_step, joint_energy
     from dvfs_mlops.hw.twin.profiles import builtin_profile
     from dvfs_mlops.hw.twin.trace import TraceCache

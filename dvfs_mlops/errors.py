@@ -6,6 +6,8 @@ message as one line and exits with code 2; library users catch the class they ca
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class DvfsError(Exception):
     """Base class of errors meant to be shown to a user as one line."""
@@ -66,7 +68,7 @@ class DeviceNotFoundError(DvfsError):
 _PLURALS = {"frequency": "frequencies", "policy": "policies"}
 
 
-def unknown(kind: str, value: object, valid: list[object] | tuple[object, ...]) -> UnknownNameError:
+def unknown(kind: str, value: object, valid: Sequence[object]) -> UnknownNameError:
     """Build the standard 'unknown X; valid Xs: ...' error.
 
     Args:

@@ -215,7 +215,7 @@ def test_sweep_and_finetune_options_build_their_requests(monkeypatch):
 
     seen = {}
 
-    def fake_sweep(request, device, worker, say):
+    def fake_sweep(request, device, worker, say, with_best=False):
         seen.update(request=request, device=device, worker=worker)
         return sweep_command.SweepReport(None, True, [])
 

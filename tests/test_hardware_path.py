@@ -223,7 +223,7 @@ def test_run_refuses_a_clock_above_the_modes_cap_and_records_it_with_above_mode_
     assert out["above_mode_cap"] is True and out["nvpmodel_mode"] == "2:MODE_30W" and out["cap_at_start_mhz"] is None
     assert out["power_mode"] == {"mode_id": 2, "name": "MODE_30W", "gpu_max_mhz": 612.0, "gpu_min_mhz": None, "tpc_pg_mask": None,
                                  "cpu_ranges": [], "emc_max_mhz": None}  # the test's own conf names no CPU or EMC limit
-    assert "pinned above the power mode's GPU cap" in r.stderr
+    assert "pinned above the power mode's cap (--above-mode-cap)" in r.stderr
     assert orin6.range_hz == (ORIN_TABLE_HZ[0], 612000000)  # the mode's range, put back
 
 

@@ -204,13 +204,3 @@ def test_settings_is_the_one_module_that_touches_the_environment():
                                                                                                   p.read_text()))
     assert touching == ["dvfs_mlops/settings.py"], touching
 
-
-def test_the_readme_lists_every_environment_variable_with_its_default():
-    from dvfs_mlops.settings import VARIABLES
-
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| (.+?) \|", section, re.MULTILINE)}
-    assert set(rows) == {v.name for v in VARIABLES}
-    for v in VARIABLES:
-        assert v.default in rows[v.name], (v.name, rows[v.name])

@@ -126,9 +126,9 @@ def test_with_every_parameter_unset_each_record_has_its_own_defaults(entry, monk
 
 @pytest.mark.parametrize("entry, params, expected", [
     ("sweep", {"preset": "smoke", "steps": "2", "repeats": "3", "models": "bert-tiny,pythia-14m", "freqs": "510",
-               "data_dir": "/data/my glue", "replay": "false", "strategy": "adaptive", "warmup_steps": "1", "train_size": "64"},
+               "data_dir": "/data/my glue", "train_once": "false", "strategy": "adaptive", "warmup_steps": "1", "train_size": "64"},
      {"preset": "smoke", "steps": 2, "repeats": 3, "models": "bert-tiny,pythia-14m", "freqs": "510", "data_dir": "/data/my glue",
-      "replay": False, "strategy": "adaptive", "warmup_steps": 1, "train_size": 64, "batch_size": 16}),
+      "train_once": False, "strategy": "adaptive", "warmup_steps": 1, "train_size": 64, "batch_size": 16}),
     ("sweep", {"peft": "lora", "lora_r": "16"}, {"peft": ("lora", 16, 16)}),
     ("sweep", {"knob": "attn_implementation=eager"}, {"knobs": ("attn_implementation=eager",)}),
     ("train", {"sweep_id": "sweep-abc", "trials": "5", "seed": "7", "register": "false", "cv_split": "task"},

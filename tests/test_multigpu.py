@@ -226,12 +226,13 @@ def test_dvfs_callback_under_torchrun_runs_every_rank_at_rank_0s_clock_and_logs_
     runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
     assert len(runs) == 1  # rank 0's run; rank 1 logged nothing
     metrics, tags = runs[0].data.metrics, runs[0].data.tags
-    per_gpu = [metrics["dvfs_energy_j_gpu0"], metrics["dvfs_energy_j_gpu1"]]
+    keys = [f"{host_name()}/{uuid}" for uuid in uuids]  # per GPU by node and UUID, never by index alone
+    per_gpu = [metrics[f"dvfs_energy_j/{key}"] for key in keys]
     assert per_gpu == pytest.approx([r["energy_j"] for r in ranks])
     assert metrics["dvfs_energy_j"] == pytest.approx(sum(per_gpu)) == pytest.approx(ranks[0]["job_energy_j"])
-    assert [metrics["dvfs_avg_power_w_gpu0"], metrics["dvfs_avg_power_w_gpu1"]] == pytest.approx([100, 200], rel=0.05)
-    assert [tags["dvfs.gpu0.uuid"], tags["dvfs.gpu1.uuid"]] == uuids and tags["dvfs.gpu_count"] == "2"
-    assert [tags["dvfs.gpu0.rank"], tags["dvfs.gpu1.rank"]] == ["0", "1"] and tags["dvfs.freq_mhz"] == str(FREQ)
+    assert [metrics[f"dvfs_avg_power_w/{key}"] for key in keys] == pytest.approx([100, 200], rel=0.05)
+    assert [tags[f"dvfs.gpu.{key}.index"] for key in keys] == ["0", "1"] and tags["dvfs.gpu_count"] == "2"
+    assert [tags[f"dvfs.gpu.{key}.rank"] for key in keys] == ["0", "1"] and tags["dvfs.freq_mhz"] == str(FREQ)
     assert tags["dvfs.clock_held"] == "true"
     assert "no-such-governor" in ranks[0]["decide_error"]  # rank 0's own error ...
     assert ranks[1]["decide_error"].startswith("DvfsError: rank 0 could not decide the clock (")  # ... told to rank 1

@@ -50,6 +50,10 @@ def test_version_carries_tags_metrics_and_artifacts(store):
         assert m[f"{k}_outer_regret_ci_low"] <= m[f"{k}_outer_regret"] <= m[f"{k}_outer_regret_ci_high"]
         assert {f"{k}_outer_regret_{s}" for s in ("workload", "task", "model")} <= m.keys()
     assert {"n_features_used", "features_matter", "tree_depth"} <= m.keys() and mv.tags["family"] in ("curve", "classifier", "fixed", "published")
+    # which family of candidate won and why (SearchResult.description): the version's description, the run's, an artifact
+    assert "Each fold's own search chose" in mv.description and mv.description.startswith(("A fixed clock", "The published", "A curve", "A classifier"))
+    assert c.get_run(mv.run_id).data.tags["mlflow.note.content"] == mv.description[:5000]
+    assert "description.md" in {a.path for a in c.list_artifacts(mv.run_id)}
     trials = c.search_runs([c.get_run(mv.run_id).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{mv.run_id}'")
     assert len(trials) == 8 and all("inner_regret" in t.data.metrics for t in trials)
     import mlflow

@@ -47,7 +47,8 @@ def test_run_pins_the_cpu_and_emc_clocks_with_the_gpus_and_says_what_held(orin6_
      "unknown memory (EMC) clock '3000'; valid memory (EMC) clocks: 204, 665.6, 2133, 3199"),
     (("--device", "jetson", "--freq", "612", "--cpu-freq", "-5"), "--cpu-freq is a clock in MHz of the device's table"),
     (("--device", "jetson", "--observe", "--cpu-freq", "960"), "--observe pins nothing, so it cannot pin the CPU clock"),
-    (("--device", "sim", "--freq", "612", "--emc-freq", "2133"), "the sim backend cannot set the memory (EMC) clock (--emc-freq)"),
+    (("--device", "sim", "--freq", "612", "--emc-freq", "2500"),
+     "EMC clock 2500.0 MHz is not in the sim-orin twin's EMC table; its EMC clocks (MHz): 204, 665.6, 2133, 3199"),
 ])
 def test_bad_knobs_are_one_line_and_nothing_is_touched(orin6_kernel, state_dir, args, message):
     k = orin6_kernel

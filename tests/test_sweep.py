@@ -127,7 +127,7 @@ def test_accuracy_identical_across_clocks(smoke_store):
     for r in children:
         by_workload.setdefault(r.data.tags["dvfs.workload"], set()).add(r.data.metrics["eval_accuracy"])
     assert len(by_workload) == SMOKE_WORKLOADS and all(len(v) == 1 for v in by_workload.values())
-    replays = [r for r in children if r.data.tags["dvfs.sim_replay"] == "true"]
+    replays = [r for r in children if r.data.tags["dvfs.sim_train_once"] == "true"]
     assert len(replays) == SMOKE_POINTS - SMOKE_WORKLOADS  # trained once per workload, replayed at the other clocks
 
 

@@ -75,3 +75,19 @@ def test_a_listed_field_changes_the_id():
     base = build_spec(board_of(SimDevice()), SweepRequest("smoke"))
     for change in ({"seed": 1}, {"steps": 5}, {"precision": "bf16"}, {"strategy": "adaptive"}, {"repeats": 2}):
         assert dataclasses.replace(base, sweep_id="", **change).with_default_id().sweep_id != base.sweep_id, change
+
+
+def test_the_clock_knobs_keep_todays_ids_and_a_joint_sweep_is_another():
+    """`--knobs gpu` (the default) adds nothing to the identity; tuning the CPU clock too is another sweep, whose
+    points are configurations (maxn alone pins nothing)."""
+    dev = SimDevice()
+    board = board_of(dev)
+    gpu = build_spec(board, SweepRequest("smoke", tuned="gpu"), dev)
+    assert gpu.sweep_id == PINNED["smoke"] and {"tuned", "cpu_freqs", "emc_freqs"}.isdisjoint(gpu.definition())
+    joint = build_spec(board, SweepRequest("smoke", tuned="gpu,cpu", cpu_freqs="2201.6,1190.4"), dev)
+    assert joint.sweep_id != gpu.sweep_id
+    assert joint.definition()["tuned"] == ["gpu", "cpu"] and joint.definition()["cpu_freqs"] == ["1190.4", "2201.6"]
+    points = [p for p in joint.points() if p.model == "bert-tiny" and p.task == "sst2"]
+    assert len(points) == 1 + 3 * 2 and points[0].key == "bert-tiny/sst2@maxn#0" and points[1].key == "bert-tiny/sst2@510/cpu1190.4#0"
+    every = build_spec(board, SweepRequest("smoke", tuned="emc,gpu"), dev)  # a clock's whole table unless named; any order
+    assert every.tuned == ("gpu", "emc") and every.emc_freqs == tuple(dev.emc_frequencies_mhz) and every.cpu_freqs == ()

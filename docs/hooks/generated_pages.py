@@ -1,7 +1,8 @@
 """MkDocs hook (mkdocs.yml, `hooks:`): the pages written from the code each time the site is built.
 
 - `reference/environment.md`: `dvfs_mlops.settings.VARIABLES`, the one list of every environment variable.
-- `reference/logged.md`: every param, metric and tag a run logs (`logged_params_and_metrics`).
+- `reference/logged.md`: every param and metric a run logs (`dvfs_mlops.mlops.fields`) and the tags
+  (`logged_params_and_metrics`).
 
 The CLI reference (mkdocs-click) and the Python API (mkdocstrings) are those plugins' own, placed by their pages.
 A new generated page is a function returning its Markdown, an entry in `GENERATED` and a line in mkdocs.yml's nav.
@@ -46,13 +47,16 @@ def _architecture_section(title: str) -> str:
 
 
 def logged_params_and_metrics() -> str:
-    """The page of every experiment, param, metric and tag a run logs.
+    """The page of every param and metric a run logs (`mlops.fields.markdown_table`, the one declaration the writer,
+    the dataset reader and the governor's signature derive from), then the experiments and tags (the architecture
+    page's MLflow schema)."""
+    from dvfs_mlops.mlops.fields import markdown_table
 
-    Plug-in point: when `dvfs_mlops.mlops` declares each param and metric with a function rendering the declaration
-    as Markdown, this function returns that function's Markdown (one line replaces the return below).
-    """
-    return ("# Logged params and metrics\n\nWhat each MLflow run carries, by experiment (from the architecture page's "
-            "[MLflow schema](../ARCHITECTURE.md#mlflow-schema)).\n\n" + _architecture_section("MLflow schema") + "\n")
+    return ("# Logged params and metrics\n\nEvery param and metric a run logs, from the declaration the code writes and "
+            "reads them by (`dvfs_mlops/mlops/fields.py`). *runs*: which runs carry it (a sweep point, a fine-tune, ...); "
+            "*feature*: the governor reads it; *knob*: a setting of the job (`--knob NAME=VALUE`).\n\n" + markdown_table()
+            + "\n## Experiments and tags\n\nWhat each MLflow experiment holds, and the tags its runs carry (from the "
+            "architecture page's [MLflow schema](../ARCHITECTURE.md#mlflow-schema)).\n\n" + _architecture_section("MLflow schema") + "\n")
 
 
 GENERATED: dict[str, Callable[[], str]] = {

@@ -16,17 +16,17 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class CalibrateReport:
-    """What `dvfs-mlops calibrate` did: the calibration's outcome, whether it ran on the twin, and the MLflow UI link
+    """What `dvfs-mlops calibrate` did: the calibration's outcome, how its points were measured, and the MLflow UI link
     lines of the new version."""
 
     outcome: CalibrationOutcome
-    simulated: bool
+    label: str  # ' (SIMULATED)' on the twin, ' (REPLAYED)' on a measured grid, '' live
     link: list[str]
 
     def lines(self) -> list[str]:
         """The summary: source, what was measured, the version and whether it is production now."""
         o = self.outcome
-        label = " (SIMULATED)" if self.simulated else ""
+        label = self.label
         resumed = f"{o.points_run} points measured" if o.points_run else "every point already measured (resumed)"
         status = (f"now production-{o.family}" if o.promoted
                   else f"not promoted: production-{o.family} stays v{o.kept} (--promote replaces it); promote it with: "
@@ -65,4 +65,6 @@ def calibrate(request: CalibrationRequest, choice: DeviceChoice, say: Callable[[
     board = board_of(dev, choice.torch_device or None)
     say(announcement(dev, choice))
     out = calibrate_board(dev, board, request, say=say)
-    return CalibrateReport(out, bool(dev.simulated), version_link_lines(out.version))
+    from dvfs_mlops.mlops.sweep.progress import device_label
+
+    return CalibrateReport(out, device_label(board), version_link_lines(out.version))

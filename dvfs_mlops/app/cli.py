@@ -106,10 +106,9 @@ def simulate(request: SimulateRequest, device: DeviceChoice, as_json: bool) -> N
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--freq", default="", help="Clock in MHz from the device's table, or 'maxn' (required unless --observe).")
 @opts.knob_options
-@opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id")
+@opts.device_options("device", "sample_hz", "gpu_index", "assume_unlocked", "twin_profile", "twin_params", "device_id", "above_mode_cap")
 @opts.OBSERVE_OPTION
 @click.option("--all-gpus", is_flag=True, help="nvml: pin and meter every GPU from the start (default: the GPUs COMMAND uses).")
-@click.option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU, CPU or EMC cap (recorded).")
 @opts.JSON_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(freq: str, knobs: RunKnobs, device: DeviceChoice, observe: bool, as_json: bool, command: tuple[str, ...], **gpus: bool) -> int:
@@ -123,12 +122,11 @@ def run(freq: str, knobs: RunKnobs, device: DeviceChoice, observe: bool, as_json
 @opts.sweep_options
 @opts.device_options()
 @opts.sweep_worker_options
-def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker) -> None:
-    """Fine-tune each workload at each clock; one MLflow run per point (resumable; several workers may share a sweep)."""
+@opts.JSON_OPTION
+def sweep(request: SweepRequest, device: DeviceChoice, worker: SweepWorker, as_json: bool) -> None:
+    """Fine-tune each workload at each clock (configuration); one MLflow run per point (resumable; several workers may share a sweep)."""
     from dvfs_mlops.app.sweep_command import run_sweep_command
-
-    report = run_sweep_command(request, device, worker, say=_echo_err)
-    _echo_lines([*report.lines(), *report.link])
+    run_sweep_command(request, device, worker, say=_echo_err, with_best=as_json).emit(as_json, click.echo)
 
 
 @main.command()
@@ -269,7 +267,6 @@ def twin_fit(sweep_id: str, experiment: str, csv_path: str | None, device: Devic
              as_json: bool) -> None:
     """Fit a profile's timing and power constants to measured points; write it as YAML (loadable by --twin-params)."""
     from dvfs_mlops.app.twin_fit import fit_twin_command
-
     outcome = fit_twin_command(device, sweep_id, experiment, csv_path, name, out, say=_echo_err, force=force)
     _echo_lines([json.dumps(outcome.to_dict(), indent=2)] if as_json else outcome.lines())
 

@@ -1,16 +1,17 @@
 """The device a command runs on, as the command line chose it (`DeviceChoice`), and `dvfs-mlops devices`.
 
 `DeviceChoice` is what the device options (--device, --sample-hz, --gpu-index, --assume-unlocked, --torch-device,
---twin-profile, --twin-params, --device-id, --trace) ask for; `load_twin` and `open_chosen` turn it into the twin's constants
+--twin-profile, --twin-params, --device-id, --trace, --above-mode-cap) ask for; `load_twin` and `open_chosen` turn it into the twin's constants
 and an open device, with the checks every command makes the same way. A replay device (`--device replay --trace FILE`)
-plays a measured grid whose workloads may carry the governor's feature columns (`model.workload.FEATURE_COLUMNS`).
+plays a measured grid whose workloads may carry the governor's feature columns (`model.workload.FEATURE_COLUMNS`) and
+a `split` column (train or eval: the workload's side of the governor's held-out split; default train).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
@@ -18,10 +19,14 @@ from dvfs_mlops.hw.placement import check_torch_device
 
 # --trace's help: the columns of a replay grid (hw/replay.py) and their units.
 TRACE_HELP = ("replay: the measured grid to play: workload, gpu_mhz (MHz), time_s (s) and energy_j (J) of the same unit of work; "
-              "optional cpu_mhz, emc_mhz (MHz), power_w (W), repeat and the governor's feature columns.")
+              "optional cpu_mhz, emc_mhz (MHz), power_w (W), repeat, the governor's feature columns and split (train or eval).")
+# A replay grid's per-workload columns besides the governor's features: the workload's side of the held-out split.
+SPLIT_COLUMN = "split"
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.device import Device, DeviceInfo
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.hw.twin.params import OrinTwinParams
 
 
@@ -39,6 +44,7 @@ class DeviceChoice:
         device_id: which board this is, for the runs' tags ('': the backend's own id).
         torch_device: where training runs instead of the backend's own GPU ('': the backend's).
         trace: replay: the measured grid's CSV (None: none given).
+        above_mode_cap: jetson: allow a pin above the power mode's GPU, CPU or EMC cap (refused otherwise; recorded).
     """
 
     backend: str = "auto"
@@ -50,6 +56,7 @@ class DeviceChoice:
     device_id: str = ""
     torch_device: str = ""
     trace: str | None = None
+    above_mode_cap: bool = False
 
     def __post_init__(self) -> None:
         check_torch_device(self.torch_device)
@@ -99,9 +106,9 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
     replay = choice.backend == "replay"
     dev = open_device(choice.backend, sample_hz=choice.sample_hz, gpu_index=choice.gpu_index, twin_params=twin,
                       announce=None if replay else announce, assume_unlocked=choice.assume_unlocked, trace=choice.trace,
-                      trace_columns=FEATURE_COLUMNS)
+                      trace_columns=(*FEATURE_COLUMNS, SPLIT_COLUMN))
     if replay:
-        check_replay_features(dev)  # before the device is announced: a bad grid is one line
+        check_replay_features(cast("ReplayDevice", dev))  # before the device is announced: a bad grid is one line
         if announce is not None:
             announce(announcement(dev, choice))
     if twin is not None and not dev.simulated:
@@ -109,12 +116,14 @@ def open_chosen(choice: DeviceChoice, twin: OrinTwinParams | None = None, announ
                         "drop them or use --device sim")
     if choice.device_id.strip():
         dev.device_id = choice.device_id.strip()
+    if choice.above_mode_cap and dev.name == "jetson":
+        cast("JetsonDevice", dev).above_mode_cap = True  # recorded by its sessions (context "above_mode_cap")
     return dev
 
 
-def check_replay_features(device: Any) -> None:
+def check_replay_features(device: ReplayDevice) -> None:
     """A replay grid's feature columns hold what the governor reads: numbers, except `model_type` (encoder or decoder)
-    and `precision` (fp32, bf16 or fp16).
+    and `precision` (fp32, bf16 or fp16); its `split` column is train or eval.
 
     Args:
         device: an open replay device.
@@ -122,7 +131,7 @@ def check_replay_features(device: Any) -> None:
     Raises:
         DvfsError: a feature value of the wrong kind (one line naming the workload and the column).
     """
-    choices = {"model_type": ("encoder", "decoder"), "precision": ("fp32", "bf16", "fp16")}
+    choices = {"model_type": ("encoder", "decoder"), "precision": ("fp32", "bf16", "fp16"), SPLIT_COLUMN: ("train", "eval")}
     for workload, features in device.grid.features.items():
         for column, value in features.items():
             if column in choices:
@@ -153,7 +162,7 @@ def refuse_replay(choice: DeviceChoice, what: str) -> None:
                         "use --device jetson, nvml or sim")
 
 
-def announcement(device: Any, choice: DeviceChoice) -> str:
+def announcement(device: Device, choice: DeviceChoice) -> str:
     """The one-line 'device: ...' announcement of an open device ('[auto]' when --device auto picked it)."""
     from dvfs_mlops.hw import describe_device
 

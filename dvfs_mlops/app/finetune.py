@@ -141,32 +141,36 @@ def run_finetune(device: Device, board: Board, job: Job, options: LaunchOptions,
     job.workload.materialize()  # data, tokenizer, encoded splits: loaded before any clock is touched
     tags = {schema.TAG_SIMULATED: str(board.simulated).lower(), schema.TAG_WORKLOAD: job.workload.name,
             schema.TAG_BOARD_FAMILY: board.family}
+    tables = options.knob_tables(device)  # a clock to tune that the backend cannot set: before the run is made
     with lifecycle.owned_run(schema.FINETUNE_EXPERIMENT, name=job.workload.name, tags=tags, client=c) as run:
-        decision = plan_decision(device, board, job, options, say)
+        decision = plan_decision(device, board, job, options, say).with_knobs_at_top(tables)
         _say_all(say, decision.lines())
         run.log_batch(tags={**decision.tags(), schema.TAG_RUN_NAME: f"{job.workload.name}@{decision.freq_mhz:g}"})
         observing = f"observing on {board.backend}{_sim(board)} (clocks left as found; would pin {decision.freq_mhz:g} MHz)"
         say(f"{observing if options.observe else f'pinning {decision.freq_mhz:g} MHz on {board.backend}{_sim(board)}'}, "
             f"fine-tuning on {job.torch_device} ...")
         launch = Launch(device, board, decision, refine=refine_budget(decision, options, board, say), observe=options.observe,
-                        label="finetune", say=say)
+                        label="finetune", say=say, knobs=tables)
         done = launch.run(job)
         result = done.result
         assert result is not None
         base = records.job_record(job, board, done.session, result, done.settled_mhz)
-        run.log(base.plus(params={"gpu_util_probe_pct": round(decision.features.gpu_util_pct or 0.0, 3) if decision.features else 0.0},
+        run.log(base.plus(params={"gpu_util_probe_pct": round(decision.features.gpu_util_pct or 0.0, 3) if decision.features else 0.0,
+                                  **done.knob_params()},
                           metrics={"expected_saving_vs_maxn": decision.expected_saving}))
         if done.refined is not None:
             _log_refine(run, done.refined, job.workload.name, board.simulated)
         if options.save_model and result.model is not None:
             _log_model(run, result, job.workload)
     say(_done_line(done, result, options.observe, board.simulated, run))
+    if (lost := records.clock_lost_line(done.session)) is not None:
+        say(lost)
     summary = _summary(decision, board, job)
     summary.update({"run_id": run.run_id, "experiment": run.experiment_name,
                     "metrics": {k: v for k, v in base.metrics.items() if v is not None}})
     if done.refined is not None:
         r = done.refined
-        summary["refine"] = {"start_mhz": r.start_mhz, "chosen_mhz": r.chosen_mhz, "reason": r.reason,
+        summary["refine"] = {"start_mhz": r.start_mhz, "chosen_mhz": r.chosen_mhz, **r.chosen_knobs, "reason": r.reason,
                              "probes": [dataclasses.asdict(p) for p in r.probes], "simulated": board.simulated}
     return summary
 
@@ -218,7 +222,8 @@ def _log_model(run: OwnedRun, result: FinetuneResult, workload: PreparedWorkload
 
 def _log_refine(run: OwnedRun, refined: RefineResult, workload: str, simulated: bool) -> None:
     """The probes and the choice: tags (and the run's name at the settled clock), and refine.csv."""
-    tags = {**records.refine_tags(refined), schema.TAG_RUN_NAME: f"{workload}@{refined.chosen_mhz:g}"}
+    knobs = "".join(f"/{k[:3]}{v:g}" for k, v in refined.chosen_knobs.items())  # the CPU/memory clocks refine settled on
+    tags = {**records.refine_tags(refined), schema.TAG_RUN_NAME: f"{workload}@{refined.chosen_mhz:g}{knobs}"}
     if simulated:
         tags[schema.TAG_REFINE_SIMULATED] = "true"
     run.log_batch(tags=tags, metrics={"refine_probe_steps": float(refined.probe_steps)})

@@ -125,6 +125,11 @@ def finetune(request: FinetuneJobRequest, choice: DeviceChoice, options: LaunchO
     from dvfs_mlops.mlops import tracking
     from dvfs_mlops.mlops.fields import parse_knobs
 
+    if choice.backend == "replay":  # nothing trains: a decision on the grid's workload (`--task`), looked up
+        from dvfs_mlops.app.replay_decide import replay_dry_run
+
+        named = bool(request.model or request.model_config or request.pretrained)
+        return FinetuneReport(replay_dry_run(request.task, named, choice, dataclasses.replace(options, announce_device=not quiet), say), [])
     r = resolve_model_names(request)
     knobs = parse_knobs(r.knobs)  # a misspelt knob: at once
     twin = load_twin(choice)

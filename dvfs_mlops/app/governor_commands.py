@@ -14,7 +14,9 @@ from dvfs_mlops.mlops import schema
 
 if TYPE_CHECKING:
     from dvfs_mlops.mlops.evaluate import EvalReport, EvaluateRequest
+    from dvfs_mlops.mlops.registry import RegistryConfig
     from dvfs_mlops.mlops.train import TrainOutcome, TrainRequest
+    from dvfs_mlops.model.governor.search import CVScore
 
 
 def _quiet(_message: str) -> None:
@@ -52,7 +54,7 @@ class TrainReport:
         return lines
 
 
-def _cell(score: Any) -> str:
+def _cell(score: CVScore) -> str:
     """One split's regret with its 95% interval, as a table cell."""
     lo, hi = score.ci
     return f"{100 * score.regret:6.2f}% [{100 * lo:5.2f},{100 * hi:5.2f}]"
@@ -194,7 +196,7 @@ def _version_tags(version: str) -> dict[str, str]:
     return dict(show_version(version)["tags"])
 
 
-def _production_links(family: str, cfg: Any) -> list[str]:
+def _production_links(family: str, cfg: RegistryConfig) -> list[str]:
     """The UI link lines of a family's production version (the legacy family's: `production`)."""
     if family == cfg.legacy_family:
         return production_link_lines()

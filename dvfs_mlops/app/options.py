@@ -17,7 +17,7 @@ import click
 from dvfs_mlops.app.clockd_command import ClockdOptions
 from dvfs_mlops.app.devices import TRACE_HELP, DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
-from dvfs_mlops.app.sweep_command import SweepWorker
+from dvfs_mlops.app.sweep_command import STRATEGY_HELP, TUNED_HELP, SweepWorker
 from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.mlops.fields import KNOBS
@@ -56,15 +56,9 @@ def lazy(module: str, name: str) -> Callable[..., Any]:
 
 
 class OptionGroup:
-    """Click options (or nested groups) that a command receives as one record, `build(**values)`, named `dest`.
-
-    Attributes:
-        dest: the keyword argument the command receives the record as.
-        build: makes the record from the options' values, keyed by their click parameter names (and a nested
-            group's record, keyed by its `dest`); an unset `option` is left out, so the default of `build`'s
-            parameter of that name applies.
-        options: click.option/click.argument decorators and nested `OptionGroup`s, in --help order.
-    """
+    """Click options (or nested groups, in --help order) that a command receives as one record, `build(**values)`,
+    as its keyword argument `dest`: the values keyed by their click parameter names (a nested group's record by its
+    `dest`); an unset `option` is left out, so the default of `build`'s parameter of that name applies."""
 
     def __init__(self, dest: str, build: Callable[..., Any], options: Sequence[Any]) -> None:
         self.dest, self.build, self.options = dest, build, list(options)
@@ -144,7 +138,8 @@ SWEEP_ID_HELP = "The sweep to read (or several as a,b,...; default: the newest i
 MODEL_CONFIG_HELP = "A transformers config.json (or folder) instead of a preset."
 WARMUP_OPTION = option("--warmup-steps", type=Count(min=0), help="First steps metered apart (3 on boards, 0 on the twin).")
 KNOB_OPTION = option("--knob", "knobs", multiple=True, metavar="NAME=VALUE", help=(
-    f"A setting of the job, recorded on every run (repeat it, or comma-separate): {', '.join(k.name for k in KNOBS)}."))
+    f"A setting of the job (not a clock: see --knobs), recorded on every run (repeat it, or comma-separate): {', '.join(k.name for k in KNOBS)}."))
+KNOBS_OPTION = option("--knobs", "tuned", metavar="gpu[,cpu][,emc]", help=TUNED_HELP)
 
 
 # --peft and the LoRA options, on every command that trains (sweep, finetune): a PeftSpec.
@@ -166,19 +161,19 @@ _DEVICE_OPTIONS = {
     "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml", help="sim: twin constants (twin fit's YAML)."),
     "device_id": option("--device-id", metavar="ID", help="Which board this is, tagged dvfs.device_id (default: serial, UUID, sim@HOST)."),
     "trace": option("--trace", metavar="FILE.csv", help=TRACE_HELP),
+    "above_mode_cap": option("--above-mode-cap", is_flag=True, help="jetson: allow a clock above the power mode's GPU, CPU or EMC cap (recorded)."),
 }
 
 
 def device_options(*names: str) -> OptionGroup:
-    """The device options (all of them, or those `names` picks, in this order: device, sample_hz, gpu_index,
-    assume_unlocked, torch_device, twin_profile, twin_params, device_id, trace) as one `DeviceChoice`, the command's `device`."""
+    """The device options (all, or those `names` picks, in `_DEVICE_OPTIONS`' order) as one `DeviceChoice`, `device`."""
     chosen = [option_ for name, option_ in _DEVICE_OPTIONS.items() if not names or name in names]
     return option_group("device", DeviceChoice, *chosen)
 
 
 knob_options = option_group("knobs", lazy("dvfs_mlops.app.run", "RunKnobs"),  # beside --freq, in MHz like it: one RunKnobs
-    click.option("--cpu-freq", "cpu_mhz", type=float, metavar="MHZ", help="Also pin every CPU cluster at this clock (jetson)."),
-    click.option("--emc-freq", "emc_mhz", type=float, metavar="MHZ", help="Also pin the memory clock (jetson EMC, nvml memory)."))
+    click.option("--cpu-freq", "cpu_mhz", type=float, metavar="MHZ", help="Also pin every CPU cluster at this clock (jetson, sim)."),
+    click.option("--emc-freq", "emc_mhz", type=float, metavar="MHZ", help="Also pin the memory clock (jetson EMC, nvml memory, sim)."))
 simulate_options = option_group(
     "request", lazy("dvfs_mlops.app.simulate", "SimulateRequest"),
     click.argument("model", required=False),
@@ -199,19 +194,18 @@ sweep_options = option_group(
     option("--profile-steps", type=Count(min=1), help="Steps charged per point when --steps 0 (default: the preset's)."),
     BATCH_SIZE_OPTION,
     option("--repeats", type=Count(min=1), help="Repeats per point (default: the preset's); each in its own clock order."),
-    DATA_SOURCE_OPTION,
-    DATA_DIR_OPTION,
-    SEED_OPTION,
-    EXPERIMENT_OPTION,
+    DATA_SOURCE_OPTION, DATA_DIR_OPTION, SEED_OPTION, EXPERIMENT_OPTION,
     option("--sweep-id", help="Resume/extend this sweep id (default: a hash of the sweep's definition)."),
     option("--train-size", type=Count(min=1), help="Synthetic training examples per task (default: the preset's)."),
     option("--dev-size", type=Count(min=1), help="Synthetic dev examples per task (default: the preset's)."),
-    option("--replay/--no-replay", help="Sim: train once per workload and replay its steps at every clock."),
-    WARMUP_OPTION,
-    PRECISION_OPTION,
-    peft_options,
-    option("--strategy", type=click.Choice(["grid", "adaptive"]), help="grid: every clock; adaptive: maxn and <= 4 clocks per workload."),
+    option("--train-once/--no-train-once", help="Sim: train once per workload and charge its steps again at every other clock."),
+    WARMUP_OPTION, PRECISION_OPTION, peft_options,
+    option("--strategy", type=click.Choice(["grid", "adaptive"]), help=STRATEGY_HELP),
+    KNOBS_OPTION,
+    option("--cpu-freqs", help="With cpu in --knobs: comma-separated CPU clocks in MHz (default: the device's table)."),
+    option("--emc-freqs", help="With emc in --knobs: comma-separated EMC clocks in MHz (default: the device's table)."),
     KNOB_OPTION,
+    option("--workloads", help="replay: comma-separated workloads of the --trace grid, by name (default: every one)."),
 )
 
 sweep_worker_options = option_group(
@@ -280,6 +274,7 @@ launch_options = option_group(
     option("--save-model/--no-save-model", help="Log the fine-tuned model as an artifact."),
     option("--refine", type=Count(min=0), metavar="N", help="N steps probing clocks near the governor's, then the optimum; 0 = off (default 30, twin 0)."),
     option("--allow-other-board", is_flag=True, help="Let another board family's governor decide (recorded); else such a board refines."),
+    KNOBS_OPTION,
 )
 
 curve_fit_options = option_group(

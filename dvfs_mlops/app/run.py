@@ -24,13 +24,20 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops import settings
 from dvfs_mlops.app.devices import DeviceChoice, announcement, load_twin, open_chosen, refuse_replay
 from dvfs_mlops.errors import DvfsError
+from dvfs_mlops.hw.device import KnobKeywords, knob_keywords
 from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.hw.multi import GpuEnergy
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device, FreqSession
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.multi import GpuSessions, JobGpuSessions
+    from dvfs_mlops.hw.nvml import NvmlDevice
 
 # How often a running command's GPUs are looked for (`JobGpuSessions.attach`): a GPU is pinned at most this long after
 # the command's first process appears on it.
@@ -57,9 +64,9 @@ class RunKnobs:
             if value is not None and not value > 0:
                 raise DvfsError(f"{option} is a clock in MHz of the device's table, got {value:g}")
 
-    def keywords(self) -> dict[str, float]:
+    def keywords(self) -> KnobKeywords:
         """The knobs given, as `Device.session` keywords."""
-        return {k: v for k, v in (("cpu_mhz", self.cpu_mhz), ("emc_mhz", self.emc_mhz)) if v is not None}
+        return knob_keywords(self.cpu_mhz, self.emc_mhz)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +192,7 @@ def _energy(report: EnergyReport) -> str:
 
 def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequence[str],
                 say: Callable[[str], None] = lambda _m: None, *, gpu_index_given: bool = False, all_gpus: bool = False,
-                above_mode_cap: bool = False, knobs: RunKnobs | None = None) -> RunOutcome:
+                knobs: RunKnobs | None = None) -> RunOutcome:
     """`dvfs-mlops run`: check everything (the clocks, the command, the device), then run the command metered.
 
     Args:
@@ -196,7 +203,6 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
         say: where the 'device: ...' line goes, once every check has passed.
         gpu_index_given: nvml: --gpu-index was given: that GPU alone.
         all_gpus: nvml: every GPU the command can see, from the start, even with CUDA_VISIBLE_DEVICES unset.
-        above_mode_cap: jetson: allow a pin above the power mode's GPU, CPU or EMC cap (recorded).
         knobs: the CPU and memory clocks to pin as well (None: neither).
 
     Returns:
@@ -219,13 +225,11 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
     from dvfs_mlops.hw.device import open_session
 
     dev = open_chosen(choice, load_twin(choice))
-    if above_mode_cap and dev.name == "jetson":
-        dev.above_mode_cap = True
     freq = freq or "maxn"
     if dev.name == "nvml" and not gpu_index_given:
         from dvfs_mlops.hw.multi import open_visible
 
-        devices = open_visible(dev)
+        devices = open_visible(cast("NvmlDevice", dev))
         if len(devices) > 1:
             if settings.cuda_visible_devices() is None and not all_gpus:
                 return _run_on_used_gpus(devices, freq, observe, choice, list(command), say, knobs)
@@ -236,11 +240,12 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
     pinned = parse_freq(freq, dev.frequencies_mhz)  # bad input is an error before anything is announced or run
     session = open_session(dev, freq, observe=observe, **knobs.keywords())  # each knob in its table, or refused
     if dev.name == "jetson" and not observe:  # the session checks again; refused here before any line
-        mode = dev.power_mode()
+        jetson = cast("JetsonDevice", dev)
+        mode = jetson.power_mode()
         if pinned != "maxn":
-            dev.check_mode_cap(float(pinned), mode)
+            jetson.check_mode_cap(float(pinned), mode)
         if knobs.keywords():
-            dev.check_knobs(session.cpu_mhz, session.emc_mhz, mode, refuse_above_cap=True)
+            jetson.check_knobs(session.cpu_mhz, session.emc_mhz, mode, refuse_above_cap=True)
     check_command(list(command))
     say(announcement(dev, choice))
     rc = run_in(session, list(command))
@@ -249,7 +254,7 @@ def run_command(freq: str, observe: bool, choice: DeviceChoice, command: Sequenc
                       context=dict(session.context), power_mode=mode.to_dict() if mode is not None else None, knobs=knobs)
 
 
-def _check_gpus(devices: list[Any], freq: str, observe: bool, command: list[str], knobs: RunKnobs) -> None:
+def _check_gpus(devices: list[NvmlDevice], freq: str, observe: bool, command: list[str], knobs: RunKnobs) -> None:
     """Every check of a several-GPU run before anything is pinned: the clocks in each GPU's tables, each GPU pinnable
     (MIG, application clocks, --assume-unlocked), the command."""
     from dvfs_mlops.hw import parse_freq
@@ -265,7 +270,7 @@ def _check_gpus(devices: list[Any], freq: str, observe: bool, command: list[str]
     check_command(command)
 
 
-def _run_on_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
+def _run_on_gpus(devices: list[NvmlDevice], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
                  say: Callable[[str], None], knobs: RunKnobs) -> RunOutcome:
     """`run` on several GPUs: every check first (the clocks in each GPU's tables, the command), then each pinned in NVML
     index order, the command run once, each restored; the outcome holds each GPU's report and their sum."""
@@ -287,7 +292,7 @@ def _run_on_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceCho
                       context=_common_context([s.context for s in sessions.sessions]), knobs=knobs)
 
 
-def _run_on_used_gpus(devices: list[Any], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
+def _run_on_used_gpus(devices: list[NvmlDevice], freq: str, observe: bool, choice: DeviceChoice, command: list[str],
                       say: Callable[[str], None], knobs: RunKnobs) -> RunOutcome:
     """`run` on a box of several GPUs with CUDA_VISIBLE_DEVICES unset: every check first (each GPU's table, each GPU
     pinnable, NVML lists each GPU's processes, the command), then the command started and each GPU it uses pinned and
@@ -327,7 +332,7 @@ def _common_context(contexts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in contexts[0].items() if all(c.get(k) == v for c in contexts[1:])}
 
 
-def run_metered(device: Any, freq: str, command: list[str], observe: bool = False) -> tuple[int, EnergyReport]:
+def run_metered(device: Device, freq: str, command: list[str], observe: bool = False) -> tuple[int, EnergyReport]:
     """Run `command` (an argv list, never a shell string) inside a FreqSession (`observe`: meter only).
 
     SIGINT/SIGTERM reaching us are forwarded to the child; the session restores the clock on the
@@ -338,7 +343,7 @@ def run_metered(device: Any, freq: str, command: list[str], observe: bool = Fals
     return run_in(session, command), session.report()
 
 
-def run_in(session: Any, command: list[str]) -> int:
+def run_in(session: FreqSession | GpuSessions, command: list[str]) -> int:
     """Run `command` inside `session` (one FreqSession, or `GpuSessions`); its exit code (128+N for a signal N).
 
     SIGINT/SIGTERM reaching us are forwarded to the child; the session restores on the way out whatever happens.
@@ -353,7 +358,7 @@ def run_in(session: Any, command: list[str]) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def run_in_job(jobs: Any, command: list[str]) -> int:
+def run_in_job(jobs: JobGpuSessions, command: list[str]) -> int:
     """Run `command` inside `jobs` (`JobGpuSessions`), attaching the GPUs its processes use every `ATTACH_POLL_S` until
     it ends; its exit code (128+N for a signal N). A refused pin stops the command (SIGTERM) and restores the GPUs
     attached before it."""

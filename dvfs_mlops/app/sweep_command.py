@@ -6,8 +6,9 @@ device), the tracking store, the claims database, the device and its CUDA, then 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.app.devices import DeviceChoice, announcement, load_twin, open_chosen
 from dvfs_mlops.app.links import link_lines
@@ -15,7 +16,17 @@ from dvfs_mlops.errors import DvfsError
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
+    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.mlops.sweep import SweepOutcome, SweepRequest
+    from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
+    from dvfs_mlops.mlops.sweep.spec import SweepSpec
+
+# --knobs (sweep, finetune) and --strategy: their help, as the options show it.
+TUNED_HELP = ("The clocks tuned: gpu (default), gpu,cpu (with the CPU clock: cpufreq) or gpu,cpu,emc (and the memory clock: EMC); "
+              "jetson, sim and replay grids with those columns set them. sweep: each point is one configuration; finetune: refine "
+              "walks the CPU and memory clocks down from their tops after the GPU's (at least 60 steps unless --refine says).")
+STRATEGY_HELP = "grid: every clock (configuration); adaptive: maxn and <= 4 clocks per workload (--knobs gpu,cpu...: <= 20 configurations)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,23 +48,33 @@ class SweepWorker:
 
 @dataclasses.dataclass(frozen=True)
 class SweepReport:
-    """What `dvfs-mlops sweep` did: the runner's outcome, whether it ran on the twin, and the MLflow UI link lines."""
+    """What `dvfs-mlops sweep` did: the runner's outcome, how its points were measured (' (SIMULATED)',
+    ' (REPLAYED)' or ''), the MLflow UI link lines, and what it recommends per workload (`sweep --json`)."""
 
     outcome: SweepOutcome
-    simulated: bool
+    label: str
     link: list[str]
+    picks: list[WorkloadPick] = dataclasses.field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The summary line: points run, found finished, run by other workers; the parent run."""
         out = self.outcome
-        label = " (SIMULATED)" if self.simulated else ""
+        label = self.label
         others = f", {len(out.by_others)} were run by other workers" if out.by_others else ""
         return [(f"sweep {out.sweep_id}{label}: ran {len(out.ran)} points, {len(out.skipped)} were already finished{others}; "
                  f"parent run {out.parent_run_id} in experiment {out.experiment or out.experiment_id}")]
 
+    def emit(self, as_json: bool, echo: Callable[..., Any]) -> None:
+        """Print the summary and the link lines (on stderr with `as_json`), then, with `as_json`, one JSON object per
+        workload on stdout: `{"workload", "best": {"gpu_mhz", "energy_j", "time_s"}, "points_measured"}`."""
+        for line in [*self.lines(), *self.link]:
+            echo(line, err=as_json)
+        for pick in self.picks if as_json else []:
+            echo(json.dumps(pick.to_json()))
+
 
 def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: SweepWorker,
-                      say: Callable[[str], None] = lambda _m: None) -> SweepReport:
+                      say: Callable[[str], None] = lambda _m: None, with_best: bool = False) -> SweepReport:
     """`dvfs-mlops sweep`: check, open, build and run (or resume) the sweep on this worker.
 
     Args:
@@ -61,6 +82,7 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
         choice: the device to sweep.
         worker: settle time and claims.
         say: where the device line and the sweep's progress go.
+        with_best: read each workload's best configuration back (`sweep --json`).
 
     Returns:
         The `SweepReport`.
@@ -83,14 +105,31 @@ def run_sweep_command(request: SweepRequest, choice: DeviceChoice, worker: Sweep
     claims = open_claims(worker.claims_uri or None, tracking.tracking_uri())  # an unreachable claims database: before any clock too
     dev = open_chosen(choice, twin)
     board = board_of(dev, choice.torch_device or None)
-    spec = sweep_mod.build_spec(board, request)
+    spec = sweep_mod.build_spec(board, request, dev, grid=cast("ReplayDevice", dev).grid if dev.name == "replay" else None)
     say(announcement(dev, choice))
     start_clock = adaptive_start(board, say) if request.strategy == "adaptive" else None
     options = sweep_mod.RunOptions(announce=say, settle_s=worker.settle_s, start_clock=start_clock, claims=claims,
                                    claim_ttl_s=worker.claim_ttl_s)
     out = sweep_mod.run_sweep(spec, dev, board, options)  # through the package: tests replace it there
     link = link_lines(lambda: tracking.experiment_link(out.experiment_id))  # the runs table: expand the parent run for its points
-    return SweepReport(out, bool(dev.simulated), link)
+    from dvfs_mlops.mlops.sweep.progress import device_label
+
+    return SweepReport(out, device_label(board), link, _picks(out, spec, dev, board) if with_best else [])
+
+
+def _picks(out: SweepOutcome, spec: SweepSpec, dev: Device, board: Board) -> list[WorkloadPick]:
+    """What the sweep recommends per workload (`sweep --json`): a GPU-only sweep's measured minimum (grid) or curve-model
+    pick (adaptive); a sweep that tunes CPU or memory clocks, its best measured configuration (a replay grid's clocks as
+    its file writes them)."""
+    from dvfs_mlops.mlops import tracking
+    from dvfs_mlops.mlops.sweep.artifacts import workload_picks
+
+    if not spec.joint:
+        return workload_picks(out.experiment_id, out.sweep_id, board, spec.strategy)
+    from dvfs_mlops.mlops.sweep.best import sweep_best
+
+    played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if dev.name == "replay" else None  # type: ignore[attr-defined]
+    return [b.pick() for b in sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)]
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

@@ -40,6 +40,9 @@ from dvfs_mlops.mlops import schema
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
     from dvfs_mlops.app.devices import DeviceChoice
 
 log = logging.getLogger(__name__)
@@ -192,8 +195,8 @@ class CsvPoints:
         """`base` as the board the grid was measured on: itself where every clock of the grid is one of its tables',
         else another board, whose family is the grid's name and whose tables are the grid's clocks (a domain the grid
         does not name keeps the base's table)."""
-        tables = {"frequencies_mhz": self.frequencies_mhz, "cpu_frequencies_mhz": self.cpu_frequencies_mhz,
-                  "emc_frequencies_mhz": self.emc_frequencies_mhz}
+        tables: dict[str, Any] = {"frequencies_mhz": self.frequencies_mhz, "cpu_frequencies_mhz": self.cpu_frequencies_mhz,
+                                  "emc_frequencies_mhz": self.emc_frequencies_mhz}
         if all(_within_table(clocks, getattr(base, field)) for field, clocks in tables.items()):
             return base
         return dataclasses.replace(base, family=self.name, **{field: clocks for field, clocks in tables.items() if clocks})
@@ -264,6 +267,11 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
     df = sweep_frame([exp.experiment_id], sweep_id)
     if not len(df):
         raise DvfsError(f"sweep {sweep_id!r} has no finished points in experiment {experiment!r}")
+    replayed = f"tags.{schema.TAG_DEVICE}"
+    if replayed in df and (df[replayed] == "replay").any():  # its points are the grid's rows, not jobs the twin can trace
+        name = df[f"tags.{schema.TAG_TRACE_NAME}"].dropna().iloc[0] if f"tags.{schema.TAG_TRACE_NAME}" in df else "a grid"
+        raise DvfsError(f"sweep {sweep_id} replays a measured grid ({name}); fit the twin on the grid itself: "
+                        "dvfs-mlops twin fit --csv FILE (its workloads MODEL/TASK, as the twin traces them)")
     pinned = df[df["params.freq_mhz"] != "maxn"]
     for tag in (schema.TAG_CLOCK_HELD, schema.TAG_OBSERVE):
         column = f"tags.{tag}"
@@ -286,7 +294,7 @@ def points_from_sweep(sweep_id: str, experiment: str, say: Callable[[str], None]
     return points, simulated
 
 
-def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
+def _sweep_definition(c: MlflowClient, df: pd.DataFrame) -> dict[str, Any]:
     """The sweep's data sizes: its parent's `sweep_definition`, or the preset `mlflow run` was given."""
     from dvfs_mlops.mlops.sweep.spec import PRESETS
 
@@ -304,7 +312,7 @@ def _sweep_definition(c: Any, df: Any) -> dict[str, Any]:
     return {"train_size": preset.train_size, "dev_size": preset.dev_size, "data_dir": data_dir or None}
 
 
-def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[Any, ...]:
+def _plan(model: str, task: str, run: pd.Series, definition: dict[str, Any]) -> tuple[Any, ...]:
     """(trace, count) of every padded length the point's steps ran, as the sweep planned them."""
     from dvfs_mlops.job.finetune import PRECISIONS, plan_batches
     from dvfs_mlops.job.workloads.adapters import peft_from_params
@@ -325,7 +333,7 @@ def _plan(model: str, task: str, run: Any, definition: dict[str, Any]) -> tuple[
     return tuple((trace_for(n), k) for n, k in sorted(lengths.items()))
 
 
-def _clock(value: Any, name: str) -> float | None:
+def _clock(value: str | float | None, name: str) -> float | None:
     """A run's CPU or EMC clock param (`name`) in MHz; None where it was not logged (a GPU-only point: the tables' tops).
 
     Raises:
@@ -340,6 +348,6 @@ def _clock(value: Any, name: str) -> float | None:
         raise DvfsError(f"a point's {name} param is {value!r}, not a clock in MHz; fit from a CSV of the sweep instead") from None
 
 
-def _present(value: Any) -> Any:
+def _present(value: object) -> Any:
     """A frame cell, None where it is missing (NaN)."""
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 from dvfs_mlops.errors import DeviceNotFoundError, DvfsError, RestoreFailedError, unknown
 from dvfs_mlops.hw.device import (
@@ -18,13 +19,21 @@ from dvfs_mlops.hw.device import (
     parse_freq,
 )
 
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.guard import Journal
+    from dvfs_mlops.hw.jetson import JetsonDevice
+    from dvfs_mlops.hw.nvml import NvmlDevice
+    from dvfs_mlops.hw.replay import ReplayDevice
+    from dvfs_mlops.hw.sim import SimDevice
+    from dvfs_mlops.hw.twin.params import OrinTwinParams
+
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "jetson", "nvml", "sim", "replay")
 
 
-def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any = None, gpu_index: int = 0,
-                twin_params: Any = None, seed: int = 0, announce: Callable[[str], None] | None = None,
+def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: ModuleType | None = None,
+                gpu_index: int = 0, twin_params: OrinTwinParams | None = None, seed: int = 0, announce: Callable[[str], None] | None = None,
                 assume_unlocked: bool = False, trace: str | Path | None = None, trace_columns: Collection[str] = ()) -> Device:
     """Open a device backend by name.
 
@@ -85,7 +94,7 @@ def open_device(name: str = "auto", *, sample_hz: float = 50.0, nvml_module: Any
     return dev
 
 
-def describe_device(dev: Any, requested: str = "") -> str:
+def describe_device(dev: Device, requested: str = "") -> str:
     """The one-line "device: ..." statement of an open device; the twin's says its measurements are SIMULATED, a replay's
     that they are REPLAYED.
 
@@ -97,24 +106,26 @@ def describe_device(dev: Any, requested: str = "") -> str:
         The statement, e.g. "device: nvml (NVIDIA H100, GPU 0) [auto]".
     """
     if dev.name == "jetson":
-        what = f"jetson ({dev.profile}, devfreq {dev.node})"
+        what = f"jetson ({dev.profile}, devfreq {cast('JetsonDevice', dev).node})"
     elif dev.name == "nvml":
-        what = f"nvml ({dev.gpu_name}, GPU {dev.index})"
+        nvml = cast("NvmlDevice", dev)
+        what = f"nvml ({nvml.gpu_name}, GPU {nvml.index})"
     elif dev.name == "replay":
         from dvfs_mlops.hw.replay import replay_statement
 
-        what = replay_statement(dev)
+        what = replay_statement(cast("ReplayDevice", dev))
     else:
-        what = f"sim ({dev.profile}: a simulated {dev.params.family} twin, measurements are SIMULATED)"
+        what = f"sim ({dev.profile}: a simulated {cast('SimDevice', dev).params.family} twin, measurements are SIMULATED)"
     return f"device: {what}" + (" [auto]" if requested == "auto" else "")
 
 
-def _say(announce: Callable[[str], None] | None, requested: str, dev: Any) -> None:
+def _say(announce: Callable[[str], None] | None, requested: str, dev: Device) -> None:
     if announce is not None:
         announce(describe_device(dev, requested))
 
 
-def restore_journals(announce: Callable[[str], None] = log.info, directory: Any = None, nvml_module: Any = None) -> int:
+def restore_journals(announce: Callable[[str], None] = log.info, directory: str | Path | None = None,
+                     nvml_module: ModuleType | None = None) -> int:
     """Put back the clocks of every journal a dead process left (`dvfs-mlops restore`).
 
     A journal whose owner still runs is skipped (announced), and so is one of an unknown backend. A
@@ -172,7 +183,7 @@ def restore_journals(announce: Callable[[str], None] = log.info, directory: Any 
     return restored
 
 
-def _restorer_for(journal: Any, nvml_module: Any = None) -> Callable[[dict], None]:
+def _restorer_for(journal: Journal, nvml_module: ModuleType | None = None) -> Callable[[dict], None]:
     if journal.backend == "jetson":
         from pathlib import Path
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.twin.params import OrinTwinParams
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
 
 _ORIN = OrinTwinParams()
 # The JetPack 6 AGX Orin's voltage curve as the twin models it, V(f) = v0 + v1 (f/f_max)^2 (twin/params.py): only its
@@ -236,7 +239,13 @@ def _twin_constants(params: OrinTwinParams) -> dict[str, Any]:
             "noise_power": float(params.noise_power) if noisy else DEFAULT_NOISE[1]}
 
 
-def board_of(device: Any, torch_device: str | None = None) -> Board:
+class _ReadsPowerMode(Protocol):
+    """A backend that reads the board's power mode (the jetson one)."""
+
+    def power_mode(self) -> PowerMode | None: ...
+
+
+def board_of(device: Device, torch_device: str | None = None) -> Board:
     """The `Board` of an open device, resolved once per command.
 
     Args:
@@ -253,12 +262,12 @@ def board_of(device: Any, torch_device: str | None = None) -> Board:
 
     where = resolve_torch_device(device, torch_device)
     params = getattr(device, "params", None) if device.simulated else None
-    common = {"backend": device.name, "profile": device.profile, "family": board_family(device.profile, params),
+    common: dict[str, Any] = {"backend": device.name, "profile": device.profile, "family": board_family(device.profile, params),
               "device_id": str(getattr(device, "device_id", "") or ""), "simulated": bool(device.simulated),
               "frequencies_mhz": tuple(float(f) for f in device.frequencies_mhz), "torch_device": where}
     if params is None:
         rails = tuple(device.info().rails) if device.name == "jetson" else ("gpu",) if device.name == "nvml" else ()
-        mode = device.power_mode() if device.name == "jetson" and hasattr(device, "power_mode") else None
+        mode = cast(_ReadsPowerMode, device).power_mode() if device.name == "jetson" and hasattr(device, "power_mode") else None
         return Board(**common, rails=rails, min_window_s=_min_window_s(device), power_average_s=_power_average_s(device),
                      power_mode=mode)
     from dvfs_mlops.hw.twin.profiles import rail_names, twin_digest
@@ -275,14 +284,14 @@ MIN_SAMPLES_PER_WINDOW = 20
 NVML_POWER_AVERAGE_S = 1.0
 
 
-def _min_window_s(device: Any) -> float:
+def _min_window_s(device: Device) -> float:
     if device.name == "nvml":
         return NVML_POWER_AVERAGE_S
     rate = float(getattr(device, "sample_hz", 0.0) or 0.0)
     return MIN_SAMPLES_PER_WINDOW / rate if device.name == "jetson" and rate > 0 else 0.0
 
 
-def _power_average_s(device: Any) -> float:
+def _power_average_s(device: Device) -> float:
     return NVML_POWER_AVERAGE_S if device.name == "nvml" and getattr(device, "power_source", "") == "average_1s" else 0.0
 
 

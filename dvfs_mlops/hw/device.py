@@ -19,19 +19,40 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.guard import TerminationGuard
 from dvfs_mlops.hw.meter import EnergyReport, at_pin
 
-__all__ = ["KNOBS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "freq_label", "knob_table", "open_session",
-           "parse_freq", "parse_knob"]
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.twin.trace import StepTrace
+
+__all__ = ["KNOBS", "MAXN", "Device", "DeviceInfo", "FreqRequest", "FreqSession", "KnobKeywords", "freq_label", "knob_keywords",
+           "knob_table", "open_session", "parse_freq", "parse_knob"]
 
 # The knobs a session may pin besides the GPU clock: keyword -> (its name in messages, the table attribute, the option).
 KNOBS = {"cpu_mhz": ("CPU clock", "cpu_frequencies_mhz", "--cpu-freq"),
          "emc_mhz": ("memory (EMC) clock", "emc_frequencies_mhz", "--emc-freq")}
+
+
+class KnobKeywords(TypedDict, total=False):
+    """The knobs a session pins besides the GPU clock, as `Device.session` keywords: only those pinned are present."""
+
+    cpu_mhz: float
+    emc_mhz: float
+
+
+def knob_keywords(cpu_mhz: float | None, emc_mhz: float | None) -> KnobKeywords:
+    """`KnobKeywords` of the knobs given (None: left out)."""
+    knobs = KnobKeywords()
+    if cpu_mhz is not None:
+        knobs["cpu_mhz"] = cpu_mhz
+    if emc_mhz is not None:
+        knobs["emc_mhz"] = emc_mhz
+    return knobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +128,12 @@ def parse_knob(value: str | float, frequencies_mhz: Sequence[float], knob: str, 
     raise unknown(what, f"{mhz:g}", _fmt_table(frequencies_mhz))
 
 
-def knob_table(device: Any, knob: str) -> list[float]:
+def knob_table(device: Device, knob: str) -> list[float]:
     """A device's table for `knob` ("cpu_mhz", "emc_mhz"); [] where the backend has no such knob."""
     return list(getattr(device, KNOBS[knob][1], ()) or ())
 
 
-def open_session(device: Any, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
+def open_session(device: Device, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,
                  emc_mhz: float | None = None) -> FreqSession:
     """`device.session(...)` with the CPU and memory clocks checked first: the one way in for code that may pin knobs.
 
@@ -132,7 +153,7 @@ def open_session(device: Any, freq: FreqRequest, observe: bool = False, label: s
             it and what to do), before anything is touched.
         UnknownNameError: a clock not in its table.
     """
-    knobs = {k: v for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None}
+    knobs = knob_keywords(cpu_mhz, emc_mhz)
     for knob in knobs:
         what, attr, option = KNOBS[knob]
         if observe:
@@ -212,10 +233,9 @@ class FreqSession(abc.ABC):
         """The memory clock this session pins, or None (left alone, observe)."""
         return None if self.observe or self.emc_mhz is None else float(self.emc_mhz)
 
-    def knobs(self) -> dict[str, float]:
+    def knobs(self) -> KnobKeywords:
         """The knobs this session pins besides the GPU clock, as `Device.session` keywords ({} where none)."""
-        out = {"cpu_mhz": self.pinned_cpu_mhz, "emc_mhz": self.pinned_emc_mhz}
-        return {k: v for k, v in out.items() if v is not None}
+        return knob_keywords(self.pinned_cpu_mhz, self.pinned_emc_mhz)
 
     # hooks -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -294,7 +314,7 @@ class FreqSession(abc.ABC):
         self.pins.append(float(new))
         return float(new)
 
-    def step(self, profile: Any = None) -> None:  # noqa: B027 - an optional hook, not abstract
+    def step(self, profile: StepTrace | None = None) -> None:  # noqa: B027 - an optional hook, not abstract
         """Call once per training step: the twin charges the step's time and energy; real hardware does nothing.
 
         Args:
@@ -455,7 +475,8 @@ class FreqSession(abc.ABC):
             raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         try:
             with self._signals.deferring():
                 try:
@@ -485,7 +506,7 @@ class PinnedSession(FreqSession):
     again, every window that overlaps the gap is judged not held and `context` says so (`clock_lost`,
     `clock_unheld_s`); where it was lost for good, the next `step` (or the exit) raises its `ClockLostError`."""
 
-    def __init__(self, device: Any, freq: FreqRequest, observe: bool = False, *, cpu_mhz: float | None = None,
+    def __init__(self, device: Device, freq: FreqRequest, observe: bool = False, *, cpu_mhz: float | None = None,
                  emc_mhz: float | None = None):
         super().__init__(device, freq, observe=observe, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
         self._pin: Any = None
@@ -505,8 +526,7 @@ class PinnedSession(FreqSession):
     def _repin_knobs(self, cpu_mhz: float | None, emc_mhz: float | None) -> None:
         """Move the CPU and memory clocks through the same pin (a domain pinned the first time here is locked and
         journalled first)."""
-        knobs = {k: v for k, v in (("cpu_mhz", cpu_mhz), ("emc_mhz", emc_mhz)) if v is not None}
-        self._pin.repin_knobs(**knobs)
+        self._pin.repin_knobs(**knob_keywords(cpu_mhz, emc_mhz))
 
     def _restore(self) -> None:
         if self._pin is not None:
@@ -514,7 +534,7 @@ class PinnedSession(FreqSession):
         self._say_lost()
 
     # a pin through the clock service can be lost while the session runs (`clockd.client.ServicePin`) --------------
-    def step(self, profile: Any = None) -> None:
+    def step(self, profile: StepTrace | None = None) -> None:
         """Once per training step: end the job at once where the clock service lost the pin for good.
 
         Raises:
@@ -576,20 +596,24 @@ class Device(Protocol):
     name: str  # backend name: jetson | nvml | sim
     profile: str  # e.g. jetson-agx-orin-64gb, sim-orin
     simulated: bool
-    torch_device: str  # where training runs: jetson "cuda", nvml "cuda:<index>", sim "cpu"
     device_id: str  # which board: the Jetson's serial, the NVML GPU's UUID, the host on the twin
+
+    @property
+    def torch_device(self) -> str:
+        """Where training runs: jetson "cuda", nvml "cuda:<index>", sim "cpu"."""
+        ...
 
     @property
     def frequencies_mhz(self) -> list[float]: ...
 
     @property
-    def cpu_frequencies_mhz(self) -> list[float]:
-        """The CPU clocks a session can pin (`cpu_mhz`), ascending; [] where the backend has no CPU knob."""
+    def cpu_frequencies_mhz(self) -> Sequence[float]:
+        """The CPU clocks a session can pin (`cpu_mhz`), ascending; empty where the backend has no CPU knob."""
         ...
 
     @property
-    def emc_frequencies_mhz(self) -> list[float]:
-        """The memory clocks a session can pin (`emc_mhz`), ascending; [] where the backend has no memory knob."""
+    def emc_frequencies_mhz(self) -> Sequence[float]:
+        """The memory clocks a session can pin (`emc_mhz`), ascending; empty where the backend has no memory knob."""
         ...
 
     def session(self, freq: FreqRequest, observe: bool = False, label: str = "", *, cpu_mhz: float | None = None,

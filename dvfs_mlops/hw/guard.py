@@ -37,8 +37,9 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from dvfs_mlops import settings
@@ -422,7 +423,7 @@ class TerminationGuard:
         self._deferring = 0
         self._pending: int | None = None
 
-    def _handler(self, signum: int, _frame: Any) -> None:
+    def _handler(self, signum: int, _frame: FrameType | None) -> None:
         if self._deferring:
             self._pending = self._pending or signum
             return
@@ -477,7 +478,8 @@ class ClockOwnership:
         announce: called with the line saying a dead run's journal was applied (None: a WARNING log line).
     """
 
-    def __init__(self, backend: str, device_key: str, restore_settings: Any, directory: Path | None = None, announce: Any = None):
+    def __init__(self, backend: str, device_key: str, restore_settings: Callable[[dict[str, Any]], None],
+                 directory: Path | None = None, announce: Callable[[str], None] | None = None):
         self.backend = backend
         self._announce = announce or _stderr
         self.device_key = device_key

@@ -114,8 +114,13 @@ def _parse_conf(conf: str, mode_id: int | None) -> tuple[str | None, dict[tuple[
                                                           list[int]]:
     """One pass over nvpmodel.conf: (the mode's name, its (knob, arg) -> value, each CPU clock PARAM's CPU number, the
     TPC_POWER_GATING file, every mode's EMC MAX_FREQ). A mode's values come from its own block only."""
-    name, found, param_cpu, tpc_file, emc_caps = None, {}, {}, None, []
-    param, current = None, None
+    name: str | None = None
+    found: dict[tuple[str, str], int] = {}
+    param_cpu: dict[str, int] = {}
+    tpc_file: str | None = None
+    emc_caps: list[int] = []
+    param: str | None = None
+    current: int | None = None
     for line in conf.splitlines():
         if _SECTION_HEAD.match(line):
             head, param_head = _MODE_HEAD.match(line), _PARAM_HEAD.match(line)
@@ -128,7 +133,7 @@ def _parse_conf(conf: str, mode_id: int | None) -> tuple[str | None, dict[tuple[
         if param == "TPC_POWER_GATING" and len(words) == 2 and words[0] == "TPC_PG_MASK":
             tpc_file = words[1]
         cpu = _CPU_FILE.search(words[1]) if param is not None and len(words) == 2 else None
-        if cpu is not None:
+        if cpu is not None and param is not None:
             param_cpu[param] = int(cpu.group(1))
         if current is not None and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
             if current == mode_id:
@@ -941,7 +946,7 @@ class JetsonSession(PinnedSession):
         self._sampler: PowerSampler | None = None
         self._rails: list[Rail] = []
         self._fds: list[int] = []
-        self._held: list[HeldFile] = []
+        self._held_files: list[HeldFile] = []
         self._oc_read: Callable[[], int | None] | None = None
         self._oc_at: dict[int, int | None] = {}  # sample index of a window edge -> throttling counter total there
         self.power_mode: PowerMode | None = None  # read once, when the session starts
@@ -1027,7 +1032,7 @@ class JetsonSession(PinnedSession):
         read_clock = measured or read_requested
         self.context["clock_source"] = CLOCK_MEASURED if measured is not None else CLOCK_REQUESTED
         emc_read = emc_reader(dev.root)
-        self._held = [emc_read] if emc_read is not None else []
+        self._held_files = [emc_read] if emc_read is not None else []
         read_emc = emc_read or self._relayed_emc_reader()  # debugfs: as root, or the service's read
         read_cpu = None
         if self.pinned_cpu_mhz is not None:
@@ -1050,7 +1055,7 @@ class JetsonSession(PinnedSession):
         a, b = self._oc_at.get(start), self._oc_at.get(end)
         return b - a if a is not None and b is not None else None
 
-    def _mark(self) -> Any:
+    def _mark(self) -> int:
         if self._sampler is None:
             return 0
         index = self._sampler.mark()
@@ -1069,11 +1074,11 @@ class JetsonSession(PinnedSession):
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for held in self._held:
+        for held in self._held_files:
             held.close()
         if self._cpu_close is not None:
             self._cpu_close()
-        self._fds, self._held, self._cpu_close = [], [], None
+        self._fds, self._held_files, self._cpu_close = [], [], None
         report = self._sampler.report(**self._judge())
         last = report.samples - 1
         self._oc_edge(last)
@@ -1084,7 +1089,7 @@ class JetsonSession(PinnedSession):
             self.context["emc_mhz"] = report.emc_mhz  # the session's mean, not one read before it
         return report
 
-    def _window_report(self, start: Any, end: Any) -> EnergyReport:
+    def _window_report(self, start: int, end: int) -> EnergyReport:
         assert self._sampler is not None
         report = self._sampler.report(start, end, **self._judge())
         report.oc_throttle_events = self._oc_events(start, end)

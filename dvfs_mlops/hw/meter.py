@@ -240,7 +240,8 @@ def infer_update_period(read: Callable[[], float | int | None], limit_s: float =
         that slow to be told apart); None where the value never changed (the counter does not advance).
     """
     start = clock()
-    prev, changed_at = read(), []
+    prev = read()
+    changed_at: list[float] = []
     while len(changed_at) < changes and clock() - start < limit_s:
         time.sleep(pause_s)
         value = read()

@@ -25,14 +25,20 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.hw.device import FreqRequest, open_session
+from dvfs_mlops.hw.device import Device, FreqRequest, FreqSession, KnobKeywords, open_session
 from dvfs_mlops.hw.guard import TerminationGuard
 from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.hw.placement import cuda_uuids, local_gpu, visible_gpus
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from dvfs_mlops.hw.nvml import NvmlDevice
 
 
 def host_name() -> str:
@@ -116,7 +122,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None) / len(values)
 
 
-def _nvml_gpu_units(first: Any) -> list[set[str]]:
+def _nvml_gpu_units(first: NvmlDevice) -> list[set[str]]:
     """For each NVML index, the bare UUIDs CUDA may report for that GPU (its own and its MIG devices')."""
     from dvfs_mlops.hw import open_device
 
@@ -125,7 +131,7 @@ def _nvml_gpu_units(first: Any) -> list[set[str]]:
         if i == first.index:
             units.append(set(first.cuda_uuids))
             continue
-        dev = open_device("nvml", nvml_module=first.nvml, gpu_index=i)
+        dev = cast("NvmlDevice", open_device("nvml", nvml_module=first.nvml, gpu_index=i))
         try:
             units.append(set(dev.cuda_uuids))
         finally:
@@ -133,14 +139,14 @@ def _nvml_gpu_units(first: Any) -> list[set[str]]:
     return units
 
 
-def visible_indices(first: Any, use_torch: bool = True) -> list[int]:
+def visible_indices(first: NvmlDevice, use_torch: bool = True) -> list[int]:
     """The NVML indices of every GPU the job can see (`placement.visible_gpus`), found through the open nvml device
     `first`; torch's own list where `use_torch` and torch has CUDA."""
     seen = cuda_uuids() if use_torch else None
     return visible_gpus(_nvml_gpu_units(first), settings.cuda_visible_devices(), seen)
 
 
-def open_visible(first: Any) -> list[Any]:
+def open_visible(first: NvmlDevice) -> list[NvmlDevice]:
     """One open nvml device per GPU the job can see, in NVML index order, opened like `first` (its NVML module,
     sampling rate and `assume_unlocked`); `first` is among them where it is visible, else closed.
 
@@ -159,11 +165,11 @@ def open_visible(first: Any) -> list[Any]:
     except BaseException:
         first.close()
         raise
-    devices: list[Any] = []
+    devices: list[NvmlDevice] = []
     try:
         for i in wanted:
-            devices.append(first if i == first.index else open_device(
-                "nvml", nvml_module=first.nvml, gpu_index=i, sample_hz=first.sample_hz, assume_unlocked=first.assume_unlocked))
+            devices.append(first if i == first.index else cast("NvmlDevice", open_device(
+                "nvml", nvml_module=first.nvml, gpu_index=i, sample_hz=first.sample_hz, assume_unlocked=first.assume_unlocked)))
     except BaseException:
         for dev in devices:
             dev.close()
@@ -175,7 +181,7 @@ def open_visible(first: Any) -> list[Any]:
     return devices
 
 
-def rank_gpu_index(first: Any, local_rank: int, model_uuid: str | None = None) -> int:
+def rank_gpu_index(first: NvmlDevice, local_rank: int, model_uuid: str | None = None) -> int:
     """The NVML index of the GPU a launcher's process trains on: the GPU whose UUID torch reports for the model's
     device where it is on CUDA, else the LOCAL_RANK-th GPU the job sees (`placement.local_gpu`).
 
@@ -198,7 +204,8 @@ class GpuSessions:
     leaving restores every one (each session's own restore and journal, `FreqSession`).
     """
 
-    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = "", **knobs: float):
+    def __init__(self, devices: Sequence[Device], freq: FreqRequest, observe: bool = False, label: str = "",
+                 **knobs: Unpack[KnobKeywords]):
         self.devices = list(devices)
         self.sessions = [open_session(dev, freq, observe=observe, label=label, **knobs) for dev in self.devices]
         self._stack: contextlib.ExitStack | None = None
@@ -210,9 +217,10 @@ class GpuSessions:
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc: object) -> bool | None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
         stack, self._stack = self._stack, None
-        return stack.__exit__(*exc) if stack is not None else None
+        return stack.__exit__(exc_type, exc, tb) if stack is not None else None
 
     def reports(self) -> list[GpuEnergy]:
         """Each GPU's `GpuEnergy`, in the sessions' order (after the block)."""
@@ -240,11 +248,12 @@ class JobGpuSessions:
             reports the host's PIDs), so the job's use of those GPUs cannot be told.
     """
 
-    def __init__(self, devices: Sequence[Any], freq: FreqRequest, observe: bool = False, label: str = "", **knobs: float):
+    def __init__(self, devices: Sequence[NvmlDevice], freq: FreqRequest, observe: bool = False, label: str = "",
+                 **knobs: Unpack[KnobKeywords]):
         self.devices = list(devices)
         self.freq, self.observe, self.label = freq, observe, label
         self.knobs = knobs
-        self.attached: list[tuple[Any, Any, float]] = []
+        self.attached: list[tuple[NvmlDevice, FreqSession, float]] = []
         self.foreign_pids: set[int] = set()
         self._stack: contextlib.ExitStack | None = None
         self._signals = TerminationGuard()
@@ -269,10 +278,11 @@ class JobGpuSessions:
         self._t0 = time.monotonic()
         return self
 
-    def __exit__(self, *exc: object) -> bool | None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
         stack, self._stack = self._stack, None
         try:
-            return stack.__exit__(*exc) if stack is not None else None
+            return stack.__exit__(exc_type, exc, tb) if stack is not None else None
         finally:
             self._signals.uninstall()
 
@@ -281,7 +291,7 @@ class JobGpuSessions:
         """Every GPU is attached: nothing is left to look for."""
         return len(self.attached) == len(self.devices)
 
-    def attach(self, job_pid: int) -> list[Any]:
+    def attach(self, job_pid: int) -> list[NvmlDevice]:
         """Pin and meter each GPU not attached yet on which NVML lists a process of the job (`job_pid` or a descendant).
 
         Returns:
@@ -292,7 +302,7 @@ class JobGpuSessions:
         """
         assert self._stack is not None, "enter JobGpuSessions first"
         done = {id(dev) for dev, _s, _t in self.attached}
-        new: list[Any] = []
+        new: list[NvmlDevice] = []
         for dev in self.devices:
             if id(dev) in done:
                 continue

@@ -58,6 +58,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from dvfs_mlops.errors import DeviceNotFoundError, DevicePermissionError, DvfsError
@@ -99,7 +101,7 @@ COUNTER_MIN_PERIODS = 20
 COUNTER_PROBE_S = 0.5
 
 
-def import_nvml() -> Any:
+def import_nvml() -> ModuleType:
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError as e:
@@ -107,24 +109,24 @@ def import_nvml() -> Any:
     return pynvml
 
 
-def _is_permission(nvml: Any, err: Exception) -> bool:
+def _is_permission(nvml: ModuleType, err: Exception) -> bool:
     return getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4)
 
 
-def _is_not_supported(nvml: Any, err: Exception) -> bool:
+def _is_not_supported(nvml: ModuleType, err: Exception) -> bool:
     return getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
 
 
-def _text(v: Any) -> str:
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _shutdown(nvml: Any) -> None:
+def _shutdown(nvml: ModuleType) -> None:
     with contextlib.suppress(Exception):
         nvml.nvmlShutdown()
 
 
-def _mig_enabled(nvml: Any, handle: Any) -> bool:
+def _mig_enabled(nvml: ModuleType, handle: object) -> bool:
     """nvmlDeviceGetMigMode's current mode is NVML_DEVICE_MIG_ENABLE (False where MIG is unsupported: before Ampere)."""
     with contextlib.suppress(nvml.NVMLError, AttributeError):
         current = nvml.nvmlDeviceGetMigMode(handle)[0]
@@ -132,7 +134,7 @@ def _mig_enabled(nvml: Any, handle: Any) -> bool:
     return False
 
 
-def _mig_uuids(nvml: Any, handle: Any) -> list[str]:
+def _mig_uuids(nvml: ModuleType, handle: object) -> list[str]:
     """The UUIDs of a GPU's MIG devices: nvmlDeviceGetMigDeviceHandleByIndex over nvmlDeviceGetMaxMigDeviceCount slots (an
     empty slot answers NVML_ERROR_NOT_FOUND). NVML: "When used with MIG device handles the API returns globally unique
     UUIDs" (nvmlDeviceGetUUID); CUDA reports that MIG UUID for the device ("If the device is in MIG mode, returns its MIG
@@ -165,7 +167,7 @@ class NvmlDevice:
     name = "nvml"
     simulated = False
 
-    def __init__(self, index: int = 0, nvml: Any = None, sample_hz: float = 50.0, assume_unlocked: bool = False,
+    def __init__(self, index: int = 0, nvml: ModuleType | None = None, sample_hz: float = 50.0, assume_unlocked: bool = False,
                  uuid: str | None = None):
         self.nvml = nvml or import_nvml()
         try:
@@ -211,7 +213,7 @@ class NvmlDevice:
                                   "removed, its clocks went with it") from None
 
     @classmethod
-    def for_journal(cls, settings: dict[str, Any], nvml: Any = None) -> NvmlDevice:
+    def for_journal(cls, settings: dict[str, Any], nvml: ModuleType | None = None) -> NvmlDevice:
         """The GPU a journal was written for: by the UUID it recorded, else (a journal without one) by its index.
 
         Raises:
@@ -342,7 +344,7 @@ class NvmlDevice:
     def reset_memory_clocks(self) -> None:
         self._call("reset the locked memory clock", self.nvml.nvmlDeviceResetMemoryLockedClocks)
 
-    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(self.handle, *args)
         except self.nvml.NVMLError as e:
@@ -735,7 +737,7 @@ class NvmlSession(PinnedSession):
         self._sampler.start()
         self._start = (0, dev.energy_mj())
 
-    def _mark(self) -> Any:
+    def _mark(self) -> tuple[int, int | None]:
         assert self._sampler is not None
         return (self._sampler.mark(), self.device.energy_mj())
 
@@ -765,7 +767,7 @@ class NvmlSession(PinnedSession):
         self.context["energy_source"] = self._energy_report(*train).energy_source if train else report.energy_source
         return report
 
-    def _window_report(self, start: Any, end: Any) -> EnergyReport:
+    def _window_report(self, start: tuple[int, int | None], end: tuple[int, int | None]) -> EnergyReport:
         return self._energy_report(start, end)
 
     def _judge(self) -> dict[str, Any]:

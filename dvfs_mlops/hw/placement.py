@@ -16,10 +16,13 @@ GPU-/MIG- prefix: torch/csrc/cuda/Module.cpp, `_CUuuid.__str__`), the MIG UUID f
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
 
 
 class TorchDeviceError(DvfsError):
@@ -50,7 +53,7 @@ def check_torch_device(text: str, source: str = "--torch-device") -> None:
                         f"{', '.join(TORCH_DEVICE_TYPES)} (e.g. cpu, cuda:1)")
 
 
-def resolve_torch_device(device: Any, override: str | None = None) -> str:
+def resolve_torch_device(device: Device, override: str | None = None) -> str:
     """The torch device to train on for `device`, checked; raises TorchDeviceError (CUDA unreachable) or DvfsError
     (an override that names no torch device) before any clock write."""
     check_torch_device(override or "", "the torch device")
@@ -162,9 +165,9 @@ def cuda_device_of(uuids: Collection[str], gpu: str, nvml_names: Mapping[str, st
     for k, uuid in enumerate(seen):
         if uuid is not None and uuid in wanted:
             return f"cuda:{k}"
-    k = _entry_naming(wanted, nvml_names)
-    if k is not None and k < len(seen) and seen[k] is None:
-        return f"cuda:{k}"
+    named = _entry_naming(wanted, nvml_names)
+    if named is not None and named < len(seen) and seen[named] is None:
+        return f"cuda:{named}"
     raise TorchDeviceError(_not_visible(gpu, seen, nvml_names))
 
 

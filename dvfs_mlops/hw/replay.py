@@ -30,11 +30,17 @@ import itertools
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.device import KNOBS, MAXN, DeviceInfo, FreqRequest, FreqSession, parse_freq, parse_knob
 from dvfs_mlops.hw.meter import EnergyReport
+
+if TYPE_CHECKING:
+    from _csv import Reader
+
+    from dvfs_mlops.hw.twin.trace import StepTrace
 
 REPLAYED = "REPLAYED"
 REQUIRED_COLUMNS = ("workload", "gpu_mhz", "time_s", "energy_j")
@@ -46,30 +52,6 @@ RECORDED_RAIL = "recorded"
 POWER_TOLERANCE = 0.01
 # Two GPU clocks closer than this cannot be told apart by `--freq` (`device.parse_freq`'s tolerance).
 CLOCK_RESOLUTION_MHZ = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One clock setting of a grid: the GPU clock, and the CPU and memory clocks where the file has them (None else).
-
-    Attributes:
-        gpu_mhz: the GPU clock, as written in the file.
-        cpu_mhz: the CPU clock, None where the file has no `cpu_mhz` column.
-        emc_mhz: the memory (EMC) clock, None where the file has no `emc_mhz` column.
-    """
-
-    gpu_mhz: float
-    cpu_mhz: float | None = None
-    emc_mhz: float | None = None
-
-    def label(self) -> str:
-        """How the setting is written in messages: '905.25 MHz', or 'GPU 905.25 / CPU 2265.6 / EMC 2133 MHz'."""
-        if self.cpu_mhz is None and self.emc_mhz is None:
-            return f"{self.gpu_mhz:g} MHz"
-        parts = [f"GPU {self.gpu_mhz:g}"]
-        parts += [f"CPU {self.cpu_mhz:g}"] if self.cpu_mhz is not None else []
-        parts += [f"EMC {self.emc_mhz:g}"] if self.emc_mhz is not None else []
-        return " / ".join(parts) + " MHz"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +244,7 @@ def read_grid(path: str | Path, *, workload_columns: Collection[str] = (), row_c
         raise DvfsError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
 
 
-def _parse(path: Path, data: bytes, reader: Any, workload_columns: Collection[str], row_columns: Collection[str]) -> ReplayGrid:
+def _parse(path: Path, data: bytes, reader: Reader, workload_columns: Collection[str], row_columns: Collection[str]) -> ReplayGrid:
     header = [h.strip() for h in next(reader, [])]
     columns = _columns(path, header, set(workload_columns), set(row_columns))
     rows: list[Recorded] = []
@@ -599,7 +581,7 @@ class ReplaySession(FreqSession):
     def _start_meter(self) -> None:
         self._look_up(self.freq)
 
-    def step(self, profile: Any = None) -> None:
+    def step(self, profile: StepTrace | None = None) -> None:
         """Charge one unit of work as the current look-up recorded it (`profile` is not read)."""
         self._units.append(self.lookups[-1])
 

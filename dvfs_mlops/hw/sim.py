@@ -247,11 +247,11 @@ class SimDevice:
             if cpu_mhz is not None or emc_mhz is not None:
                 raise DvfsError(f"{freq.label()} already names its CPU and EMC clocks; give them once (a Setting, or a GPU "
                                 "clock with cpu_mhz/emc_mhz)")
-            freq, cpu_mhz, emc_mhz = freq.gpu_mhz, freq.cpu_mhz, freq.emc_mhz
+            cpu_mhz, emc_mhz, freq = freq.cpu_mhz, freq.emc_mhz, freq.gpu_mhz
         return TwinConfig(parse_freq(freq, self.frequencies_mhz), self._table_clock("CPU", cpu_mhz, self.cpu_frequencies_mhz),
                           self._table_clock("EMC", emc_mhz, self.emc_frequencies_mhz))
 
-    def _table_clock(self, domain: str, value: Any, table: Sequence[float]) -> float | None:
+    def _table_clock(self, domain: str, value: str | float | None, table: Sequence[float]) -> float | None:
         if value is None:
             return None
         try:
@@ -444,7 +444,7 @@ class SimSession(FreqSession):
         return self._build(end.time_s - start.time_s, end.busy_s - start.busy_s, joules, self._series[start.steps:end.steps],
                            end.time_expected_s - start.time_expected_s, expected)
 
-    def step(self, profile: Any = None) -> None:
+    def step(self, profile: StepTrace | None = None) -> None:
         """Charge one training step of `profile` (a StepTrace) at this session's configuration."""
         if profile is None:
             return

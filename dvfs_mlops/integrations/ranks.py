@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.errors import DvfsError
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device
     from dvfs_mlops.hw.meter import EnergyReport
     from dvfs_mlops.hw.multi import GpuEnergy
+    from dvfs_mlops.hw.nvml import NvmlDevice
     from dvfs_mlops.mlops.launch import Decision
 
 
-def process_group() -> Any:
+def process_group() -> ModuleType | None:
     """`torch.distributed` where a process group of several ranks is initialised (Trainer's, under torchrun), else None."""
     import torch.distributed as dist
 
@@ -46,7 +49,7 @@ def rank_device(device: Device | str, sample_hz: float | None, uuid: str | None,
     from dvfs_mlops.hw import describe_device, open_device
 
     given = not isinstance(device, str)
-    rate = {} if sample_hz is None else {"sample_hz": sample_hz}
+    rate: dict[str, Any] = {} if sample_hz is None else {"sample_hz": sample_hz}
     local = settings.local_rank()
     if local is None:
         return device if not isinstance(device, str) else open_device(device, announce=say, **rate)
@@ -54,18 +57,19 @@ def rank_device(device: Device | str, sample_hz: float | None, uuid: str | None,
     if dev.name == "nvml":
         from dvfs_mlops.hw.multi import rank_gpu_index
 
-        index = rank_gpu_index(dev, local, uuid)
-        if index != dev.index:
-            other = open_device("nvml", nvml_module=dev.nvml, gpu_index=index, sample_hz=dev.sample_hz,
-                                assume_unlocked=dev.assume_unlocked)
+        nvml = cast("NvmlDevice", dev)
+        index = rank_gpu_index(nvml, local, uuid)
+        if index != nvml.index:
+            other = open_device("nvml", nvml_module=nvml.nvml, gpu_index=index, sample_hz=nvml.sample_hz,
+                                assume_unlocked=nvml.assume_unlocked)
             if not given:
-                dev.close()
+                nvml.close()
             dev = other
     say(describe_device(dev, "" if given else str(device)) + f" (LOCAL_RANK {local})")
     return dev
 
 
-def decide_once(group: Any, decide: Callable[[], Decision]) -> Decision:
+def decide_once(group: ModuleType | None, decide: Callable[[], Decision]) -> Decision:
     """`decide()` made by this process, or under a process group by rank 0 alone and broadcast, so every rank runs at
     one clock.
 
@@ -88,7 +92,7 @@ def decide_once(group: Any, decide: Callable[[], Decision]) -> Decision:
     return got
 
 
-def gather(group: Any, device: Device, board: Board, report: EnergyReport) -> tuple[GpuEnergy, ...]:
+def gather(group: ModuleType, device: Device, board: Board, report: EnergyReport) -> tuple[GpuEnergy, ...]:
     """Every rank's `GpuEnergy` (its power series left out), in rank order; a collective every rank calls."""
     from dvfs_mlops.hw.multi import GpuEnergy
 

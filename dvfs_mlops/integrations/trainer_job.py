@@ -9,8 +9,12 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.workload import WorkloadFeatures
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, TrainingArguments
+
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.twin.trace import StepTrace
 
 
 def dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
@@ -34,12 +38,12 @@ def dataset_avg_len(dataset: Any, limit: int = 2000) -> float | None:
     return total / n if n else None
 
 
-def precision_of(args: Any) -> str:
+def precision_of(args: TrainingArguments) -> str:
     """fp32, bf16 or fp16, as `TrainingArguments(bf16=True)` / `fp16=True` train."""
     return "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
 
 
-def features_of(model: Any, dataset: Any, precision: str, avg_seq_len: float | None = None,
+def features_of(model: PreTrainedModel, dataset: Any, precision: str, avg_seq_len: float | None = None,
                 gpu_util_pct: float | None = None) -> WorkloadFeatures:
     """The features of the model the Trainer trains: a peft-wrapped (LoRA) model's frozen base is `num_params` and
     what trains is `trainable_params`.
@@ -64,7 +68,7 @@ def features_of(model: Any, dataset: Any, precision: str, avg_seq_len: float | N
         raise DvfsError(f"cannot compute the governor's features: {e}") from None
 
 
-def twin_trace(model: Any, batch_size: int, avg_len: float, precision: str) -> Any:
+def twin_trace(model: PreTrainedModel, batch_size: int, avg_len: float, precision: str) -> StepTrace:
     """The twin's step trace of this model at the padded length of an average batch (an LM head traced as one)."""
     from dvfs_mlops.hw.twin.trace import TraceCache
     from dvfs_mlops.job.finetune import PRECISIONS
@@ -76,15 +80,15 @@ def twin_trace(model: Any, batch_size: int, avg_len: float, precision: str) -> A
                             peft_of(model), kind=kind)
 
 
-def model_device(model: Any) -> str | None:
+def model_device(model: torch.nn.Module | None) -> str | None:
     """The torch device the model's parameters are on; None for a model without parameters."""
     try:
-        return str(next(model.parameters()).device)
+        return str(next(model.parameters()).device)  # type: ignore[union-attr]  # None: the AttributeError below
     except (StopIteration, AttributeError, TypeError):
         return None
 
 
-def model_uuid(model: Any, torch_device: str | None) -> str | None:
+def model_uuid(model: torch.nn.Module | None, torch_device: str | None) -> str | None:
     """The UUID torch reports for the CUDA device the model is on; None off CUDA or where a torch device was named."""
     from dvfs_mlops.hw.placement import cuda_uuid
 
@@ -94,7 +98,7 @@ def model_uuid(model: Any, torch_device: str | None) -> str | None:
     return cuda_uuid(actual)
 
 
-def check_placement(model: Any, device: Device, board: Board, torch_device: str | None) -> None:
+def check_placement(model: torch.nn.Module, device: Device, board: Board, torch_device: str | None) -> None:
     """The model must sit on the board's GPU: a clock pinned on a GPU that does not train saves nothing.
 
     The device type must match; on nvml the CUDA device the model is on must also be the board's GPU, told by UUID

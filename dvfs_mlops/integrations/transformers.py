@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from transformers import TrainerCallback
 
@@ -29,6 +29,8 @@ from dvfs_mlops.integrations import ranks, trainer_job
 from dvfs_mlops.mlops.launch import Decision, Launch, Launched, LaunchOptions, decide, refine_budget
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
+
     from dvfs_mlops.hw.board import Board
     from dvfs_mlops.hw.device import Device
     from dvfs_mlops.hw.meter import EnergyReport
@@ -57,6 +59,8 @@ class DvfsCallback(TrainerCallback):
         refine: probe-and-refine's step budget (None: the launcher's default, 30 on hardware, none on the twin; 0: off).
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
         allow_other_board: let another board family's governor decide (recorded); else such a board refines.
+
+    The CPU and memory clocks are tuned too by `DvfsCallback.tuning("gpu,cpu[,emc]", ...)`.
 
     Raises:
         DvfsError: on train begin, the features cannot be computed or the governor cannot be loaded; any of
@@ -87,10 +91,28 @@ class DvfsCallback(TrainerCallback):
         self._group: Any = None  # torch.distributed where a process group of several ranks runs at train begin
         self._atexit = False
 
+    @classmethod
+    def tuning(cls, knobs: str, **arguments: Any) -> DvfsCallback:
+        """A callback that tunes the CPU and memory clocks with the GPU's.
+
+        Args:
+            knobs: the clocks tuned, "gpu", "gpu,cpu" or "gpu,cpu,emc" (as `finetune --knobs`): the CPU and memory clocks
+                start at their tables' tops and refine walks them down after the GPU's (at least 60 steps unless
+                `refine` says).
+            arguments: the constructor's.
+
+        Raises:
+            DvfsError: an unknown clock, or no gpu among them (at once); on train begin, a clock the backend cannot
+                set, or `refine=0`.
+        """
+        callback = cls(**arguments)
+        callback.options = dataclasses.replace(callback.options, tuned=knobs)
+        return callback
+
     def __enter__(self) -> DvfsCallback:
         return self
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> Literal[False]:
         self._finish(exc)
         return False
 
@@ -117,14 +139,14 @@ class DvfsCallback(TrainerCallback):
             return combine([g.report for g in self.gpus])
         return self.report
 
-    def _open_device(self, model: Any = None) -> Device:
+    def _open_device(self, model: PreTrainedModel | None = None) -> Device:
         return ranks.rank_device(self._device_arg, self.sample_hz, trainer_job.model_uuid(model, self.torch_device), self.announce)
 
-    def _check_placement(self, model: Any) -> None:
+    def _check_placement(self, model: PreTrainedModel) -> None:
         assert self.device is not None and self.board is not None
         trainer_job.check_placement(model, self.device, self.board, self.torch_device)
 
-    def _decide_once(self, model: Any, batch: int, feats: WorkloadFeatures) -> Decision:
+    def _decide_once(self, model: PreTrainedModel, batch: int, feats: WorkloadFeatures) -> Decision:
         """The decision (the caller's clock, else the governor's), by this process or by rank 0 for every rank."""
         def util() -> tuple[float | None, str]:
             if self.gpu_util_pct is not None:
@@ -142,7 +164,7 @@ class DvfsCallback(TrainerCallback):
 
         return ranks.decide_once(self._group, make)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, train_dataloader: object = None, **kwargs: Any) -> None:
         from dvfs_mlops.hw.board import board_of
         from dvfs_mlops.job.run import warmup_for
         from dvfs_mlops.mlops import lifecycle
@@ -156,12 +178,13 @@ class DvfsCallback(TrainerCallback):
         self.precision = trainer_job.precision_of(args)
         feats = trainer_job.features_of(model, getattr(train_dataloader, "dataset", None), self.precision, self.avg_seq_len)
         self._trace = trainer_job.twin_trace(model, batch, feats.avg_seq_len, self.precision) if self.device.simulated else None
-        self.decision = decision = self._decide_once(model, batch, feats)
+        tables = self.options.knob_tables(self.device)  # a clock the backend cannot set: before any is touched
+        self.decision = decision = self._decide_once(model, batch, feats).with_knobs_at_top(tables)
         self.announce(f"dvfs: {decision.path} on {self.device.name}" + (" (SIMULATED)" if self.device.simulated else ""))
         self._run = lifecycle.user_run()
         world = self._group.get_world_size() if self._group is not None else 1
         self._launch = Launch(self.device, board, decision, refine=refine_budget(decision, self.options, board, self.announce, world),
-                              observe=self.options.observe, label="trainer", say=self.announce)
+                              observe=self.options.observe, label="trainer", say=self.announce, knobs=tables)
         self._step0 = int(getattr(state, "global_step", 0) or 0)  # a run resumed from a checkpoint starts past 0
         max_steps = max(int(getattr(state, "max_steps", 0) or 0) - self._step0, 0)
         self._launch.begin(max_steps, warmup_for(self.warmup_steps, board.simulated, max_steps))
@@ -169,11 +192,11 @@ class DvfsCallback(TrainerCallback):
             atexit.register(self.close)
             self._atexit = True
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._launch is not None:
             self._launch.step_done(int(getattr(state, "global_step", 1)) - self._step0 - 1, self._trace)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._finish(None)
 
     def _finish(self, exc: BaseException | None, log: bool = True) -> None:
@@ -195,4 +218,4 @@ class DvfsCallback(TrainerCallback):
             record = records.callback_record(launched.session, self.job_report, self.board, self.decision, self.precision,
                                              self.refined, self.gpus)
             reason = outcome(exc)[1]
-            self._run.log(record.plus(tags={schema.TAG_END_REASON: reason} if reason else {}))
+            self._run.log(record.plus(params=launched.knob_params(), tags={schema.TAG_END_REASON: reason} if reason else {}))

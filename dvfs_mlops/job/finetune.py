@@ -25,13 +25,21 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dvfs_mlops.hw.placement import synchronize
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec
 from dvfs_mlops.job.workloads.tokenizer import IGNORE_INDEX, Encoded, collate, lm_labels, padded_length
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+    from dvfs_mlops.hw.device import FreqSession
+    from dvfs_mlops.hw.twin.trace import StepTrace
+    from dvfs_mlops.job.workloads.prepare import PreparedWorkload
 
 # --precision -> the torch dtype's name: what autocast computes in, and what the twin's step trace records
 # (the twin charges tensor-core rates for 16-bit matmuls).
@@ -107,8 +115,8 @@ def plan_batches(n_train: int, steps: int, batch_size: int, seed: int) -> list[n
     return batches
 
 
-def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | None = None,
-                task_kind: str = "classification", peft: PeftSpec = FULL) -> Any:
+def build_model(config: PretrainedConfig, seed: int, attn: str = "sdpa", pretrained: str | None = None,
+                task_kind: str = "classification", peft: PeftSpec = FULL) -> torch.nn.Module:
     """The model a task trains (the one place the auto class is chosen): a sequence classifier, or for a causal-LM
     task the causal LM with its LM head; adapted as `peft` says (LoRA wraps it, full fine-tuning leaves it)."""
     import torch
@@ -127,7 +135,8 @@ def build_model(config: Any, seed: int, attn: str = "sdpa", pretrained: str | No
     return peft.apply(model, str(getattr(config, "model_type", "")), task_kind)
 
 
-def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trace_for: Callable[[int], Any] | None = None,
+def finetune(workload: PreparedWorkload, config: FinetuneConfig, *, session: FreqSession | None = None,
+             trace_for: Callable[[int], StepTrace | None] | None = None,
              torch_device: str = "cpu", on_step: Callable[[int, float | None], None] | None = None,
              pretrained: str | None = None, progress: bool | None = None) -> FinetuneResult:
     """Fine-tune a prepared workload on `torch_device` and evaluate it on its dev split.
@@ -206,14 +215,14 @@ def finetune(workload: Any, config: FinetuneConfig, *, session: Any = None, trac
     return FinetuneResult(steps, steps * config.batch_size, float(np.mean(tail)), metric, value, lengths, wall, model, extra, cold)
 
 
-def _lm_batch_labels(data: Encoded, idx: Any, width: int) -> np.ndarray:
+def _lm_batch_labels(data: Encoded, idx: np.ndarray, width: int) -> np.ndarray:
     if data.response_start is None:
         raise ValueError("a causal-LM task's split needs response_start (encode it with TextEncoder.encode_lm)")
     return lm_labels([data.ids[i] for i in idx], [data.response_start[i] for i in idx], width)
 
 
-def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, *, session: Any = None,
-                 trace_for: Callable[[int], Any] | None = None, on_step: Callable[[int, float | None], None] | None = None,
+def profile_only(train_lengths: list[int], config: FinetuneConfig, metric: str, *, session: FreqSession | None = None,
+                 trace_for: Callable[[int], StepTrace | None] | None = None, on_step: Callable[[int, float | None], None] | None = None,
                  torch_device: str = "cpu") -> FinetuneResult:
     """The twin's profile-only job: the batches `finetune` would train, planned from the examples' token lengths and
     charged step by step, nothing computed (`metric` names the evaluation that is not run). It needs no data,
@@ -255,7 +264,7 @@ class StepWindows:
     Use: `with StepWindows(session, device, warmup) as w:` and `w.step_done(step)` after every step.
     """
 
-    def __init__(self, session: Any, torch_device: str, warmup: int):
+    def __init__(self, session: FreqSession | None, torch_device: str, warmup: int):
         self.session = session if hasattr(session, "begin_window") else None
         self.torch_device, self.warmup = torch_device, warmup
         self._open: str | None = None
@@ -287,7 +296,7 @@ class StepWindows:
 
 
 @contextlib.contextmanager
-def metered(session: Any, name: str, torch_device: str = "cpu") -> Iterator[None]:
+def metered(session: FreqSession | None, name: str, torch_device: str = "cpu") -> Iterator[None]:
     """Meter the block as the session's window `name` (no session, or one without windows: just run it)."""
     window = getattr(session, "window", None)
     if window is None:
@@ -311,12 +320,12 @@ def _autocast(torch_device: str, precision: str) -> Callable[[], Any]:
     return lambda: torch.autocast(device_type=torch.device(torch_device).type, dtype=dtype)
 
 
-def _charge(session: Any, trace_for: Callable[[int], Any] | None, padded: int) -> None:
+def _charge(session: FreqSession | None, trace_for: Callable[[int], StepTrace | None] | None, padded: int) -> None:
     if session is not None:
         session.step(trace_for(padded) if trace_for is not None else None)
 
 
-def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None,
+def evaluate(model: torch.nn.Module, dev: Encoded, pad_id: int, is_regression: bool, batch_size: int = 64, torch_device: str | None = None,
              progress: bool | None = None) -> float:
     """Accuracy, or Pearson correlation for regression, on the dev split (on the model's device); a bar of its batches
     as `progress_bar` shows one."""
@@ -341,7 +350,7 @@ def evaluate(model: Any, dev: Encoded, pad_id: int, is_regression: bool, batch_s
     return float((p == dev.labels).mean())
 
 
-def evaluate_lm(model: Any, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None,
+def evaluate_lm(model: torch.nn.Module, dev: Encoded, pad_id: int, batch_size: int = 16, torch_device: str | None = None,
                 progress: bool | None = None) -> tuple[float, float]:
     """(next-token accuracy, mean cross-entropy) over the dev split's response tokens (the end token included); a bar
     of its batches as `progress_bar` shows one."""

@@ -24,6 +24,11 @@ With the board's power prior (`curve.PowerPrior`: what the governor's training s
 board's power curves; `dvfs-mlops train` stores it on the version as the tag `power_prior`) and the GPU
 utilisation each probe window measured, the fit leans on it (curve.py): the probes then mostly have to
 pin the time curve, whose noise per window is half the power's.
+With the CPU or memory clock tuned too (`knobs`: their tables), the GPU clock settles first (at the knobs' top
+clocks), then each knob's axis in turn (`AxisWalk`, a coordinate descent): from its top clock, one step of its axis
+grid (at most `AXIS_POINTS` clocks) down at a time, a window of `MIN_PROBE_STEPS` steps each (or what the meter needs),
+while the per-step energy falls by more than `MOVE_Z` standard deviations of the difference of two windows; the axes
+again while a pass moved; the rest of the budget, if any, is left unspent.
 numpy only (through curve.py); nothing here imports torch or MLflow.
 """
 from __future__ import annotations
@@ -34,12 +39,16 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
 from dvfs_mlops.model.curve import CurvePoint, Measurement, PowerPrior, fit_curve, fit_voltage_shape
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import FreqSession
+    from dvfs_mlops.hw.meter import EnergyReport
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,8 @@ PROBE_SPACING_MHZ = 100.0
 SETTLE_STEPS = 1  # on hardware, steps after a re-pin before the probe window opens (the clock and the meter settle)
 NOISE_FLOOR = 1e-3  # relative: the least per-window noise a fit assumes, however steady a window's samples were
 MIN_BATCHES = 3  # independent batches a window needs before its own power samples say its noise
+AXIS_POINTS = 6  # a CPU or memory clock's axis is walked on at most this many of its table's clocks (its top included)
+KNOB_NAMES = {"cpu_mhz": "CPU", "emc_mhz": "EMC"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +84,8 @@ class Probe:
     time_s: float
     energy_j: float
     gpu_util: float | None = None  # the GPU's busy share of the window (0..1), where the meter read it
+    cpu_mhz: float | None = None  # the CPU clock of the window, where refine tunes it
+    emc_mhz: float | None = None  # the memory clock of the window, where refine tunes it
 
     def per_step(self) -> Measurement:
         """The window as one step's `Measurement`: time and energy divided by `steps`."""
@@ -102,6 +115,7 @@ class RefineResult:
     reason: str  # why the job settled where it did
     prior: PowerPrior | None = None  # the board prior the fits leaned on
     settle_steps: int = 0
+    chosen_knobs: dict[str, float] = dataclasses.field(default_factory=dict)  # the CPU/memory clocks settled on (tuned)
 
     @property
     def probe_steps(self) -> int:
@@ -110,15 +124,20 @@ class RefineResult:
     def to_csv(self) -> str:
         """refine.csv: the probes as measured, then every clock as predicted (per step), the choice marked."""
         out = io.StringIO()
-        out.write("kind,freq_mhz,steps,time_s,energy_j,time_per_step_s,energy_per_step_j,energy_per_step_std_j,chosen,gpu_util\n")
+        knobs = [k for k in KNOB_NAMES if k in self.chosen_knobs]  # the CPU/memory clock columns, where refine tuned them
+        out.write("kind,freq_mhz,steps,time_s,energy_j,time_per_step_s,energy_per_step_j,energy_per_step_std_j,chosen,gpu_util"
+                  + "".join(f",{k}" for k in knobs) + "\n")
         for p in self.probes:
             m = p.per_step()
             util = "" if p.gpu_util is None else repr(p.gpu_util)
+            clocks = [getattr(p, k) for k in knobs]
+            chosen = p.freq_mhz == self.chosen_mhz and all(c is None or c == self.chosen_knobs[k] for k, c in zip(knobs, clocks))
             out.write(f"probe,{p.freq_mhz:g},{p.steps},{p.time_s!r},{p.energy_j!r},{m.time_s!r},{m.energy_j!r},,"
-                      f"{int(p.freq_mhz == self.chosen_mhz)},{util}\n")
+                      f"{int(chosen)},{util}" + "".join("," if c is None else f",{c:g}" for c in clocks) + "\n")
         for pt in self.predicted:
             sd = "" if pt.energy_std_j is None else repr(pt.energy_std_j)
-            out.write(f"predicted,{pt.freq_mhz:g},,,,{pt.time_s!r},{pt.energy_j!r},{sd},{int(pt.freq_mhz == self.chosen_mhz)},\n")
+            out.write(f"predicted,{pt.freq_mhz:g},,,,{pt.time_s!r},{pt.energy_j!r},{sd},{int(pt.freq_mhz == self.chosen_mhz)},"
+                      + "," * len(knobs) + "\n")
         return out.getvalue()
 
     def lines(self) -> list[str]:
@@ -127,6 +146,9 @@ class RefineResult:
         settling = f" + {self.settle_steps} settling after re-pins" if self.settle_steps else ""
         out = [f"refine: probed {probes} ({self.probe_steps} steps{settling})",
                f"refine: settled at {self.chosen_mhz:g} MHz (started at {self.start_mhz:g}; {self.reason})"]
+        if self.chosen_knobs:
+            out.append("refine: then " + ", ".join(f"{KNOB_NAMES[k]} {v:g} MHz" for k, v in self.chosen_knobs.items())
+                       + " (each axis walked down from its top while the energy per step fell)")
         if self.prior is not None:
             p = self.prior
             out.append(f"refine: power curve fitted with the board's power prior from {p.workloads} workloads of the governor's sweep "
@@ -184,7 +206,7 @@ def probe_grid(table: Sequence[float], start_mhz: float, spacing_mhz: float = PR
     for sign in (-1, 1):
         k = 1
         while freqs[0] - spacing_mhz / 2 <= start + sign * k * spacing_mhz <= freqs[-1] + spacing_mhz / 2:
-            grid.add(min(freqs, key=lambda f, t=start + sign * k * spacing_mhz: abs(f - t)))
+            grid.add(min(freqs, key=lambda f, t=start + sign * k * spacing_mhz: abs(f - t)))  # type: ignore[misc]
             k += 1
     return sorted(grid)
 
@@ -331,6 +353,93 @@ class ProbePlan:
                            f"(last z = {best_z:.2f}); probe budget spent")
 
 
+def axis_grid(table: Sequence[float], points: int = AXIS_POINTS) -> list[float]:
+    """At most `points` clocks of a knob's table, evenly spread by position, its top included, ascending."""
+    freqs = sorted(float(f) for f in table)
+    if len(freqs) <= points:
+        return freqs
+    stride = (len(freqs) - 1) / (points - 1)
+    return sorted({freqs[len(freqs) - 1 - round(k * stride)] for k in range(points)})
+
+
+class AxisWalk:
+    """The CPU and memory clocks after the GPU's: a coordinate descent from their tops. Each axis in turn, one grid step
+    down per probe window while the energy per step falls significantly; then the axes again while a pass moved (a
+    configuration measured before costs no window). The GPU clock stays where it settled.
+
+    Args:
+        axes: (knob, its table) for each knob tuned, in order ("cpu_mhz", "emc_mhz").
+        windows: the probe windows left in the budget.
+        noise: the relative noise of one window's energy per step.
+        start: the energy per step already measured at every knob's top (the GPU's settled clock), None: measure it.
+
+    Attributes:
+        chosen: each knob's clock settled on so far (its top until it moves).
+    """
+
+    def __init__(self, axes: Sequence[tuple[str, Sequence[float]]], windows: int, noise: float, start: float | None = None):
+        self.axes = [(k, axis_grid(t)) for k, t in axes if len(t) > 0]
+        self.chosen = {k: grid[-1] for k, grid in self.axes}
+        self.windows, self.noise = windows, noise
+        self.measured: dict[tuple[float, ...], float] = {}  # energy per step by the knobs' clocks, in `axes` order
+        if start is not None:
+            self.measured[self._key(self.chosen)] = start
+        self.axis = 0
+        self.moved = False  # a move in this pass over the axes
+        self.pending: dict[str, float] | None = None
+
+    def _key(self, knobs: Mapping[str, float]) -> tuple[float, ...]:
+        return tuple(knobs[k] for k, _ in self.axes)
+
+    def _candidate(self) -> dict[str, float] | None:
+        """The configuration the walk looks at next (the tops first, then one step down the axis walked), None at the end."""
+        if self._key(self.chosen) not in self.measured:
+            return dict(self.chosen)
+        while self.axis < len(self.axes):
+            knob, grid = self.axes[self.axis]
+            at = grid.index(self.chosen[knob])
+            if at > 0:
+                return {**self.chosen, knob: grid[at - 1]}
+            self._next_axis()
+        return None
+
+    def next_knobs(self) -> dict[str, float] | None:
+        """The knob clocks of the next probe window (every tuned knob), or None once no axis moves or the budget is spent."""
+        while self.pending is None:
+            tried = self._candidate()
+            if tried is None:
+                return None
+            known = self.measured.get(self._key(tried))
+            if known is None:
+                if self.windows < 1:
+                    return None
+                self.pending = tried
+            else:
+                self._judge(tried, known)
+        return self.pending
+
+    def record(self, energy_per_step: float) -> None:
+        """Take the window of `next_knobs()`: move on a significant fall, else on to the next axis."""
+        assert self.pending is not None
+        tried, self.pending = self.pending, None
+        self.windows -= 1
+        self.measured[self._key(tried)] = energy_per_step
+        if tried != self.chosen:
+            self._judge(tried, energy_per_step)
+
+    def _judge(self, tried: dict[str, float], energy: float) -> None:
+        best = self.measured[self._key(self.chosen)]
+        if energy < best * (1.0 - MOVE_Z * math.sqrt(2.0) * self.noise):
+            self.chosen, self.moved = tried, True
+        else:
+            self._next_axis()
+
+    def _next_axis(self) -> None:
+        self.axis += 1
+        if self.axis == len(self.axes) and self.moved:  # another pass while one moved
+            self.axis, self.moved = 0, False
+
+
 class Refiner:
     """Probe-and-refine driven from a training loop: call `on_step(step)` after every charged training step.
 
@@ -347,6 +456,8 @@ class Refiner:
             its shape then replaces the board's where that is assumed, not known.
         warmup: steps at the starting clock before the first probe.
         say: where the "refine: ..." lines go (None: this module's logger at INFO).
+        knobs: the CPU and memory clocks to tune after the GPU's ({"cpu_mhz": table, "emc_mhz": table}; empty: the GPU
+            clock alone); the session is repinned with them, each starting at its table's top (`AxisWalk`).
 
     Raises:
         DvfsError: the session pins no clock (maxn): there is no clock to probe around.
@@ -356,8 +467,9 @@ class Refiner:
         active: (property) still probing.
     """
 
-    def __init__(self, session: Any, budget: int, total_steps: int, board: Board, *, prior: PowerPrior | None = None,
-                 warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None):
+    def __init__(self, session: FreqSession, budget: int, total_steps: int, board: Board, *, prior: PowerPrior | None = None,
+                 warmup: int = WARMUP_STEPS, say: Callable[[str], None] | None = None,
+                 knobs: Mapping[str, Sequence[float]] | None = None):
         if session.pinned_mhz is None:
             raise DvfsError("refine probes around a pinned clock, and this session pins none (maxn or observe); "
                             "give it a clock of the table")
@@ -382,6 +494,11 @@ class Refiner:
         self._stamps: list[float] = []  # monotonic time at each step's end: warm-up and window step times
         self._window_noise = (NOISE_FLOOR, NOISE_FLOOR)
         self._done = False
+        self.knobs = {k: sorted(float(f) for f in t) for k, t in (knobs or {}).items() if t}
+        self._walk: AxisWalk | None = None
+        self._walk_steps = MIN_PROBE_STEPS  # a walk's window: the fewest steps, or what the meter needs (`_size_to_meter`)
+        self._knob_clocks: dict[str, float] = {}  # the knob clocks of the probe running (the walk's)
+        self._gpu_settled: tuple[float, list[CurvePoint], str] | None = None
         if not per:
             self._finish(self.start_mhz, [], f"a budget of {budget} steps is too small to probe (needs {2 * (MIN_PROBE_STEPS + self.settle)})")
         elif len(self.clocks) < 2:
@@ -398,6 +515,7 @@ class Refiner:
             return True
         step_s = (self._stamps[-1] - self._stamps[0]) / (len(self._stamps) - 1)
         need = math.ceil(self.board.min_window_s / step_s) if step_s > 0 else 0
+        self._walk_steps = max(MIN_PROBE_STEPS, need)
         if need <= self.plan.per_probe:
             return True
         self.plan = self._plan(need)
@@ -413,13 +531,20 @@ class Refiner:
     def active(self) -> bool:
         return not self._done
 
-    def _begin(self, clock: float) -> None:
+    def _window_name(self) -> str:
+        clocks = "".join(f"/{KNOB_NAMES[k].lower()}{v:g}" for k, v in self._knob_clocks.items())
+        return f"probe@{self._clock:g}{clocks}"
+
+    def _begin(self, clock: float, knob_clocks: Mapping[str, float] | None = None) -> None:
         self._clock, self._in_probe = clock, 0
-        if clock != float(self.session.freq):
-            self.session.repin(clock)
+        knob_clocks = dict(knob_clocks or {})
+        moved = {k: v for k, v in knob_clocks.items() if getattr(self.session, k, None) != v}
+        self._knob_clocks = knob_clocks
+        if clock != float(self.session.freq) or moved:
+            self.session.repin(clock, **moved)
             self._settling = self.settle
         if not self._settling:
-            self.session.begin_window(f"probe@{clock:g}")
+            self.session.begin_window(self._window_name())
 
     def on_step(self, step: int, loss: float | None = None) -> None:
         """Advance probing by one finished training step: open, close and read probe windows, repin, settle.
@@ -449,20 +574,25 @@ class Refiner:
             self._settled += 1
             if not self._settling:
                 self._stamps = self._stamps[-1:]
-                self.session.begin_window(f"probe@{self._clock:g}")
+                self.session.begin_window(self._window_name())
             return
         self._in_probe += 1
-        if self._in_probe < self.per_probe:
+        if self._in_probe < (self._walk_steps if self._walk is not None else self.per_probe):
             return
-        name = f"probe@{self._clock:g}"
+        name = self._window_name()
         self.session.end_window(name)
         r = self.session.window_report(name)
         util = None if r.gpu_util_pct is None else r.gpu_util_pct / 100.0
-        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util)
+        knobs = {k: getattr(self.session, k, None) for k in self.knobs}  # the tuned knobs' clocks of the window
+        probe = Probe(self._clock, self._in_probe, r.duration_s, r.energy_j, util, knobs.get("cpu_mhz"), knobs.get("emc_mhz"))
         self._probes.append(probe)
         if not self.board.simulated:  # the noise floor from this window's own samples, not a constant
             self.plan.noise = self._floor_from(r)
         self._stamps = self._stamps[-1:]
+        if self._walk is not None:
+            self._walk.record(probe.per_step().energy_j)
+            self._walk_on()
+            return
         self.plan.record(probe.per_step())
         nxt = self.plan.next_clock()
         if nxt is not None:
@@ -470,7 +600,7 @@ class Refiner:
         else:
             self._settle()
 
-    def _floor_from(self, report: Any) -> tuple[float, float]:
+    def _floor_from(self, report: EnergyReport) -> tuple[float, float]:
         """(time, power) relative noise of a window's mean from its own samples, the largest over the windows so far.
 
         Time: the step times' standard error. Power: batch means, each batch at least a step and at least the span a
@@ -492,14 +622,39 @@ class Refiner:
 
     def _settle(self) -> None:
         chosen = float(self.plan.chosen_mhz if self.plan.chosen_mhz is not None else self.session.freq)
+        if self.knobs:  # the GPU clock settled: walk the CPU and memory axes from their tops, in the budget left
+            self._gpu_settled = (chosen, self.plan.predicted, self.plan.reason)
+            left = self.budget - sum(p.steps for p in self._probes) - self._settled
+            windows = min(left, self.max_steps - sum(p.steps for p in self._probes) - self._settled) // (self._walk_steps + self.settle)
+            # the settled GPU clock probed with every knob at its top already measured the walk's start
+            tops = {k: t[-1] for k, t in self.knobs.items()}
+            start = next((p.per_step().energy_j for p in self._probes if p.freq_mhz == chosen
+                          and all(getattr(p, k) == v for k, v in tops.items())), None)
+            self._walk = AxisWalk(list(self.knobs.items()), max(windows, 0), self.noise[1], start)
+            self._walk_on()
+            return
         if chosen != float(self.session.freq):
             self.session.repin(chosen)
         self._finish(chosen, self.plan.predicted, self.plan.reason)
 
-    def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str) -> None:
+    def _walk_on(self) -> None:
+        """The walk's next probe window, or its end: every knob at the clock it settled on."""
+        assert self._walk is not None and self._gpu_settled is not None
+        chosen, predicted, reason = self._gpu_settled
+        nxt = self._walk.next_knobs()
+        if nxt is not None:
+            self._begin(chosen, nxt)
+            return
+        knobs = self._walk.chosen
+        moved = {k: v for k, v in knobs.items() if getattr(self.session, k, None) != v}
+        if chosen != float(self.session.freq) or moved:
+            self.session.repin(chosen, **moved)
+        self._finish(chosen, predicted, reason, knobs)
+
+    def _finish(self, chosen: float, predicted: list[CurvePoint], reason: str, knobs: Mapping[str, float] | None = None) -> None:
         self._done = True
         self.result = RefineResult(self.start_mhz, chosen, list(self._probes), predicted, reason, self.plan.prior_used,
-                                   self._settled)
+                                   self._settled, dict(knobs or {}))
         for line in self.result.lines():
             self.say(line)
 

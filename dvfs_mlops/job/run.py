@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.job.finetune import FinetuneConfig, FinetuneResult, StepWindows, cold_steps, finetune, profile_only
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import FreqSession
+    from dvfs_mlops.job.workloads.prepare import PreparedWorkload
 
 TRAIN, PROFILE, REPLAY = "train", "profile", "replay"
 MODES = (TRAIN, PROFILE, REPLAY)
@@ -48,13 +52,13 @@ class Job:
         pretrained: real weights to start from (a hub name or a folder), or None for a random init.
     """
 
-    workload: Any
+    workload: PreparedWorkload
     config: FinetuneConfig
     torch_device: str = "cpu"
     pretrained: str | None = None
 
 
-def run_job(job: Job, session: Any, *, mode: str = TRAIN, replay_of: FinetuneResult | None = None,
+def run_job(job: Job, session: FreqSession | None, *, mode: str = TRAIN, replay_of: FinetuneResult | None = None,
             on_step: Callable[[int, float | None], None] | None = None) -> FinetuneResult:
     """Run `job` under `session` (an open `FreqSession`, or None to run it unmetered).
 
@@ -76,7 +80,7 @@ def run_job(job: Job, session: Any, *, mode: str = TRAIN, replay_of: FinetuneRes
     cfg, workload = job.config, job.workload
     trace_for = workload.trace_provider(cfg.batch_size, cfg.trace_dtype) if session is not None and session.device.simulated else None
     if mode == REPLAY:
-        if replay_of is None or trace_for is None:
+        if replay_of is None or trace_for is None or session is None:
             raise DvfsError("a replayed job needs the run it replays, on the twin")
         with StepWindows(session, job.torch_device, replay_of.warmup_steps) as windows:
             for step, n in enumerate(replay_of.padded_lengths):

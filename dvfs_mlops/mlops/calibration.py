@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
@@ -34,8 +34,10 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayDevice
     from dvfs_mlops.mlops.lifecycle import OwnedRun
     from dvfs_mlops.mlops.registry import RegistryConfig
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class CalibrationOutcome:
     kept: int | None = None
 
 
-def pick_source(c: Any, cfg: Any, family: str, version: str = "") -> Any:
+def pick_source(c: MlflowClient, cfg: RegistryConfig, family: str, version: str = "") -> ModelVersion:
     """The version to calibrate from: `version`, else the production governor of another family trained on the most
     workloads (a trained version before a calibrated one at the same count, then the newest).
 
@@ -141,7 +143,7 @@ def candidates(preset: str) -> list[str]:
     return [f"{m}/{t}" for m in p.models for t in p.tasks]
 
 
-def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
+def _with_features(c: MlflowClient, mv: ModelVersion, names: list[str]) -> list[Any]:
     """The candidates, each with its features from the source version's training sweep where that sweep measured it
     (the source tree routes on the features its own board measured); a bare name otherwise."""
     sweep = str(mv.tags.get(schema.TAG_VERSION_SWEEP) or "")
@@ -155,6 +157,15 @@ def _with_features(c: Any, mv: Any, names: list[str]) -> list[Any]:
         log.info("calibrate: the source's sweep %s is not readable here (%s); workloads picked by name", sweep, e)
         return list(names)
     return [(n, known[n]) if n in known else n for n in names]
+
+
+def grid_candidates(device: ReplayDevice) -> list[Any]:
+    """A replay device's candidates: every workload of its grid with its features from the file's columns (a replayed
+    calibration picks among what the grid measured; presets do not apply)."""
+    from dvfs_mlops.mlops.sweep.replayed import features_of_grid
+
+    grid = device.grid
+    return [(w, features_of_grid(grid, w)) for w in grid.workloads]
 
 
 def _by_model(workloads: tuple[str, ...]) -> dict[str, list[str]]:
@@ -179,20 +190,26 @@ def measure(device: Device, board: Board, request: CalibrationRequest, workloads
 
     claims = open_claims(None, tracking.tracking_uri())
     ids, ran = [], 0
+    options = sweep_mod.RunOptions(announce=say, claims=claims, adopt_run=False,
+                                   parent_tags={schema.TAG_SWEEP_KIND: schema.CALIBRATION_SWEEP})
+    if device.name == "replay":  # one sweep of the grid's chosen workloads, looked up
+        req = sweep_mod.SweepRequest(workloads=",".join(workloads), freqs=",".join(freq_label(f) for f in clocks),
+                                     experiment=request.experiment, steps=request.steps)
+        out = sweep_mod.run_sweep(sweep_mod.build_spec(board, req, device, grid=cast("ReplayDevice", device).grid), device, board,
+                                  options)
+        return [out.sweep_id], len(out.ran)
     for model, tasks in _by_model(workloads).items():
         req = sweep_mod.SweepRequest(preset=request.preset, models=model, tasks=",".join(tasks),
                                      freqs=",".join(freq_label(f) for f in clocks), steps=request.steps,
                                      batch_size=request.batch_size, experiment=request.experiment)
         spec = sweep_mod.build_spec(board, req)
-        options = sweep_mod.RunOptions(announce=say, claims=claims, adopt_run=False,
-                                       parent_tags={schema.TAG_SWEEP_KIND: schema.CALIBRATION_SWEEP})
         out = sweep_mod.run_sweep(spec, device, board, options)
         ids.append(out.sweep_id)
         ran += len(out.ran)
     return ids, ran
 
 
-def calibration_metrics(dataset: Any, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
+def calibration_metrics(dataset: GovernorDataset, source_policy: dict[str, Any], calibrated: dict[str, Any], objective: str) -> dict[str, float]:
     """What the calibrated gates read: both policies' mean regret on the calibration points (`evaluate_dataset`)."""
     from dvfs_mlops.mlops.evaluate import GovernorPolicy, evaluate_dataset
     from dvfs_mlops.mlops.governor import Governor, GovernorRef, PolicyModel
@@ -298,20 +315,21 @@ def _fit(c: MlflowClient, device: Device, board: Board, request: CalibrationRequ
          source_label: str, say: Callable[[str], None]) -> _Fitted:
     """Plan the calibration points, measure them (the calibration sweeps), read them back and move the policy."""
     from dvfs_mlops.mlops.dataset import load_sweep_dataset
+    from dvfs_mlops.mlops.sweep.progress import device_label
     from dvfs_mlops.model.governor.transfer import calibrate_policy, plan_calibration
 
-    cands = _with_features(c, source, candidates(request.preset))
+    cands = grid_candidates(cast("ReplayDevice", device)) if device.name == "replay" else _with_features(c, source, candidates(request.preset))
     plan = plan_calibration(source_policy, board, cands)
     shown = ", ".join(f"{f:g}" for f in plan.clocks_mhz)
     say(f"calibrating {source_label} for {board.family}: {len(plan.workloads)} workloads "
-        f"({', '.join(plan.workloads)}) at {shown} MHz and maxn" + (" (SIMULATED)" if board.simulated else ""))
+        f"({', '.join(plan.workloads)}) at {shown} MHz and maxn{device_label(board)}")
     sweep_ids, ran = measure(device, board, request, plan.workloads, plan.clocks_mhz, say)
     dataset = load_sweep_dataset(",".join(sweep_ids), request.experiment)
     learnt = {name: feats for name, feats in (x for x in cands if not isinstance(x, str)) if name in plan.workloads}
     policy = calibrate_policy(source_policy, board, dataset.curves, learnt or None)  # as the source's sweep measured them
     metrics = calibration_metrics(dataset, source_policy, policy, str(source.tags.get(schema.TAG_OBJECTIVE) or "energy"))
     say(f"calibration regret {100 * metrics['calibration_regret']:.2f}% on its {len(dataset.curves)} workloads "
-        f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%)" + (" (SIMULATED)" if dataset.simulated else ""))
+        f"(the source as it is: {100 * metrics['calibration_source_regret']:.2f}%){device_label(board)}")
     return _Fitted(policy, plan.workloads, plan.clocks_mhz, sweep_ids, ran, metrics, dataset.simulated)
 
 

@@ -34,12 +34,17 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError, TrackingStoreError
 from dvfs_mlops.mlops import schema
 from dvfs_mlops.mlops.tracking import without_password
+
+if TYPE_CHECKING:
+    import psycopg
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +253,7 @@ class ClaimTarget:
     """The sweep whose points a claim store is asked about, as the tracking store has it (what `TrackingClaims` writes
     its claim runs into; the other stores need only the scope string)."""
 
-    client: Any
+    client: MlflowClient
     experiment_id: str
     sweep_id: str
     parent_id: str
@@ -323,12 +328,12 @@ class TrackingClaims:
                                      f"({first}); no clock was left changed; re-run the same sweep to resume",
                                      cause=first, transient=tracking.is_store_outage(e)) from None
 
-    def _runs(self, point_key: str) -> list[Any]:
+    def _runs(self, point_key: str) -> list[Run]:
         t = self._t()
         filt = f"tags.`{schema.TAG_SWEEP}` = '{t.sweep_id}' and tags.`{schema.TAG_POINT}` = '{point_key}'"
         return self._call(lambda: t.client.search_runs([t.experiment_id], filter_string=filt, max_results=1000))
 
-    def _stale(self, run: Any, ttl_s: float) -> str | None:
+    def _stale(self, run: Run, ttl_s: float) -> str | None:
         """Why a RUNNING run of another worker is no live claim: its heartbeat this worker has seen unchanged for the
         run's own TTL ("lease expired"), or its process ran on this machine and is gone ("claimant gone"); None: live."""
         now = time.monotonic()
@@ -387,8 +392,8 @@ class TrackingClaims:
             return seen
         for old, why in stale.items():
             log.info("point %s: claim run %s is stale (%s); taking the point over", point_key, old, why)
-            self._call(lambda old=old, why=why: t.client.set_tag(old, schema.TAG_CLAIM_LOST, why))
-            self._call(lambda old=old: t.client.set_terminated(old, "FAILED"))
+            self._call(functools.partial(t.client.set_tag, old, schema.TAG_CLAIM_LOST, why))
+            self._call(functools.partial(t.client.set_terminated, old, "FAILED"))
             self.stats.takeovers += 1
         with self._lock:
             self._mine[point_key], self._beats[point_key] = run_id, 0
@@ -470,16 +475,16 @@ class PostgresClaims:
             raise DvfsError("point claims on PostgreSQL need the psycopg driver: pip install 'dvfs-mlops[fleet]'") from None
         self.dsn = _pg_dsn(uri)
         self.retry_s = retry_s
-        self._conn: Any = None
+        self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()  # the heartbeat thread and the sweep share the connection
         self._run(lambda cur: cur.execute(_PG_SCHEMA), first_retry_s)  # a database that is down: said before any clock is touched
 
-    def _connect(self) -> Any:
+    def _connect(self) -> psycopg.Connection:
         import psycopg
 
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
 
-    def _run(self, fn: Callable[[Any], T], retry_s: float | None = None) -> T:
+    def _run(self, fn: Callable[[psycopg.Cursor], T], retry_s: float | None = None) -> T:
         import psycopg
 
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
@@ -495,7 +500,7 @@ class PostgresClaims:
                     continue  # two first CREATE TABLE IF NOT EXISTS at once: the other one won, the retry sees its table
                 except psycopg.OperationalError as e:
                     with contextlib.suppress(Exception):
-                        self._conn.close()
+                        self._conn.close()  # type: ignore[union-attr]  # None: suppressed like any other failure
                     self._conn = None
                     if time.monotonic() > deadline:
                         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -505,7 +510,7 @@ class PostgresClaims:
                     delay = min(delay * 2, 5.0)
 
     def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
-        def go(cur: Any) -> Claim:
+        def go(cur: psycopg.Cursor) -> Claim:
             cur.execute(_PG_CLAIM, {"s": sweep_id, "p": point_key, "w": worker, "ttl": float(ttl_s)})
             if cur.fetchone() is not None:
                 return Claim.TAKEN
@@ -516,7 +521,7 @@ class PostgresClaims:
         return self._run(go)
 
     def renew(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> bool:
-        def go(cur: Any) -> bool:
+        def go(cur: psycopg.Cursor) -> bool:
             cur.execute("UPDATE dvfs_point_claims SET expires_at = now() + make_interval(secs => %s) "
                         "WHERE sweep_id = %s AND point_key = %s AND worker = %s AND NOT done", (float(ttl_s), sweep_id, point_key, worker))
             return cur.rowcount == 1

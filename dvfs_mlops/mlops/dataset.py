@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import Board
@@ -18,6 +18,10 @@ from dvfs_mlops.mlops.records import RunRecord
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import Curves, GovernorDataset, WorkloadCurve, fill_from_curves
 from dvfs_mlops.model.workload import METRIC, WorkloadFeatures
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +33,18 @@ EVAL_METRICS = tuple(fields.column(n, METRIC) for n in ("eval_accuracy", "eval_p
 COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision")) + tuple(k.column for k in fields.KNOBS)
 
 
-def _num(v: Any) -> float:
+def _num(v: str | float) -> float:
     return float(v)
 
 
-def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
+def _model_task(df: Any) -> Any:
+    """Each run's MODEL/TASK; a replayed grid's point has no task: its workload is the model param, the grid's name."""
+    if TASK not in df:
+        return df[MODEL]
+    return (df[MODEL] + "/" + df[TASK]).fillna(df[MODEL])
+
+
+def features_of(row: pd.Series, gpu_util_pct: float | None) -> WorkloadFeatures:
     """A point run's `WorkloadFeatures` from its params (each parsed as declared; a feature the run predates takes its
     default) and the workload's utilisation at maxn."""
     values = {f.name: f.parse(row.get(f.column)) for f in fields.FEATURES}
@@ -43,7 +54,7 @@ def features_of(row: Any, gpu_util_pct: float | None) -> WorkloadFeatures:
 def run_record(params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]) -> RunRecord:
     """A run as MLflow gives it back (params as text, metrics as floats) -> the `RunRecord` its writer logged: each
     declared param and metric typed by its declaration (`fields.Field.parse`), undeclared ones as they are."""
-    def typed(name: str, value: Any, kind: str) -> Any:
+    def typed(name: str, value: str | float, kind: str) -> Any:
         try:
             return fields.field(name, kind).parse(value)
         except KeyError:
@@ -53,7 +64,7 @@ def run_record(params: dict[str, str], metrics: dict[str, float], tags: dict[str
                      {k: typed(k, v, METRIC) for k, v in metrics.items()}, dict(tags))
 
 
-def unheld_points(df: Any) -> list[str]:
+def unheld_points(df: pd.DataFrame) -> list[str]:
     """Point keys of pinned runs whose measured clock did not hold (tag dvfs.clock_held=false)."""
     col = f"tags.{schema.TAG_CLOCK_HELD}"
     if col not in df:
@@ -63,7 +74,7 @@ def unheld_points(df: Any) -> list[str]:
     return sorted(str(k) for k in (bad[key_col] if key_col in bad else bad["run_id"]))
 
 
-def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
+def warn_unheld_clocks(df: pd.DataFrame, sweep_id: str = "") -> None:
     """Name the points whose clock strayed: their energy belongs to another clock than the label says."""
     bad = unheld_points(df)
     if bad:
@@ -72,25 +83,36 @@ def warn_unheld_clocks(df: Any, sweep_id: str = "") -> None:
                     "labelled with a clock the GPU did not run at: %s", sweep_id or "?", len(bad), shown)
 
 
-def _mean_by_clock(g: Any, column: str) -> dict[float, float]:
+def _mean_by_clock(g: pd.DataFrame, column: str) -> dict[float, float]:
     if column not in g:
         return {}
     v = g.groupby("_f")[column].mean()
     return {float(k): float(x) for k, x in v.items() if not math.isnan(x)}  # drop NaN (a run without the metric)
 
 
-def _maxn_mean(m: Any, column: str) -> float | None:
+def _maxn_mean(m: pd.DataFrame, column: str) -> float | None:
     v = float(m[column].mean()) if column in m else math.nan
     return None if math.isnan(v) else v
 
 
-def _adaptive(g: Any) -> bool:
+def is_replayed(dataset: GovernorDataset) -> bool:
+    """The dataset's sweep played a measured grid (its board is a replay device's): what it says is REPLAYED."""
+    return dataset.board is not None and dataset.board.backend == "replay"
+
+
+def _replayed(g: Any) -> bool:
+    """The workload's points were looked up in a measured grid (`--device replay`)."""
+    col = f"tags.{schema.TAG_DEVICE}"
+    return col in g and bool((g[col] == "replay").all())
+
+
+def _adaptive(g: pd.DataFrame) -> bool:
     """An adaptive sweep's workload (sweep/adaptive.py): its unmeasured clocks are left to the curve model."""
     col = f"tags.{schema.TAG_STRATEGY}"
     return col in g and bool((g[col] == "adaptive").all())
 
 
-def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", simulated: bool = True,
+def dataset_from_frame(df: pd.DataFrame, sweep_id: str = "", device_profile: str = "", simulated: bool = True,
                        board: Board | None = None) -> GovernorDataset:
     """Rows of `mlflow.search_runs` (params.*, metrics.*, tags.*) -> a dataset, on the sweep's `board` (its record;
     None: a board nothing is known of).
@@ -101,7 +123,7 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
-    df["_workload"] = df[MODEL] + "/" + df[TASK]
+    df["_workload"] = _model_task(df)
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, sweep_id)
@@ -111,11 +133,17 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
     missing: list[str] = []
     measured: list[Curves] = []
     gaps: list[int] = []  # adaptive workloads among `measured`
+    no_util: list[str] = []  # replayed workloads without a GPU utilisation
+    capped_col = f"tags.{schema.TAG_CAP_AT_START}"
     for workload, g in df.groupby("_workload", sort=True):
         gp = g[g[FREQ] != "maxn"].assign(_f=lambda x: x[FREQ].map(_num))
         m = g[g[FREQ] == "maxn"]
+        if capped_col in m:  # maxn under a cap found at the start is another clock than the baseline: not used as it
+            m = m[m[capped_col].isna()]
         if m.empty or gp.empty:
-            missing.append(f"{workload}@maxn" if m.empty else f"{workload}@(any pinned clock)")
+            capped = capped_col in g and g[(g[FREQ] == "maxn") & g[capped_col].notna()].shape[0] > 0
+            missing.append(f"{workload}@maxn" + (" (capped at the start)" if capped else "") if m.empty
+                           else f"{workload}@(any pinned clock)")
             continue
         energy = _mean_by_clock(gp, ENERGY)
         time = _mean_by_clock(gp, TIME)
@@ -126,7 +154,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
         if _adaptive(g) and len(energy) >= 2 and set(energy) != set(freqs):
             gaps.append(len(measured) - 1)  # filled below, once the sweep's voltage shape and power prior are known
         r0 = g.iloc[0]
-        feats = features_of(r0, float(m[UTIL].mean()))
+        maxn_util = _maxn_mean(m, UTIL)
+        if maxn_util is None and _replayed(g):  # a grid that does not give the utilisation: the governor cannot decide on it
+            no_util.append(str(workload))
+        feats = features_of(r0, math.nan if maxn_util is None else maxn_util)
         acc_col = next((c for c in EVAL_METRICS if c in g and g[c].notna().any()), None)
         acc = {str(k): float(v) for k, v in g.groupby(FREQ)[acc_col].mean().items()} if acc_col else {}
 
@@ -134,6 +165,10 @@ def dataset_from_frame(df: Any, sweep_id: str = "", device_profile: str = "", si
                                     float(m[ENERGY].mean()), float(m[TIME].mean()), acc,
                                     e_exp, t_exp, _maxn_mean(m, ENERGY_EXPECTED), _maxn_mean(m, TIME_EXPECTED),
                                     dict(util)))
+    if no_util:
+        raise DvfsError(f"sweep {sweep_id or '?'} replays a grid without the GPU utilisation the governor decides on "
+                        f"({', '.join(no_util[:6])}{' ...' if len(no_util) > 6 else ''}); add a gpu_util_pct column (% at the top "
+                        "setting) to the grid and sweep it again")
     repeats = int(pinned.groupby(["_workload", FREQ]).size().median()) if len(pinned) else 1
     if gaps:
         shape = fill_from_curves(measured, freqs, gaps, board, repeats)
@@ -192,13 +227,14 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
         shown = "; ".join(f"{p}: {', '.join(v[:4])}" for p, v in by.items())
         raise DvfsError(f"the sweeps mix {len(profiles)} device profiles ({shown}); train one governor per profile "
                         "(pick the sweeps, e.g. --sweeps-filter \"params.device_profile = '...'\"), or pass --mix-profiles")
+    _check_one_power_mode(df, label)
     if len(ids) > 1:
         _check_comparable(df)
     simulated = bool((df[f"tags.{schema.TAG_SIMULATED}"].astype(str) == "true").all())
     return dataset_from_frame(df, label, "+".join(profiles), simulated, _one_board(c, [exp.experiment_id], ids, df))
 
 
-def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any) -> Board:
+def _one_board(c: MlflowClient, experiment_ids: list[str], sweep_ids: list[str], df: pd.DataFrame) -> Board:
     """The board of the sweeps: their common record, or, where a fleet's sweeps ran on boards whose curves or noise
     differ, an assumed board on their clocks (each fit then estimates its own)."""
     from dvfs_mlops.hw.board import legacy_board
@@ -213,11 +249,27 @@ def _one_board(c: Any, experiment_ids: list[str], sweep_ids: list[str], df: Any)
     return legacy_board("+".join(sorted({b.profile for b in boards})), clocks)
 
 
-def _check_comparable(df: Any) -> None:
+def _check_one_power_mode(df: Any, label: str) -> None:
+    """A governor does not mix power modes: the same clock gives other throughput under another mode (its TPCs
+    power-gated, its caps). Points of several modes (tag dvfs.power_mode; absent: MAXN or no mode) are refused.
+
+    Raises:
+        DvfsError: the points were measured under more than one power mode (one line naming them).
+    """
+    col = f"tags.{schema.TAG_POWER_MODE}"
+    if col not in df:
+        return
+    modes = sorted({str(m) if isinstance(m, str) and m else "MAXN (or no mode)" for m in df[col]})
+    if len(modes) > 1:
+        raise DvfsError(f"sweep(s) {label} mix {len(modes)} power modes ({'; '.join(modes)}); a governor learns one mode: pick "
+                        f"the sweeps of one (e.g. --sweeps-filter \"tags.`{schema.TAG_POWER_MODE}` = '...'\") and train one "
+                        "governor per mode")
+
+
+def _check_comparable(df: pd.DataFrame) -> None:
     """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
     cols = [c for c in COMPARABLE if c in df]
-    names = df[MODEL] + "/" + df[TASK]
-    for workload, g in df.groupby(names):
+    for workload, g in df.groupby(_model_task(df)):
         differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
         if differ:
             sweeps = ", ".join(sorted(set(g[f"tags.{schema.TAG_SWEEP}"])))

@@ -14,14 +14,14 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.mlops import lifecycle, schema
-from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
 from dvfs_mlops.mlops.governor import Governor
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
@@ -34,6 +34,11 @@ from dvfs_mlops.model.governor.policies import (
     paper_tree,
 )
 from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
+
+if TYPE_CHECKING:
+    
+    from dvfs_mlops.clocks import FreqRequest
+    from dvfs_mlops.model.workload import WorkloadFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ class GovernorPolicy:
     name: str
     objective: str | None = None  # passed to a curve governor; one that refuses it (a classifier) decides for its own
 
-    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> float:
+    def choose(self, features: WorkloadFeatures | dict[str, Any], frequencies: Sequence[float] | None = None) -> float:
         table = list(frequencies or [])
         if self.objective:
             try:
@@ -128,6 +133,12 @@ class EvalReport:
     summaries: list[PolicySummary]
     run_id: str | None = None
     experiment: str = ""  # the run's experiment (under `mlflow run`: the one MLflow chose)
+    replayed: bool = False  # the sweep looked its points up in a measured grid (`--device replay`)
+
+    @property
+    def label(self) -> str:
+        """' (SIMULATED)' on the twin's sweep, ' (REPLAYED)' on a measured grid's, '' on a live one."""
+        return " (SIMULATED)" if self.simulated else " (REPLAYED)" if self.replayed else ""
 
     def to_json(self) -> list[dict[str, Any]]:
         """`evaluate --json`: one object per policy."""
@@ -139,7 +150,7 @@ class EvalReport:
                 "rows": [dataclasses.asdict(r) for r in self.rows]}
 
 
-def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]:
+def _point(curve: WorkloadCurve, freq: FreqRequest) -> tuple[float, float, float | None]:
     """(measured energy, measured time, accuracy) at a policy's choice; a clock the workload lacks is judged at its nearest."""
     if freq == MAXN:
         return curve.maxn_energy_j, curve.maxn_time_s, curve.accuracy.get(MAXN)
@@ -147,12 +158,12 @@ def _point(curve: WorkloadCurve, freq: Any) -> tuple[float, float, float | None]
     return curve.energy_j[f], curve.time_s[f], curve.accuracy.get(freq_label(f))
 
 
-def _truth_energy(curve: WorkloadCurve, freq: Any) -> float:
+def _truth_energy(curve: WorkloadCurve, freq: FreqRequest) -> float:
     e, _, _, maxn_e = curve.truth()
     return maxn_e if freq == MAXN else e[curve.nearest(float(freq))]
 
 
-def _regret(curve: WorkloadCurve, freq: Any, objective: Objective, expected: bool) -> float:
+def _regret(curve: WorkloadCurve, freq: FreqRequest, objective: Objective, expected: bool) -> float:
     """Regret of a choice (maxn included: charged its own energy and time) against the oracle of one curve."""
     if expected:
         e, t, mt, maxn_e = curve.truth()
@@ -179,7 +190,8 @@ def evaluate_dataset(dataset: GovernorDataset, policies: dict[str, Any], objecti
             rows.append(PolicyRow(c.workload, name, freq_label(freq), e, t, acc, 1.0 - _truth_energy(c, freq) / maxn_e,
                                   _regret(c, freq, objective, expected=False), c.features.num_params,
                                   _regret(c, freq, objective, expected=True) if c.has_expected else None))
-    return EvalReport(dataset.sweep_id, split, objective.name, dataset.simulated, rows, summarise(rows, list(policies)))
+    return EvalReport(dataset.sweep_id, split, objective.name, dataset.simulated, rows, summarise(rows, list(policies)),
+                      replayed=is_replayed(dataset))
 
 
 def summarise(rows: Sequence[PolicyRow], order: Sequence[str]) -> list[PolicySummary]:
@@ -253,7 +265,7 @@ def format_table(report: EvalReport) -> str:
     def pct(x: float | None) -> str:
         return "   -  " if x is None else f"{100 * x:6.2f}%"
 
-    label = " (SIMULATED)" if report.simulated else ""
+    label = report.label
     expected = any(s.mean_regret_expected is not None for s in report.summaries)
     lines = [f"sweep {report.sweep_id}{label}, split {report.split}, objective {report.objective}",
              (f"{'policy':<24} {'n':>3} {'saving':>8} {'<=70M':>8} {'>70M':>8} {'max':>8} {'worst':>8} {'regret':>8} "
@@ -289,7 +301,7 @@ def savings_chart(report: EvalReport, path: Path) -> None:
     ax.set_ylabel("energy saving vs MAXN (%)")
     ax.axhline(0, color="black", lw=0.8)
     ax.legend()
-    ax.set_title(f"sweep {report.sweep_id}, {report.split} workloads" + (" (SIMULATED)" if report.simulated else ""))
+    ax.set_title(f"sweep {report.sweep_id}, {report.split} workloads{report.label}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -322,7 +334,8 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIME
     dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)  # the input: refused before any run is made
     if not log:
         return evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
-    tags = {schema.TAG_SWEEP: dataset.sweep_id, schema.TAG_SIMULATED: str(dataset.simulated).lower()}
+    tags = {schema.TAG_SWEEP: dataset.sweep_id, schema.TAG_SIMULATED: str(dataset.simulated).lower(),
+            **({schema.TAG_DEVICE: "replay"} if is_replayed(dataset) else {})}
     with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {dataset.sweep_id} {split}", tags=tags) as run:
         run.log_batch(params={"sweep_id": dataset.sweep_id, "split": split, "objective": obj.name, "policies": ",".join(policies)})
         report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)

@@ -25,7 +25,7 @@ class Field:
     """One logged param or metric.
 
     Attributes:
-        name: its MLflow name; `{metric}` / `{index}` stand for a family of names (`<metric>_gpu<index>`).
+        name: its MLflow name; `{metric}` / `{host}` / `{uuid}` stand for a family of names (`<metric>/<host>/<uuid>`).
         kind: `param` or `metric`.
         type: str, int, float or bool (MLflow keeps params as text and metrics as floats: `parse` gives it back typed).
         unit: its unit ('' for a count, a name or a flag).
@@ -52,7 +52,7 @@ class Field:
         """Its column in `mlflow.search_runs`' frame: `params.<name>` or `metrics.<name>`."""
         return f"{self.kind}s.{self.name}"
 
-    def parse(self, value: Any) -> Any:
+    def parse(self, value: str | float | None) -> Any:
         """A logged value back as its type; None where the run has none (absent, NaN, empty)."""
         if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
             return None
@@ -171,12 +171,37 @@ _CALLBACK_METRICS: tuple[Field, ...] = (
     _metric("dvfs_{metric}", "", "DvfsCallback: a report metric in the user's run (energy_j, energy_total_j, avg_power_w, "
             "peak_power_w, time_s, gpu_util_pct, clock_mhz_measured, clock_held, samples_failed, emc_mhz, oc_throttle_events, "
             "warmup_energy_j, warmup_s)", CALLBACK),
-    _metric("{metric}_gpu{index}", "", "a job on several GPUs: each GPU's energy_j, energy_total_j, avg_power_w, "
-            "clock_mhz_measured, clock_held, time_s by NVML index (DvfsCallback: dvfs_-prefixed)", CALLBACK),
+    _metric("{metric}/{host}/{uuid}", "", "a job on several GPUs: each GPU's energy_j, energy_total_j, avg_power_w, "
+            "clock_mhz_measured, clock_held, time_s by node and UUID (DvfsCallback: dvfs_-prefixed)", CALLBACK),
+)
+
+# issue 42 (real boards, round 3) and issue 39 (the clock service): what a session found at its start and what became
+# of its pin, recorded on point and fine-tune runs (`records.session_params`, `records.session_metrics`).
+_SESSION_FIELDS: tuple[Field, ...] = (
+    _param("energy_source", str, "", "where energy_j comes from: counter (a hardware energy counter) or samples (power "
+           "samples integrated)"),
+    _metric("energy_counter_period_s", "s", "nvml: the energy counter's update period, inferred at the start"),
+    _param("nvpmodel_tpc_pg_mask", int, "", "Jetson: the GPU TPCs the power mode power-gates (a bit per TPC)"),
+    _metric("cap_at_start_mhz", "MHz", "the GPU's cap found at the start below the power mode's (or the table's) top: "
+            "a thermal, PM QoS or user cap (also tag dvfs.cap_at_start)"),
+    _param("clock_limits_at_start", str, "", "nvml: the reasons NVML gave at the start for holding the clock down"),
+    _metric("clock_unheld_s", "s", "the time the clock service did not hold the pin (lost, then pinned again); also tag "
+            "dvfs.clock_lost"),
+)
+
+# Issue 44: a configuration is the GPU clock (freq_mhz) with the CPU and memory clocks of a sweep or job that tunes them.
+_CONFIGURATION_PARAMS: tuple[Field, ...] = (
+    _param("cpu_freq_mhz", float, "MHz", "the CPU clock pinned with freq_mhz (a sweep or job tuning cpu); absent: left alone"),
+    _param("emc_freq_mhz", float, "MHz", "the memory (EMC) clock pinned with freq_mhz (tuning emc); absent: left alone"),
+    _param("energy_joint_rails", str, "", "a joint sweep on the twin: the rails energy_joint_j sums (the CPU and memory clocks' too)"),
+    _metric("energy_joint_j", "J", "a joint sweep on the twin: the training window's energy on energy_joint_rails, what its "
+            "configurations are compared on (SIMULATED)"),
+    _metric("energy_joint_expected_j", "J", "energy_joint_j without its run-to-run noise (SIMULATED)"),
 )
 
 FEATURES: tuple[Field, ...] = _feature_fields()
-FIELDS: tuple[Field, ...] = FEATURES + KNOBS + _JOB_PARAMS + REPORT_METRICS + _JOB_METRICS + _CALLBACK_METRICS
+FIELDS: tuple[Field, ...] = (FEATURES + KNOBS + _JOB_PARAMS + _CONFIGURATION_PARAMS + REPORT_METRICS + _JOB_METRICS
+                             + _CALLBACK_METRICS + _SESSION_FIELDS)
 _BY_NAME: dict[tuple[str, str], Field] = {(f.kind, f.name): f for f in FIELDS}
 
 
@@ -198,13 +223,15 @@ def column(name: str, kind: str = PARAM) -> str:
 
 
 def declared(name: str, kind: str) -> bool:
-    """`name` is a declared field of `kind`, or one of a declared family (`dvfs_<metric>`, `<metric>_gpu<index>`)."""
+    """`name` is a declared field of `kind`, or one of a declared family (`dvfs_<metric>`, `<metric>/<host>/<uuid>`, and `<metric>_gpu<index>` as runs before it wrote them)."""
     if (kind, name) in _BY_NAME:
         return True
     if kind != METRIC:
         return False
     base = name.removeprefix("dvfs_")
-    if "_gpu" in base:
+    if "/" in base:  # a GPU's own: <metric>/<host>/<uuid>
+        base = base.split("/", 1)[0]
+    elif "_gpu" in base:
         base, _, index = base.rpartition("_gpu")
         if not index.isdigit():
             return False

@@ -22,13 +22,19 @@ import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
-from dvfs_mlops.hw.board import Board
+from dvfs_mlops.hw.board import Board, board_family
 from dvfs_mlops.mlops import schema, tracking
 from dvfs_mlops.model.curve import PowerPrior
 from dvfs_mlops.model.workload import WorkloadFeatures
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+    
+    from dvfs_mlops.mlops.registry import RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +128,7 @@ class PolicyModel:
     def __init__(self, policy: dict[str, Any]):
         self.policy = policy
 
-    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> Any:
+    def predict(self, model_input: pd.DataFrame | list[dict[str, Any]], params: dict[str, Any] | None = None) -> pd.DataFrame:
         import pandas as pd
 
         from dvfs_mlops.model.governor import policy_tree
@@ -164,7 +170,8 @@ class Governor:
         return float(out["freq_mhz"].iloc[0]), path
 
     def check_board(self, board: Board, strict: bool, say: Callable[[str], None]) -> None:
-        """A governor trained for another device profile: an error with `strict`, else a warning.
+        """A governor trained for another device profile: an error with `strict`, else a warning where that profile is
+        of another board family (a board and its twin, e.g. jetson-agx-orin-64gb and sim-orin, are one family: logged).
 
         Raises:
             DvfsError: with `strict`, when the version was trained for another profile.
@@ -174,7 +181,10 @@ class Governor:
             msg = f"governor {self.ref.uri} was trained for device profile {trained_for!r}, this device is {board.profile!r}"
             if strict:
                 raise DvfsError(msg + " (--strict); retrain on this device or drop --strict")
-            say(f"warning: {msg}; its clocks are snapped to this device's table")
+            if board_family(trained_for) == board.family:
+                log.info("%s, of the same family (%s)", msg, board.family)
+            else:
+                say(f"warning: {msg}; its clocks are snapped to this device's table")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +266,7 @@ def governor_for_board(board: Board, uri: str | None = None, *, allow_other_boar
     return BoardGovernor(governor, board.family)
 
 
-def input_frame(model: Any, rows: list[dict[str, Any]]) -> Any:
+def input_frame(model: Any, rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows as the governor's input, with only the columns its signature declares: a version registered before
     `trainable_params` and `precision` existed would otherwise make MLflow warn about the extra inputs on every call
     (it ignores them either way). A model without a signature (our PolicyModel) gets every column."""
@@ -357,7 +367,7 @@ def _for_board(board: Board, uri: str | None, allow_other_board: bool, direct: b
     return governor
 
 
-def _after_migration(cfg: Any, board: Board, target: str, allow_other_board: bool, direct: bool) -> Governor:
+def _after_migration(cfg: RegistryConfig, board: Board, target: str, allow_other_board: bool, direct: bool) -> Governor:
     """The family's production after `registry.ensure_families` (a store from before families has only `production`);
     else, where allowed, another family's; else `NoGovernorForBoard`."""
     from dvfs_mlops.mlops.registry import ensure_families, family_productions, richest_production
@@ -379,7 +389,7 @@ def _after_migration(cfg: Any, board: Board, target: str, allow_other_board: boo
     raise NoGovernorForBoard(board.family, _registered(productions))
 
 
-def _model_exists(c: Any, name: str) -> bool:
+def _model_exists(c: MlflowClient, name: str) -> bool:
     try:
         c.get_registered_model(name)
     except Exception:  # noqa: BLE001
@@ -394,7 +404,7 @@ def _registered(productions: dict[str, Any]) -> str:
     return "registered: " + ", ".join(f"{family} v{mv.version}" for family, mv in sorted(productions.items()))
 
 
-def _reference(c: Any, target: str) -> GovernorRef:
+def _reference(c: MlflowClient, target: str) -> GovernorRef:
     """Which version `target` names (its alias or number checked), or a bare reference for another URI form."""
     from dvfs_mlops.mlops.registry import alias_version, get_version
 
@@ -421,7 +431,7 @@ def _pyfunc(target: str) -> Any:
         raise DvfsError(f"cannot load governor {target}: {str(e).splitlines()[0][:200]}") from None
 
 
-def _shipped_policy(c: Any, ref: GovernorRef) -> dict[str, Any] | None:
+def _shipped_policy(c: MlflowClient, ref: GovernorRef) -> dict[str, Any] | None:
     """policy.json of a registered version whose code decides as this package's (`pyfunc.is_our_code`); None for any
     other model."""
     if ref.name is None or ref.version is None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvfs_mlops.clocks import MAXN, FreqRequest
+from dvfs_mlops.clocks import MAXN, FreqRequest, Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.job.finetune import StepWindows, num_steps
 from dvfs_mlops.job.run import run_job
@@ -44,6 +44,9 @@ HARDWARE_REFINE_STEPS = 30
 # ... and at least this where no governor of the board's family decides: the curve model, fitted to the probes, is then
 # all that picks the clock.
 NO_GOVERNOR_REFINE_STEPS = 30
+# With the CPU or memory clock tuned too (`--knobs gpu,cpu[,emc]`), refine walks their axes after the GPU's: at least
+# this budget unless told.
+JOINT_REFINE_STEPS = 60
 
 
 def default_refine(board: Board) -> int:
@@ -67,6 +70,8 @@ class LaunchOptions:
         announce_device: say which device runs the job.
         allow_other_board: a governor of another board family may decide (recorded on the run).
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
+        tuned: the clocks tuned (`--knobs`): "gpu", "gpu,cpu", "gpu,cpu,emc"; refine tunes the CPU and memory clocks
+            online from their tops after the GPU's (at least `JOINT_REFINE_STEPS` unless told).
     """
 
     governor_uri: str | None = None
@@ -79,6 +84,47 @@ class LaunchOptions:
     announce_device: bool = False
     allow_other_board: bool = False
     warmup_steps: int | None = None
+    tuned: str = "gpu"
+
+    def __post_init__(self) -> None:
+        """An unknown clock in `tuned`, or no gpu among them: refused when the options are made (one line)."""
+        from dvfs_mlops.mlops.sweep.spec import parse_tuned
+
+        parse_tuned(self.tuned)
+
+    @property
+    def tuned_knobs(self) -> tuple[str, ...]:
+        """The clocks tuned, checked (`sweep.spec.parse_tuned`): ("gpu",), ("gpu", "cpu"), ...
+
+        Raises:
+            DvfsError: an unknown clock, or the GPU's not among them.
+        """
+        from dvfs_mlops.mlops.sweep.spec import parse_tuned
+
+        return parse_tuned(self.tuned)
+
+    def knob_tables(self, device: Device) -> dict[str, list[float]]:
+        """The tables of the CPU and memory clocks tuned ({"cpu_mhz": [...], ...}), from the device.
+
+        Raises:
+            DvfsError: a tuned clock the backend cannot set (one line), `--observe` with one (nothing is pinned), or
+                refine off (`--refine 0`), which is what tunes them.
+        """
+        from dvfs_mlops.hw.device import knob_table
+
+        if self.tuned_knobs != ("gpu",) and self.refine == 0:
+            raise DvfsError(f"--knobs {self.tuned}: refine tunes the CPU and memory clocks online, and --refine 0 turns it off; "
+                            f"drop --refine 0 (default {JOINT_REFINE_STEPS} steps) or --knobs")
+        out = {}
+        for knob in self.tuned_knobs[1:]:
+            table = sorted(knob_table(device, f"{knob}_mhz"))
+            if not table:
+                raise DvfsError(f"--knobs {self.tuned}: the {device.name} backend cannot set the {knob.upper()} clock; drop {knob} "
+                                "from --knobs, or use a device that sets it (jetson, sim)")
+            if self.observe:
+                raise DvfsError(f"--knobs {self.tuned}: --observe pins nothing, so no clock is tuned; drop one of them")
+            out[f"{knob}_mhz"] = table
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +142,8 @@ class Decision:
         reason: why no governor of the family decided ('' where one did): refine then picks the clock.
         other_board: a governor of another family decided (--allow-other-board).
         fixed: the caller fixed the clock (a sweep point, `DvfsCallback(freq=...)`): no governor was asked.
+        cpu_mhz: the CPU clock pinned with the GPU's (a configuration); None: left alone.
+        emc_mhz: the memory (EMC) clock pinned with the GPU's; None: left alone.
     """
 
     freq_mhz: FreqRequest
@@ -108,6 +156,8 @@ class Decision:
     reason: str = ""
     other_board: bool = False
     fixed: bool = False
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
 
     @classmethod
     def of(cls, chosen: BoardGovernor) -> Decision:
@@ -116,9 +166,30 @@ class Decision:
                    other_board=chosen.other_board)
 
     @classmethod
-    def at(cls, freq: FreqRequest, why: str = "") -> Decision:
-        """A clock the caller fixed (a sweep point's, `DvfsCallback(freq=...)`)."""
-        return cls(freq, why or f"fixed by the caller: {freq}", fixed=True)
+    def at(cls, freq: FreqRequest, why: str = "", *, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> Decision:
+        """A clock (or configuration) the caller fixed (a sweep point's, `DvfsCallback(freq=...)`)."""
+        return cls(freq, why or f"fixed by the caller: {freq}", fixed=True, cpu_mhz=cpu_mhz, emc_mhz=emc_mhz)
+
+    @property
+    def setting(self) -> Setting | None:
+        """The configuration decided (None at maxn, which pins nothing)."""
+        return None if self.freq_mhz == MAXN else Setting(float(self.freq_mhz), self.cpu_mhz, self.emc_mhz)
+
+    def with_knobs_at_top(self, tables: Mapping[str, Sequence[float]]) -> Decision:
+        """The decision with each tuned CPU or memory clock it leaves open at its table's top (refine's start)."""
+        tops: dict[str, Any] = {k: float(max(t)) for k, t in tables.items() if t and getattr(self, k) is None}
+        return dataclasses.replace(self, **tops) if tops else self
+
+    def knob_clocks(self) -> dict[str, float]:
+        """The CPU and memory clocks decided with the GPU's, by their JSON names (cpu_mhz, emc_mhz), where set."""
+        return {k: v for k, v in (("cpu_mhz", self.cpu_mhz), ("emc_mhz", self.emc_mhz)) if v is not None}
+
+    def open_session(self, device: Device, observe: bool, label: str) -> FreqSession:
+        """The session at the decided configuration (`hw.device.open_session`: a CPU or memory clock the backend cannot
+        set is one line before anything is touched)."""
+        from dvfs_mlops.hw.device import open_session
+
+        return open_session(device, self.freq_mhz, observe=observe, label=label, cpu_mhz=self.cpu_mhz, emc_mhz=self.emc_mhz)
 
     @property
     def refines_without_governor(self) -> bool:
@@ -156,7 +227,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         """The decision as JSON (`finetune --json`)."""
-        out: dict[str, Any] = {"freq_mhz": self.freq_mhz, "path": self.path, "governor": self.governor.to_dict(),
+        out: dict[str, Any] = {"freq_mhz": self.freq_mhz, **self.knob_clocks(), "path": self.path, "governor": self.governor.to_dict(),
                                "features": self.features.as_row() if self.features is not None else None,
                                "expected_saving_vs_maxn": self.expected_saving, "expected_saving_simulated": True,
                                "gpu_util_source": self.util_source}
@@ -223,6 +294,8 @@ def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say:
     of its own); each of those said in one line when a budget was asked for."""
     # a caller's clock (a sweep point): refine only when asked
     budget = (options.refine or 0) if decision.fixed else decision.refine_budget(options.refine, default_refine(board))
+    if options.tuned_knobs != ("gpu",) and not decision.fixed and options.refine is None:
+        budget = max(budget, JOINT_REFINE_STEPS)  # refine is what tunes the CPU and memory clocks
     if not budget:
         return 0
     if options.observe:
@@ -255,6 +328,12 @@ class Launched:
         """The "train" window's report (the steps after warm-up)."""
         return self.session.report()
 
+    def knob_params(self) -> dict[str, str]:
+        """The CPU and memory clocks the job ran at after refine, as a run records them beside `freq_mhz`
+        (`cpu_freq_mhz`, `emc_freq_mhz`), where pinned."""
+        s = self.session
+        return {f"{k[:3]}_freq_mhz": f"{v:g}" for k, v in (("cpu_mhz", s.pinned_cpu_mhz), ("emc_mhz", s.pinned_emc_mhz)) if v is not None}
+
 
 class Launch:
     """One job pinned at a decided clock: the session, its warm-up and training windows, and refine.
@@ -267,11 +346,13 @@ class Launch:
         observe: meter only.
         label: what the session measures (the twin's noise is drawn from it).
         say: where refine's lines go.
+        knobs: the CPU and memory clock tables refine tunes after the GPU's (`LaunchOptions.knob_tables`; empty: none).
     """
 
     def __init__(self, device: Device, board: Board, decision: Decision, *, refine: int = 0, observe: bool = False,
-                 label: str = "", say: Callable[[str], None] | None = None):
+                 label: str = "", say: Callable[[str], None] | None = None, knobs: Mapping[str, Sequence[float]] | None = None):
         self.device, self.board, self.decision = device, board, decision
+        self.knobs = dict(knobs or {})
         self.budget, self.observe, self.label = refine, observe, label
         self.say = say or log.info
         self.session: FreqSession | None = None
@@ -285,7 +366,7 @@ class Launch:
 
         prior = self.decision.governor.power_prior_for(self.board) if self.decision.governor.uri else None
         return Refiner(self.session, self.budget, total_steps, self.board, prior=prior, say=self.say,
-                       warmup=max(WARMUP_STEPS, warmup))
+                       warmup=max(WARMUP_STEPS, warmup), knobs=self.knobs)
 
     def run(self, job: Job, *, mode: str = "train", replay_of: FinetuneResult | None = None) -> Launched:
         """Pin, run `job` (`job.run.run_job`: its loop meters the windows), refine from its steps, restore.
@@ -293,7 +374,7 @@ class Launch:
         Returns:
             The `Launched` job (its result included).
         """
-        self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
+        self.session = self.decision.open_session(self.device, self.observe, self.label)
         with self.session:
             total = num_steps(job.config, job.workload.n_train) if self.budget else 0
             self._refiner = self._refiner_for(total, job.config.cold_steps(total))
@@ -311,7 +392,7 @@ class Launch:
         Returns:
             The entered session.
         """
-        self.session = self.device.session(self.decision.freq_mhz, observe=self.observe, label=self.label)
+        self.session = self.decision.open_session(self.device, self.observe, self.label)
         self.session.__enter__()
         try:
             self._windows = StepWindows(self.session, self.board.torch_device, warmup).__enter__()

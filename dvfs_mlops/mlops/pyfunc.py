@@ -9,10 +9,13 @@ import logging
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.model.governor import policy_tree
 from dvfs_mlops.model.workload import WorkloadFeatures, feature_types
+
+if TYPE_CHECKING:
+    from sklearn.tree import DecisionTreeClassifier
 
 # The pyfunc's code, shipped with every version: the model class and the stdlib-only decision code beside it.
 CODE = Path(policy_tree.__file__).resolve().parent / "model_code.py"
@@ -69,7 +72,7 @@ def signature(default_objective: str = "energy") -> Any:
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
-def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Any = None, feature_names: list[str] | None = None) -> dict[str, str]:
+def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: DecisionTreeClassifier | None = None, feature_names: list[str] | None = None) -> dict[str, str]:
     """policy.json, tree.txt and tree.png in `out`; returns the artifact map for log_model."""
     paths = {"policy": out / "policy.json", "tree_txt": out / "tree.txt", "tree_png": out / "tree.png"}
     paths["policy"].write_text(json.dumps(policy, indent=2, sort_keys=True))
@@ -83,7 +86,7 @@ def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Any =
     return {k: str(v) for k, v in paths.items()}
 
 
-def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: list[str] | None = None,
+def tree_text(node: Mapping[str, Any], classifier: DecisionTreeClassifier | None = None, feature_names: list[str] | None = None,
               policy_clocks: list[float] | None = None) -> str:
     if classifier is not None and hasattr(classifier, "classes_"):
         from sklearn.tree import export_text
@@ -110,7 +113,7 @@ def tree_text(node: Mapping[str, Any], classifier: Any = None, feature_names: li
     return "\n".join(lines) + "\n"
 
 
-def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: Any = None, feature_names: list[str] | None = None) -> None:
+def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: DecisionTreeClassifier | None = None, feature_names: list[str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,7 +148,7 @@ def _quiet_example_check() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, classifier: Any = None,
+def log_governor(policy: Mapping[str, Any], *, registered_name: str | None, classifier: DecisionTreeClassifier | None = None,
                  feature_names: list[str] | None = None, extra_artifacts: Mapping[str, str] | None = None,
                  metrics: Mapping[str, float] | None = None, tags: Mapping[str, str] | None = None,
                  version_tags: Mapping[str, str] | None = None) -> Any:

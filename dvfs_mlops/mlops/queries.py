@@ -18,13 +18,14 @@ from dvfs_mlops.model.curve import Measurement, mean_measurement
 from dvfs_mlops.model.workload import METRIC
 
 if TYPE_CHECKING:
+    import pandas as pd
     from mlflow.tracking import MlflowClient
 
 MODEL, TASK, FREQ, PROFILE = (fields.column(n) for n in ("model", "task", "freq_mhz", "device_profile"))
 ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "gpu_util_pct"))
 
 
-def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
+def sweep_frame(experiment_ids: list[str], sweep_id: str) -> pd.DataFrame:
     """All FINISHED point runs of a sweep as a pandas DataFrame (one row per run)."""
     import mlflow
 
@@ -32,10 +33,20 @@ def sweep_frame(experiment_ids: list[str], sweep_id: str) -> Any:
                             max_results=50000)
     if len(df) and f"tags.{schema.TAG_POINT}" in df:
         df = df[df[f"tags.{schema.TAG_POINT}"].notna()]
-    return df
+    return renamed_tags(df)
 
 
-def find_sweep_ids(c: Any, experiment_ids: list[str], filter_string: str) -> list[str]:
+def renamed_tags(df: Any) -> Any:
+    """A frame of runs with a renamed tag read under its name of now: `dvfs.sim_replay` (points logged before the
+    twin's train-once was named so) as `dvfs.sim_train_once`."""
+    old, new = f"tags.{schema.TAG_TRAIN_ONCE_BEFORE}", f"tags.{schema.TAG_TRAIN_ONCE}"
+    if old not in df:
+        return df
+    merged = df[new].fillna(df[old]) if new in df else df[old]
+    return df.drop(columns=[old]).assign(**{new: merged})
+
+
+def find_sweep_ids(c: MlflowClient, experiment_ids: list[str], filter_string: str) -> list[str]:
     """Every sweep id with a FINISHED point run matching `filter_string` (an MLflow filter over the point runs, e.g.
     `params.device_profile = 'sim-orin'`), oldest first."""
     where = f"tags.`{schema.TAG_POINT}` != '' and attributes.status = 'FINISHED'" + (f" and {filter_string}" if filter_string.strip() else "")
@@ -52,7 +63,7 @@ def find_sweep_ids(c: Any, experiment_ids: list[str], filter_string: str) -> lis
             return list(ids)
 
 
-def sweeps_frame(experiment_ids: list[str], sweep_ids: list[str]) -> Any:
+def sweeps_frame(experiment_ids: list[str], sweep_ids: list[str]) -> pd.DataFrame:
     """The FINISHED point runs of several sweeps, one frame (a sweep without any is named)."""
     import pandas as pd
 
@@ -117,7 +128,7 @@ def _serves(c: MlflowClient, experiment_id: str, sweep_id: str, split: str, work
     return bool(c.search_runs([experiment_id], filter_string=where, max_results=1))
 
 
-def sweep_board(c: Any, experiment_ids: list[str], sweep_id: str, df: Any = None) -> Board:
+def sweep_board(c: MlflowClient, experiment_ids: list[str], sweep_id: str, df: pd.DataFrame | None = None) -> Board:
     """The board a sweep ran on: `board.json` of its newest parent run (named `sweep <id>`) that carries one. A sweep
     with no such parent run is rebuilt from its points' device profile and clocks (`hw.board.legacy_board`).
 

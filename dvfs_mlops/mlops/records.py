@@ -18,6 +18,8 @@ from dvfs_mlops.hw.meter import EnergyReport
 from dvfs_mlops.mlops import fields, schema
 
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from dvfs_mlops.hw.device import FreqSession
     from dvfs_mlops.hw.multi import GpuEnergy
     from dvfs_mlops.job.finetune import FinetuneResult
@@ -28,9 +30,12 @@ if TYPE_CHECKING:
 
 POWER_SERIES_MAX_POINTS = 1000
 # Backend observations (FreqSession.context) that are numbers: logged as metrics.
-_CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "nvpmodel_gpu_max_mhz", "gpu_temp_c_max")
-# ... and text: logged as params (nvml: where the power samples come from, MIG mode and then the energy's scope).
-_CONTEXT_PARAMS = ("nvpmodel_mode", "power_source", "mig_mode", "energy_scope")
+_CONTEXT_METRICS = ("gpu_temp_c", "gpu_temp_c_end", "nvpmodel_gpu_max_mhz", "gpu_temp_c_max", "cap_at_start_mhz",
+                    "energy_counter_period_s", "clock_unheld_s")
+# ... and text: logged as params (nvml: where the power samples come from, MIG mode and then the energy's scope; where
+# energy_j comes from; the power mode's TPC mask; the clock limits NVML reported at the start).
+_CONTEXT_PARAMS = ("nvpmodel_mode", "power_source", "mig_mode", "energy_scope", "energy_source", "nvpmodel_tpc_pg_mask",
+                   "clock_limits_at_start")
 # The callback logs into the user's own run: a few report metrics, prefixed (`dvfs_energy_j`, ...).
 _CALLBACK_METRICS = ("energy_j", "energy_total_j", "avg_power_w", "peak_power_w", "time_s", "gpu_util_pct", "clock_mhz_measured",
                      "clock_held", "samples_failed", "emc_mhz", "oc_throttle_events")
@@ -50,7 +55,7 @@ class RunRecord:
         """This record with more params, metrics and tags (a caller's own)."""
         return RunRecord({**self.params, **params}, {**self.metrics, **metrics}, {**self.tags, **tags}, dict(self.series))
 
-    def log(self, client: Any, run_id: str) -> None:
+    def log(self, client: MlflowClient, run_id: str) -> None:
         """Write the record to run `run_id`."""
         from dvfs_mlops.mlops import tracking
 
@@ -99,7 +104,8 @@ def report_params(report: EnergyReport) -> dict[str, str]:
 
 def session_tags(session: FreqSession, report: EnergyReport, board: Board) -> dict[str, str]:
     """Which board, and the flags a reader must see: clock held or not, observe mode, a degraded meter, above the
-    nvpmodel mode's cap."""
+    nvpmodel mode's cap, a cap found at the start, the power mode (other than MAXN), a lost clock service, and a replay
+    device's grid."""
     tags: dict[str, str] = {schema.TAG_DEVICE_ID: board.device_id}
     if report.clock_held is not None:
         tags[schema.TAG_CLOCK_HELD] = str(report.clock_held).lower()
@@ -109,7 +115,29 @@ def session_tags(session: FreqSession, report: EnergyReport, board: Board) -> di
         tags[schema.TAG_METER_DEGRADED] = "true"
     if session.context.get("above_mode_cap"):
         tags[schema.TAG_ABOVE_MODE_CAP] = "true"
+    cap = session.context.get("cap_at_start_mhz")
+    if isinstance(cap, (int, float)) and not isinstance(cap, bool):
+        tags[schema.TAG_CAP_AT_START] = f"{cap:g}"
+    if board.power_mode_key:
+        tags[schema.TAG_POWER_MODE] = board.power_mode_key
+    if session.context.get("clock_lost"):
+        tags[schema.TAG_CLOCK_LOST] = str(session.context["clock_lost"])[:5000]
+    grid = getattr(session.device, "grid", None)
+    if session.device.name == "replay" and grid is not None:
+        tags.update({schema.TAG_DEVICE: "replay", schema.TAG_TRACE_SHA256: grid.sha256, schema.TAG_TRACE_NAME: grid.name})
     return tags
+
+
+def clock_lost_line(session: FreqSession) -> str | None:
+    """The one line that says a session's clock service lost its pin while it ran (context `clock_lost`, how long the
+    clock was not held `clock_unheld_s`); None where it held throughout."""
+    lost = session.context.get("clock_lost")
+    if not lost:
+        return None
+    unheld = session.context.get("clock_unheld_s")
+    how_long = f" for {unheld:g} s" if isinstance(unheld, (int, float)) else ""
+    return (f"WARNING: the clock was not held{how_long}: {lost} (recorded on the run: tag {schema.TAG_CLOCK_LOST}, "
+            "metric clock_unheld_s)")
 
 
 def session_params(session: FreqSession) -> dict[str, str]:
@@ -193,26 +221,28 @@ def refine_tags(refined: RefineResult) -> dict[str, str]:
             f"{p}power_prior": refined.prior.to_json() if refined.prior is not None else "none"}
 
 
-# Each GPU's own figures beside a several-GPU job's sums: <metric>_gpu<NVML index> (`gpu_metrics`).
+# Each GPU's own figures beside a several-GPU job's sums: <metric>/<host>/<uuid> (`gpu_metrics`).
 _GPU_METRICS = ("energy_j", "energy_total_j", "avg_power_w", "clock_mhz_measured", "clock_held", "time_s")
 
 
 def gpu_metrics(gpus: Sequence[GpuEnergy], prefix: str = "") -> dict[str, float | None]:
-    """Each GPU's energy, power, time and clock as `<prefix><metric>_gpu<NVML index>` (`hw.multi.GpuEnergy` items)."""
+    """Each GPU's energy, power, time and clock as `<prefix><metric>/<host>/<uuid>` (`hw.multi.GpuEnergy.key`: keyed by
+    node and GPU, never by the NVML index alone, which two nodes share)."""
     out: dict[str, float | None] = {}
     for gpu in gpus:
         reported = report_metrics(gpu.report)
-        out.update({f"{prefix}{key}_gpu{gpu.index}": reported[key] for key in _GPU_METRICS})
+        out.update({f"{prefix}{key}/{gpu.key}": reported[key] for key in _GPU_METRICS})
     return out
 
 
 def gpu_tags(gpus: Sequence[GpuEnergy]) -> dict[str, str]:
-    """How many GPUs, each one's UUID and (under a launcher) the rank that trained on it."""
+    """How many GPUs and, per GPU (by `GpuEnergy.key`), its NVML index on its node and (under a launcher) the rank that
+    trained on it."""
     tags = {schema.TAG_GPU_COUNT: str(len(gpus))}
     for gpu in gpus:
-        tags[schema.TAG_GPU_UUID.format(index=gpu.index)] = gpu.uuid
+        tags[schema.TAG_GPU_INDEX.format(key=gpu.key)] = str(gpu.index)
         if gpu.rank is not None:
-            tags[schema.TAG_GPU_RANK.format(index=gpu.index)] = str(gpu.rank)
+            tags[schema.TAG_GPU_RANK.format(key=gpu.key)] = str(gpu.rank)
     return tags
 
 
@@ -221,7 +251,7 @@ def callback_record(session: FreqSession, report: EnergyReport, board: Board, de
     """What `DvfsCallback` logs into the user's own MLflow run: prefixed report metrics, the decision and the board.
 
     With several GPUs (`gpus`: every rank's `hw.multi.GpuEnergy`, `report` their sum, `hw.multi.combine`) it adds each
-    GPU's metrics (`dvfs_energy_j_gpu<i>`, ...) and tags (how many, each one's UUID and rank); the warm-up is this
+    GPU's metrics (`dvfs_energy_j/<host>/<uuid>`, ...) and tags (how many, each one's index and rank); the warm-up is this
     process's GPU's."""
     reported = report_metrics(report)
     metrics: dict[str, float | None] = {f"dvfs_{key}": reported[key] for key in _CALLBACK_METRICS}

@@ -19,10 +19,14 @@ import math
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops import lifecycle, schema, tracking
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +119,11 @@ def version_kind(tags: Mapping[str, str]) -> str:
     return CALIBRATED if tags.get(schema.TAG_CALIBRATED_FROM) else TRAINED
 
 
-def _client() -> Any:
+def _client() -> MlflowClient:
     return tracking.check_reachable()
 
 
-def get_version(c: Any, name: str, version: str | int) -> Any:
+def get_version(c: MlflowClient, name: str, version: str | int) -> ModelVersion:
     """A version of the registered model by number, "latest", or an alias (`production`, `production-<family>`, ...).
 
     Raises:
@@ -138,12 +142,12 @@ def get_version(c: Any, name: str, version: str | int) -> Any:
     try:
         return c.get_model_version(name, str(version))
     except Exception:  # noqa: BLE001
-        versions = [str(v.version) for v in c.search_model_versions(f"name='{name}'")]
-        shown = ", ".join(sorted(versions, key=int)) or "none (run dvfs-mlops train or registry bootstrap)"
+        numbers = [str(v.version) for v in c.search_model_versions(f"name='{name}'")]
+        shown = ", ".join(sorted(numbers, key=int)) or "none (run dvfs-mlops train or registry bootstrap)"
         raise DvfsError(f"{name} has no version {version}; versions: {shown}") from None
 
 
-def _aliases_shown(c: Any, name: str) -> str:
+def _aliases_shown(c: MlflowClient, name: str) -> str:
     try:
         aliases = dict(c.get_registered_model(name).aliases or {})
     except Exception:  # noqa: BLE001 - no such model
@@ -151,7 +155,7 @@ def _aliases_shown(c: Any, name: str) -> str:
     return ", ".join(f"{a} (v{v})" for a, v in sorted(aliases.items())) or "none (dvfs-mlops registry promote VERSION sets one)"
 
 
-def alias_version(c: Any, name: str, alias: str) -> Any | None:
+def alias_version(c: MlflowClient, name: str, alias: str) -> ModelVersion | None:
     """The version that holds `alias`, None when none does (or the model does not exist)."""
     try:
         return c.get_model_version_by_alias(name, alias)
@@ -159,7 +163,7 @@ def alias_version(c: Any, name: str, alias: str) -> Any | None:
         return None
 
 
-def version_metrics(c: Any, mv: Any) -> dict[str, float]:
+def version_metrics(c: MlflowClient, mv: ModelVersion) -> dict[str, float]:
     if not mv.run_id:
         return {}
     try:
@@ -168,7 +172,7 @@ def version_metrics(c: Any, mv: Any) -> dict[str, float]:
         return {}
 
 
-def describe(c: Any, mv: Any) -> dict[str, Any]:
+def describe(c: MlflowClient, mv: ModelVersion) -> dict[str, Any]:
     m = version_metrics(c, mv)
     return {"version": int(mv.version), "aliases": list(mv.aliases), "run_id": mv.run_id, "tags": dict(mv.tags),
             "family": version_family(mv.tags),
@@ -177,7 +181,7 @@ def describe(c: Any, mv: Any) -> dict[str, Any]:
             "created": mv.creation_timestamp}
 
 
-def ensure_families(c: Any, cfg: RegistryConfig, say: Callable[[str], None] = log.info) -> int:
+def ensure_families(c: MlflowClient, cfg: RegistryConfig, say: Callable[[str], None] = log.info) -> int:
     """The migration of a store made before board families: every version without a `dvfs.board_family` tag gets the
     one its tags imply (`version_family`), and the legacy `production`/`previous` aliases get their family twins
     (`production-<family>` of the version they hold). Done once per registered model (its tag `dvfs.families`); a
@@ -209,7 +213,7 @@ def ensure_families(c: Any, cfg: RegistryConfig, say: Callable[[str], None] = lo
     return tagged
 
 
-def family_productions(c: Any, cfg: RegistryConfig) -> dict[str, Any]:
+def family_productions(c: MlflowClient, cfg: RegistryConfig) -> dict[str, ModelVersion]:
     """Every family's production version: {family: ModelVersion}, from the `production-<family>` aliases."""
     try:
         aliases = dict(c.get_registered_model(cfg.name).aliases or {})
@@ -220,14 +224,14 @@ def family_productions(c: Any, cfg: RegistryConfig) -> dict[str, Any]:
             if alias.startswith(prefix) and len(alias) > len(prefix)}
 
 
-def workloads_of(mv: Any) -> int:
+def workloads_of(mv: ModelVersion) -> int:
     """How many workloads a version was trained on (tag n_workloads; the published tree's "published", a calibrated
     version's source's count): what `calibrate` and --allow-other-board rank other families' governors by."""
     text = str((mv.tags or {}).get(schema.TAG_N_WORKLOADS) or "")
     return int(text) if text.isdigit() else 0
 
 
-def richest_production(c: Any, cfg: RegistryConfig, besides: str) -> tuple[str, Any] | None:
+def richest_production(c: MlflowClient, cfg: RegistryConfig, besides: str) -> tuple[str, ModelVersion] | None:
     """(family, version): the production governor of a family other than `besides` trained on the most workloads (a
     trained version before a calibrated one at the same count, then the newest); None where there is none. What
     `calibrate` moves to a board by default, and what --allow-other-board lets decide."""
@@ -268,7 +272,7 @@ class GateResult:
     detail: str
 
 
-def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]:
+def check_gates(c: MlflowClient, cfg: RegistryConfig, candidate: ModelVersion) -> list[GateResult]:
     """The gates that apply to the candidate's kind (`for:`), each compared with its own family's production."""
     cand = version_metrics(c, candidate)
     kind = version_kind(candidate.tags)
@@ -291,7 +295,8 @@ def check_gates(c: Any, cfg: RegistryConfig, candidate: Any) -> list[GateResult]
     return out
 
 
-def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict[str, float], candidate: Any, prod: Any,
+def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict[str, float], candidate: ModelVersion,
+          prod: Any,
           prod_m: dict[str, float] | None, family: str) -> GateResult:
     """One gate's verdict on a candidate that has the gate's metric."""
     when = gate.get("when")
@@ -327,7 +332,7 @@ def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict
     return GateResult(name, None, "no comparison given (compare_to, at_most, at_least, at_most_metric, below_metric)")
 
 
-def _set_production(c: Any, cfg: RegistryConfig, family: str, new: Any, old: Any | None) -> None:
+def _set_production(c: MlflowClient, cfg: RegistryConfig, family: str, new: ModelVersion, old: ModelVersion | None) -> None:
     """`production-<family>` -> new, `previous-<family>` -> old; the legacy family's `production`/`previous` (and the
     deprecated stage, for older UIs) with them."""
     pairs = [(cfg.production_alias(family), cfg.previous_alias(family))]
@@ -389,7 +394,7 @@ def promote(version: str | int, force: bool = False, config: RegistryConfig | No
     return results
 
 
-def _moved(cfg: RegistryConfig, family: str, new: Any, old: Any | None) -> str:
+def _moved(cfg: RegistryConfig, family: str, new: ModelVersion, old: ModelVersion | None) -> str:
     """How an alias change is said: `production -> vN, previous -> vM` for the legacy family (its family twins named
     after it), `production-<family> -> vN, previous-<family> -> vM` for another."""
     legacy = family == cfg.legacy_family

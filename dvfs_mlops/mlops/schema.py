@@ -24,7 +24,8 @@ TAG_WORKLOAD = "dvfs.workload"  # MODEL/TASK plus the variant (+lora-r8a16+bf16)
 TAG_POINT = "dvfs.point"  # workload@freq#repeat: the resume key
 TAG_SWEEP = "dvfs.sweep_id"
 TAG_SIMULATED = "dvfs.simulated"
-TAG_REPLAY = "dvfs.sim_replay"
+TAG_TRAIN_ONCE = "dvfs.sim_train_once"  # the twin: "true" on a point that charged another clock's trained steps again
+TAG_TRAIN_ONCE_BEFORE = "dvfs.sim_replay"  # the same tag as runs logged before it was named for what it does
 TAG_PROFILE_ONLY = "dvfs.profile_only"
 TAG_DEVICE_ID = "dvfs.device_id"  # which board: the Jetson's serial, the NVML GPU's UUID, sim@HOST; --device-id
 TAG_DEVICE_PROFILE = "dvfs.device_profile"  # on a sweep's parent run
@@ -47,6 +48,14 @@ TAG_CLOCK_HELD = "dvfs.clock_held"  # "false" on a pinned run whose measured clo
 TAG_OBSERVE = "dvfs.observe"  # "true": metered only, nothing written to the clocks
 TAG_METER_DEGRADED = "dvfs.meter_degraded"  # "true": more than 1 % of power samples failed
 TAG_ABOVE_MODE_CAP = "dvfs.above_mode_cap"  # "true": pinned above the nvpmodel mode's GPU cap
+TAG_CAP_AT_START = "dvfs.cap_at_start"  # MHz: the GPU's max_freq read below the mode's (or the table's) top at the start
+TAG_POWER_MODE = "dvfs.power_mode"  # the nvpmodel mode's identity (Board.power_mode_key) where it is not MAXN
+TAG_CLOCK_LOST = "dvfs.clock_lost"  # "true": the clock service was lost during the session (the clock not held meanwhile)
+
+# A run measured on a replay device (`--device replay --trace FILE`): its measurements were looked up, not made.
+TAG_DEVICE = "dvfs.device"  # "replay"
+TAG_TRACE_SHA256 = "dvfs.trace_sha256"  # the SHA-256 of the grid's file
+TAG_TRACE_NAME = "dvfs.trace_name"  # the grid's name (the file's stem: the board it was measured on)
 
 # A fine-tune run (and the user's run under DvfsCallback): the governor and its decision.
 TAG_GOVERNOR_NAME = "governor.name"
@@ -77,8 +86,8 @@ TAG_SOURCE = "source"
 TAG_CALIBRATED_FROM = "calibrated_from"  # a calibrated version (`dvfs-mlops calibrate`): its source version's number
 TAG_CALIBRATION_SWEEP = "calibration_sweep"  # ... and the sweep(s) that measured this board for it
 
-# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and which GPU each per-GPU metric
-# (`records.gpu_metrics`: <metric>_gpu<NVML index>) is.
+# A job on several GPUs (`dvfs-mlops run`, DvfsCallback under torchrun): how many, and each GPU by its key
+# (`hw.multi.GpuEnergy.key`: "<host>/<uuid>", as the per-GPU metrics `records.gpu_metrics` <metric>/<host>/<uuid>).
 TAG_GPU_COUNT = "dvfs.gpu_count"
-TAG_GPU_UUID = "dvfs.gpu{index}.uuid"  # .format(index=NVML index): the GPU's UUID
-TAG_GPU_RANK = "dvfs.gpu{index}.rank"  # .format(index=NVML index): the launcher's rank that trained on it
+TAG_GPU_INDEX = "dvfs.gpu.{key}.index"  # .format(key=GpuEnergy.key): the GPU's NVML index on its node
+TAG_GPU_RANK = "dvfs.gpu.{key}.rank"  # .format(key=GpuEnergy.key): the launcher's rank that trained on it

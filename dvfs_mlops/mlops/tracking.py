@@ -12,10 +12,13 @@ import shlex
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 # MLflow error codes of a store that failed to answer (a 5xx, a restarting database), not of a refused request.
 TRANSIENT_ERROR_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED",
@@ -60,7 +63,7 @@ def tracking_uri() -> str:
     return settings.tracking_uri()
 
 
-def client() -> Any:
+def client() -> MlflowClient:
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -70,7 +73,7 @@ def client() -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def check_reachable() -> Any:
+def check_reachable() -> MlflowClient:
     """A client for the tracking store, or a clear error if it cannot be reached."""
     uri = tracking_uri()
     with settings.overridden({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}):  # fail in seconds
@@ -83,7 +86,7 @@ def check_reachable() -> Any:
     return c
 
 
-def experiment_id(c: Any, name: str) -> str:
+def experiment_id(c: MlflowClient, name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
@@ -99,7 +102,7 @@ def experiment_id(c: Any, name: str) -> str:
         return exp.experiment_id
 
 
-def log_run_batch(c: Any, run_id: str, params: Mapping[str, Any] = {}, metrics: Mapping[str, float] = {},
+def log_run_batch(c: MlflowClient, run_id: str, params: Mapping[str, Any] = {}, metrics: Mapping[str, float | None] = {},
                   tags: Mapping[str, str] = {}, series: Mapping[str, Sequence[float]] = {}) -> None:
     """Params, metrics, tags and metric series in as few requests as MLflow allows (1000 per batch)."""
     import time
@@ -119,7 +122,7 @@ def log_run_batch(c: Any, run_id: str, params: Mapping[str, Any] = {}, metrics: 
         first = False
 
 
-def log_text_artifact(c: Any, run_id: str, name: str, text: str) -> None:
+def log_text_artifact(c: MlflowClient, run_id: str, name: str, text: str) -> None:
     """A small text file (board.json, predicted.csv, refine.csv) as an artifact of the run."""
     import tempfile
 

@@ -6,13 +6,18 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
-from dvfs_mlops.mlops.dataset import load_sweep_dataset
+from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    
+    from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,8 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=f"governor {obj.name}", client=c, fluent=True) as run:
         dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
                                      say=say)
-        label = " (SIMULATED sweep)" if dataset.simulated else ""
+        refuse_joint_sweeps(c, r.experiment, dataset.sweep_id.split(","))
+        label = " (SIMULATED sweep)" if dataset.simulated else " (REPLAYED sweep)" if is_replayed(dataset) else ""
         n_sweeps = len(dataset.sweep_id.split(","))
         say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
             f"{len(dataset.frequencies)} clocks, objective {obj.name}, {r.trials} trials")
@@ -105,11 +111,46 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
             info = log_governor(result.policy.policy, registered_name=cfg.name if r.register else None, classifier=result.classifier,
                                 feature_names=list(result.best_params.features), extra_artifacts=extra, metrics=result.metrics(),
                                 tags=tags, version_tags=tags)
-    version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+        describe(c, run.run_id, result.description(), cfg.name, version)
     return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
 
 
-def dataset_family(dataset: Any) -> str:
+# The run's description in MLflow's UI (its "Description" box) is this tag; a registered version has its own field.
+RUN_DESCRIPTION_TAG = "mlflow.note.content"
+DESCRIPTION_ARTIFACT = "description.md"
+
+
+def describe(c: MlflowClient, run_id: str, description: str, registered_name: str, version: int | None) -> None:
+    """Say which family of candidate won and why (`SearchResult.description()`): the training run's description and
+    its `description.md` artifact, and the registered version's description where one was registered."""
+    tracking.log_run_batch(c, run_id, tags={RUN_DESCRIPTION_TAG: description[:5000]})
+    tracking.log_text_artifact(c, run_id, DESCRIPTION_ARTIFACT, description)
+    if version is not None:
+        c.update_model_version(registered_name, str(version), description=description)
+
+
+def refuse_joint_sweeps(c: MlflowClient, experiment: str, sweep_ids: list[str]) -> None:
+    """A governor of GPU clocks learns from sweeps of the GPU clock alone: a sweep that tuned the CPU or memory clock
+    too (`sweep --knobs gpu,cpu...`: its definition names `tuned`) holds several configurations per GPU clock.
+
+    Raises:
+        DvfsError: one of `sweep_ids` is such a sweep (one line naming it).
+    """
+    from dvfs_mlops.errors import DvfsError
+
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return
+    for sweep_id in sweep_ids:
+        where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and params.sweep_definition LIKE '%\"tuned\"%'"
+        if c.search_runs([exp.experiment_id], filter_string=where, max_results=1):
+            raise DvfsError(f"sweep {sweep_id} tunes the CPU or memory clock too (--knobs), and `dvfs-mlops train` learns GPU clocks "
+                            "from sweeps of the GPU clock alone; train on a --knobs gpu sweep (a governor of configurations is "
+                            "benchmarks/governor_joint.py's, not registered yet)")
+
+
+def dataset_family(dataset: GovernorDataset) -> str:
     """The board family a dataset's sweeps measured (their board record's; a record-less sweep's from its profile)."""
     from dvfs_mlops.mlops.registry import version_family
 
@@ -117,7 +158,7 @@ def dataset_family(dataset: Any) -> str:
     return board.family if board is not None and board.family else version_family({schema.TAG_VERSION_PROFILE: dataset.device_profile})
 
 
-def _prior_tag(dataset: Any, say: Callable[[str], None]) -> dict[str, str]:
+def _prior_tag(dataset: GovernorDataset, say: Callable[[str], None]) -> dict[str, str]:
     """The version's `power_prior` tag (the sweep's board prior, for refine at launch), and a line saying so."""
     prior = board_power_prior(dataset)
     if prior is None:
@@ -147,7 +188,7 @@ def optuna_storage() -> str:
     return "sqlite:///optuna.db"
 
 
-def _trial_logger(c: Any, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
+def _trial_logger(c: MlflowClient, parent_run_id: str, experiment_id: str) -> Callable[[TrialRecord], None]:
     """Each finished trial of the selection study as a run nested under the governor's training run."""
 
     def log_trial(trial: TrialRecord) -> None:

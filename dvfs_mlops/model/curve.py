@@ -551,10 +551,10 @@ def read_measurements_csv(path: str) -> list[Measurement]:
         row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
         try:
             f_mhz, t = float(row["freq_mhz"]), float(row["time_s"])
-            e = float(row["energy_j"]) if row.get("energy_j") else float(row["power_w"]) * t
+            energy = float(row["energy_j"]) if row.get("energy_j") else float(row["power_w"]) * t
         except (KeyError, ValueError):
             raise DvfsError(f"{path} line {i}: freq_mhz, time_s and energy_j (or power_w) must be numbers, got {raw}") from None
-        out.append(Measurement(f_mhz, t, e))
+        out.append(Measurement(f_mhz, t, energy))
     return out
 
 

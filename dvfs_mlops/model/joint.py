@@ -36,9 +36,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.board import DEFAULT_NOISE, ORIN_VOLTAGE_SHAPE
-from dvfs_mlops.hw.replay import ReplayGrid, Setting
+from dvfs_mlops.hw.replay import ReplayGrid
 from dvfs_mlops.model.curve import Measurement, PowerPrior, fit_curve, next_clock
 from dvfs_mlops.model.governor.objectives import Objective, parse_objective
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # The study's size split: results are reported for models <= 70M and > 70M parameters.
 SMALL_MODEL_PARAMS = 70_000_000
@@ -63,7 +66,7 @@ class WorkloadFeatures:
         return dataclasses.replace(self, gpu_util_pct=pct)
 
     @classmethod
-    def from_config(cls, config: Any, *, model_type: str, num_params: int, avg_seq_len: float, **more: Any) -> WorkloadFeatures:
+    def from_config(cls, config: PretrainedConfig, *, model_type: str, num_params: int, avg_seq_len: float, **more: Any) -> WorkloadFeatures:
         """The features of a model from its transformers config (read by attribute: no transformers needed), what it is
         (`model_type`: encoder or decoder), its parameter count and its data; `more` are the other features
         (trainable_params, precision, gpu_util_pct).

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs_mlops import settings
-from dvfs_mlops.clocks import freq_label
+from dvfs_mlops.clocks import FreqRequest, freq_label
 from dvfs_mlops.errors import ClockLostError, ClockServiceGoneError, DevicePermissionError, DvfsError, RestoreFailedError
 from dvfs_mlops.hw.clockd.protocol import FINAL_KINDS, MAX_LINE, Reply, Request, group_name, user_name
 
@@ -162,7 +162,7 @@ class ServicePin:
         return client.request(Request(op, self.backend, self.gpu_uuid, freq, cpu_freq=knobs.get("cpu_mhz", ""),
                                       emc_freq=knobs.get("emc_mhz", ""))).raise_for_error()
 
-    def pin(self, freq: Any, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
+    def pin(self, freq: FreqRequest, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> dict[str, Any]:
         """Connect, ask the service to pin `freq` (a clock of the table, or "maxn") and the CPU and memory clocks where
         given, and start renewing it.
 

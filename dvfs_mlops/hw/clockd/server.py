@@ -39,7 +39,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 from dvfs_mlops.errors import (
     ClockLostError,
@@ -55,6 +56,15 @@ from dvfs_mlops.hw.clockd.connection import LineReader, Peer, peer_of, pid_alive
 from dvfs_mlops.hw.clockd.listener import Listener
 from dvfs_mlops.hw.clockd.protocol import PinStatus, Reply, Request, duration
 from dvfs_mlops.hw.device import MAXN, parse_freq, parse_knob
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from dvfs_mlops.hw.jetson import JetsonDevice, JetsonPin
+    from dvfs_mlops.hw.nvml import NvmlDevice, NvmlPin
+
+    # The backends the service pins for its clients.
+    ServiceDevice: TypeAlias = JetsonDevice | NvmlDevice
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +91,15 @@ class Lease:
     """
 
     key: str
-    pin: Any
-    device: Any
+    pin: JetsonPin | NvmlPin
+    device: ServiceDevice
     status: PinStatus
     deadline: float
     last_seen: float
     last_pid: int
     idle_timeout_s: float
     measured: Callable[[], float | None] | None = None
-    emc: Any = None
+    emc: Callable[[], float | None] | None = None
     keys: list[str] = dataclasses.field(default_factory=list)
     knobs: dict[str, float] = dataclasses.field(default_factory=dict)
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -413,7 +423,7 @@ class ClockService:
                      emc_mhz=lease.emc() if lease.emc is not None else None)
 
     @staticmethod
-    def _knobs(req: Request, dev: Any) -> dict[str, float]:
+    def _knobs(req: Request, dev: ServiceDevice) -> dict[str, float]:
         """The CPU and memory clocks a request asks for, each a clock of the service's own table for it."""
         knobs: dict[str, float] = {}
         for knob, text in (("cpu_mhz", req.cpu_freq), ("emc_mhz", req.emc_freq)):
@@ -500,7 +510,7 @@ class ClockService:
     def _table(self, req: Request, _client: _Client) -> Reply:
         dev = self._device(req)
         try:
-            emc_table = dev.emc_table() if dev.name == "jetson" else None
+            emc_table = cast("JetsonDevice", dev).emc_table() if dev.name == "jetson" else None
             return Reply(True, frequencies_mhz=dev.frequencies_mhz, current_mhz=dev.current_mhz(),
                          cpu_frequencies_mhz=list(dev.cpu_frequencies_mhz), emc_frequencies_mhz=list(dev.emc_frequencies_mhz),
                          emc_table_source=emc_table.source if emc_table is not None else "")
@@ -614,7 +624,7 @@ class ClockService:
                 self._close(lease.device)
 
     # devices -------------------------------------------------------------------------------------
-    def _device(self, req: Request) -> Any:
+    def _device(self, req: Request) -> ServiceDevice:
         """The device a request is about, as the service finds it (never a path from the client)."""
         if req.backend == "jetson":
             from dvfs_mlops.hw.jetson import JetsonDevice
@@ -626,7 +636,7 @@ class ClockService:
             return self._nvml_device(req.gpu_uuid)
         raise DvfsError("a request names its backend: jetson or nvml")
 
-    def _nvml_device(self, uuid: str) -> Any:
+    def _nvml_device(self, uuid: str) -> NvmlDevice:
         from dvfs_mlops.hw.nvml import NvmlDevice
 
         scope = self.root_config.nvml
@@ -644,7 +654,7 @@ class ClockService:
             raise DeviceNotFoundError(f"GPU {uuid} is not on this machine now; group {self.config.group} may lock: "
                                       f"{allowed}") from None
 
-    def _check_nvml_unlocked(self, dev: Any) -> None:
+    def _check_nvml_unlocked(self, dev: ServiceDevice) -> None:
         if not self.root_config.nvml.assume_unlocked:
             raise DevicePermissionError(
                 f"the clock service's administrator has not said that nobody locks the clocks of GPU {dev.device_id} by "
@@ -652,55 +662,55 @@ class ClockService:
                 f"yes under [nvml] in {self.config_file} (then systemctl reload dvfs-clockd), or meter only with --observe")
 
     @staticmethod
-    def _measured_reader(dev: Any) -> Callable[[], float | None] | None:
+    def _measured_reader(dev: ServiceDevice) -> Callable[[], float | None] | None:
         """How the service reads the clock the GPU runs at: BPMP's GPC counters on a Jetson (debugfs, root only); NVML's
         graphics clock, itself a measurement."""
         if dev.name == "jetson":
             from dvfs_mlops.hw.jetson import gpc_clock_reader
 
-            return gpc_clock_reader(dev.root)
+            return gpc_clock_reader(cast("JetsonDevice", dev).root)
         return dev.current_mhz
 
     @staticmethod
-    def _emc_reader(dev: Any) -> Any:
+    def _emc_reader(dev: ServiceDevice) -> Callable[[], float | None] | None:
         """How the service reads the memory clock for a client: BPMP's EMC rate (debugfs, held open) on a Jetson; NVML's
         memory clock where the GPU has a memory knob."""
         if dev.name == "jetson":
             from dvfs_mlops.hw.jetson import emc_reader
 
-            return emc_reader(dev.root)
-        return dev.memory_clock_mhz if dev.emc_frequencies_mhz else None
+            return emc_reader(cast("JetsonDevice", dev).root)
+        return cast("NvmlDevice", dev).memory_clock_mhz if dev.emc_frequencies_mhz else None
 
     @staticmethod
-    def _pin_for(dev: Any, peer: Peer) -> Any:
+    def _pin_for(dev: ServiceDevice, peer: Peer) -> JetsonPin | NvmlPin:
         if dev.name == "jetson":
             from dvfs_mlops.hw.jetson import JetsonPin
 
-            return JetsonPin(dev, owner_pid=peer.pid, owner_uid=peer.uid)
+            return JetsonPin(cast("JetsonDevice", dev), owner_pid=peer.pid, owner_uid=peer.uid)
         from dvfs_mlops.hw.nvml import NvmlPin
 
-        return NvmlPin(dev, owner_pid=peer.pid, owner_uid=peer.uid)
+        return NvmlPin(cast("NvmlDevice", dev), owner_pid=peer.pid, owner_uid=peer.uid)
 
     @staticmethod
-    def _close(dev: Any) -> None:
+    def _close(dev: ServiceDevice | None) -> None:
         if dev is not None and dev.name == "nvml":
-            dev.close()
+            cast("NvmlDevice", dev).close()
 
 
-def _refuse_knob(dev: Any, knob: str) -> float:
+def _refuse_knob(dev: ServiceDevice, knob: str) -> float:
     """Refuse a knob the service's device has no table for, in the backend's own words."""
     reason = getattr(dev, "cpu_unavailable" if knob == "cpu_mhz" else "emc_unavailable", None)
     raise DvfsError(reason() if reason is not None else f"the {dev.name} backend cannot set that clock")
 
 
-def _domain_keys(dev: Any, knobs: dict[str, float]) -> list[str]:
+def _domain_keys(dev: ServiceDevice, knobs: dict[str, float]) -> list[str]:
     """The lock keys of the clock domains `knobs` pin besides the GPU's."""
     if dev.name == "jetson":
         from dvfs_mlops.hw import cpufreq, emc
 
         keys = {"cpu_mhz": cpufreq.DOMAIN_KEY, "emc_mhz": emc.DOMAIN_KEY}
         return [keys[k] for k in ("cpu_mhz", "emc_mhz") if k in knobs]
-    return [dev.memory_key] if "emc_mhz" in knobs else []
+    return [cast("NvmlDevice", dev).memory_key] if "emc_mhz" in knobs else []
 
 
 def _label(gpu_mhz: float | None, knobs: dict[str, float]) -> str:
@@ -715,7 +725,7 @@ def _plain(context: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in context.items() if isinstance(v, (str, int, float, bool))}
 
 
-def _close_reader(reader: Any) -> None:
+def _close_reader(reader: object) -> None:
     close = getattr(reader, "close", None)
     if close is not None:
         with contextlib.suppress(OSError):
@@ -732,7 +742,7 @@ def serve(config: ServiceConfig) -> None:
     service = ClockService(config)
     service.start()
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             service.request_reload()
         else:

@@ -43,7 +43,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -192,7 +192,7 @@ def _with_timing(p: OrinTwinParams, x: np.ndarray, names: Sequence[str] = TIMING
     for lead, companion in _COMPANIONS.items():
         changes[companion] = min(1.0 if companion.startswith("eta") else np.inf,
                                  getattr(p, companion) * changes[lead] / getattr(p, lead))
-    return dataclasses.replace(p, **changes)
+    return dataclasses.replace(p, **cast(dict[str, Any], changes))
 
 
 def _fit_timing(points: Sequence[FitPoint], p: OrinTwinParams, names: Sequence[str] = TIMING_CONSTANTS) -> OrinTwinParams:
@@ -467,7 +467,7 @@ class _Unpack:
 
     def __init__(self, board: OrinTwinParams, workloads: Sequence[str]):
         self.board, self.workloads = board, tuple(workloads)
-        self.gpu_top_v = board.voltage(board.max_mhz)
+        self.gpu_top_v = float(board.voltage(board.max_mhz))
         self.cpu_top_v = float(board.cpu_voltage(board.cpu_max_mhz))
 
     def start(self, grid: ReplayGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
 from dvfs_mlops.errors import DvfsError
+
+# A clock (or any quantity of the twin's formulas) as one number or an array of them (a fit evaluates a whole grid at
+# once); a formula returns the kind it was given.
+FloatOrArray = TypeVar("FloatOrArray", float, np.ndarray)
 
 
 def orin_cpu_table(top_mhz: float) -> tuple[float, ...]:
@@ -151,12 +155,12 @@ class OrinTwinParams:
         """The top of the EMC table: the clock `dram_bw_bytes_s` is the bandwidth of."""
         return max(self.emc_frequencies_mhz)
 
-    def cpu_voltage(self, cpu_mhz: Any) -> Any:
+    def cpu_voltage(self, cpu_mhz: FloatOrArray) -> FloatOrArray:
         """The CPU rail's voltage at `cpu_mhz` (the shape of `cpu_volt_*`)."""
         x = cpu_mhz / self.cpu_max_mhz
         return np.maximum(self.cpu_volt_min, self.cpu_volt_v0 + self.cpu_volt_v1 * x * x)
 
-    def voltage(self, f_mhz: Any) -> Any:
+    def voltage(self, f_mhz: FloatOrArray) -> FloatOrArray:
         x = f_mhz / self.max_mhz
         return self.volt_v0 + self.volt_v1 * x * x
 
@@ -208,7 +212,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _checked(key: str, value: Any, source: str) -> Any:
+def _checked(key: str, value: object, source: str) -> str | float | int | tuple[float, ...]:
     """One override, converted to its field's type (a bool or a string where a number belongs is refused)."""
     default = getattr(OrinTwinParams, key, None) if key not in _TABLES else None
     if key in ("profile", "family"):
@@ -232,5 +236,5 @@ def _checked(key: str, value: Any, source: str) -> Any:
     return float(value)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.hw.replay import Setting
-from dvfs_mlops.hw.twin.params import OrinTwinParams
+from dvfs_mlops.hw.twin.params import FloatOrArray, OrinTwinParams
 from dvfs_mlops.hw.twin.trace import KIND_KERNEL, StepTrace, StepWork
 
 RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")
@@ -75,18 +75,18 @@ def resolve(config: Config, p: OrinTwinParams) -> Clocks:
     return clocks
 
 
-def host_time_factor(cpu_mhz: Any, p: OrinTwinParams) -> Any:
+def host_time_factor(cpu_mhz: FloatOrArray, p: OrinTwinParams) -> FloatOrArray:
     """How much longer the host's work takes at `cpu_mhz` than at the CPU table's top (exactly 1.0 there)."""
     top, reserved = p.cpu_max_mhz, p.cpu_reserved_mhz
     return 1.0 + p.cpu_bound_share * ((top - reserved) / (cpu_mhz - reserved) - 1.0)
 
 
-def emc_share(emc_mhz: Any, p: OrinTwinParams) -> Any:
+def emc_share(emc_mhz: FloatOrArray, p: OrinTwinParams) -> FloatOrArray:
     """The DRAM bandwidth at `emc_mhz` as a share of the bandwidth at the EMC table's top (exactly 1.0 there)."""
     return emc_mhz / p.emc_max_mhz
 
 
-def cpu_power_scale(cpu_mhz: Any, p: OrinTwinParams) -> Any:
+def cpu_power_scale(cpu_mhz: FloatOrArray, p: OrinTwinParams) -> FloatOrArray:
     """The CPU's switching power at `cpu_mhz` relative to the top: (V(c) / V(c_max))^2 c / c_max (exactly 1.0 there)."""
     return (p.cpu_voltage(cpu_mhz) / p.cpu_voltage(p.cpu_max_mhz)) ** 2 * (cpu_mhz / p.cpu_max_mhz)
 
@@ -178,8 +178,8 @@ def estimate_step(trace: StepTrace, config: Config, p: OrinTwinParams) -> StepEs
     return StepEstimate(c.gpu_mhz, step_time, busy, host_busy, u, rails, c.cpu_mhz, c.emc_mhz)
 
 
-def rail_terms(gpu_mhz: Any, cpu_mhz: Any, emc_mhz: Any, gpu_util: Any, host_share: Any, dram_share: Any,
-               p: OrinTwinParams) -> dict[str, Any]:
+def rail_terms(gpu_mhz: FloatOrArray, cpu_mhz: FloatOrArray, emc_mhz: FloatOrArray, gpu_util: FloatOrArray,
+               host_share: FloatOrArray, dram_share: FloatOrArray, p: OrinTwinParams) -> dict[str, FloatOrArray]:
     """Watts per rail, for scalars or arrays of equal shape (the fit evaluates a whole grid at once).
 
     Args:
@@ -225,7 +225,7 @@ class WorkGrid:
 
     @property
     def total_power_w(self) -> np.ndarray:
-        return sum(self.power_by_rail_w.values())
+        return cast(np.ndarray, sum(self.power_by_rail_w.values()))
 
     @property
     def energy_total_j(self) -> np.ndarray:
@@ -233,14 +233,14 @@ class WorkGrid:
         return self.total_power_w * self.time_s
 
 
-def overlap(a: Any, b: Any, order: Any) -> Any:
+def overlap(a: FloatOrArray, b: FloatOrArray, order: float) -> FloatOrArray:
     """Two durations that overlap: (a^n + b^n)^(1/n) for n = `order` >= 1 (n = 1: one after the other; large n: max(a, b))."""
     top = np.maximum(a, b)
     safe = np.where(top > 0, top, 1.0)
     return top * ((a / safe) ** order + (b / safe) ** order) ** (1.0 / order)
 
 
-def work_grid(work: StepWork, gpu_mhz: Any, cpu_mhz: Any, emc_mhz: Any, p: OrinTwinParams) -> WorkGrid:
+def work_grid(work: StepWork, gpu_mhz: FloatOrArray, cpu_mhz: FloatOrArray, emc_mhz: FloatOrArray, p: OrinTwinParams) -> WorkGrid:
     """A step described by its aggregate work, at the configurations given as arrays of clocks (MHz).
 
     The step is the queue's condensed form: the host's serial part, then its dispatch overlapped with the GPU's work,

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.twin.params import CPU_EMC_FIELDS, ORIN_EMC_TABLE_MHZ, OrinTwinParams, orin_cpu_table, read_yaml_mapping
@@ -132,7 +133,7 @@ def _module(name: str, m: _Module, base: OrinTwinParams = _MEASURED, ref: _Modul
     table = (*(f for f in base.frequencies_mhz if f < m.gpu_max_mhz), m.gpu_max_mhz)
     bw = m.dram_bw_gb_s / ref.dram_bw_gb_s
     cpu = m.cpu_cores / ref.cpu_cores
-    joint = {"cpu_frequencies_mhz": orin_cpu_table(m.cpu_max_mhz),
+    joint: dict[str, Any] = {"cpu_frequencies_mhz": orin_cpu_table(m.cpu_max_mhz),
              "emc_frequencies_mhz": tuple(f for f in ORIN_EMC_TABLE_MHZ if f <= m.emc_max_mhz),
              "cpu_volt_v1": base.cpu_volt_v1 * (m.cpu_max_mhz / ref.cpu_max_mhz) ** 2}
     return dataclasses.replace(

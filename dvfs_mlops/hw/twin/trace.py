@@ -21,19 +21,36 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from dvfs_mlops import settings
 from dvfs_mlops.errors import DvfsError
 
+if TYPE_CHECKING:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import PretrainedConfig
+
 TRACE_FORMAT = 2
 KIND_VIEW, KIND_KERNEL = 0, 1
 # Ops that allocate or describe memory without launching a kernel.
 _NO_KERNEL_PREFIXES = ("empty", "new_empty", "_local_scalar_dense", "sym_", "lift_fresh", "set_")
 _ADAMW_FLOPS_PER_PARAM = 12  # fused AdamW arithmetic per element (moments, bias correction, decay)
+
+
+class Adaptation(Protocol):
+    """How a model is adapted for training (the workloads' `PeftSpec`; the twin knows no adapter library)."""
+
+    @property
+    def is_lora(self) -> bool: ...
+
+    def definition(self) -> dict[str, Any]: ...
+
+    def apply(self, model: torch.nn.Module, model_type: str, task_kind: str = "classification") -> torch.nn.Module: ...
 
 
 @dataclasses.dataclass
@@ -142,7 +159,7 @@ class StepWork:
         return cls(**values)
 
 
-def _nbytes(t: Any) -> int:
+def _nbytes(t: object) -> int:
     import torch
 
     if isinstance(t, torch.Tensor):
@@ -150,7 +167,7 @@ def _nbytes(t: Any) -> int:
     return 0
 
 
-def _tensors(tree: Any) -> list[Any]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     import torch
     from torch.utils._pytree import tree_leaves
 
@@ -166,7 +183,7 @@ class _Recorder:
         self.bytes: list[float] = []
         self.formula: list[bool] = []
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> None:
         from torch.utils.flop_counter import flop_registry
 
         name = func.__name__.split(".")[0]
@@ -191,7 +208,7 @@ class _Recorder:
         self.formula.append(formula)
 
 
-def _make_mode(recorder: _Recorder) -> Any:
+def _make_mode(recorder: _Recorder) -> TorchDispatchMode:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _TraceMode(TorchDispatchMode):
@@ -204,7 +221,8 @@ def _make_mode(recorder: _Recorder) -> Any:
     return _TraceMode()
 
 
-def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels: int, peft: Any = None,
+def trace_key(config: PretrainedConfig | Mapping[str, Any], batch_size: int, seq_len: int, dtype: str, num_labels: int,
+              peft: Adaptation | None = None,
               kind: str = "classification") -> str:
     """A stable id for a (model config, batch, padded length, dtype, adaptation, head) capture. The adaptation and the
     kind are in the key only for LoRA and a causal LM: a full classifier capture is keyed by its config, batch, length,
@@ -224,8 +242,8 @@ def trace_key(config: Any, batch_size: int, seq_len: int, dtype: str, num_labels
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def capture_step_trace(config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2,
-                       peft: Any = None, kind: str = "classification") -> StepTrace:
+def capture_step_trace(config: PretrainedConfig, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2,
+                       peft: Adaptation | None = None, kind: str = "classification") -> StepTrace:
     """Trace one AdamW training step on the meta device: of a sequence-classification model, or (kind="causal_lm")
     of the causal LM with labels on every position, so its LM head and cross-entropy are charged.
 
@@ -291,7 +309,8 @@ class TraceCache:
         self.directory = Path(directory) if directory else default_cache_dir()
         self._memo: dict[str, StepTrace] = {}
 
-    def get(self, config: Any, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2, peft: Any = None,
+    def get(self, config: PretrainedConfig, batch_size: int, seq_len: int, dtype: str = "float32", num_labels: int = 2,
+            peft: Adaptation | None = None,
             kind: str = "classification") -> StepTrace:
         key = trace_key(config, batch_size, seq_len, dtype, num_labels, peft, kind)
         if key in self._memo:

@@ -15,9 +15,12 @@ import contextlib
 import dataclasses
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError, unknown
+
+if TYPE_CHECKING:
+    import torch
 
 PEFT_METHODS = ("full", "lora")
 DEFAULT_LORA_R = 8
@@ -57,7 +60,7 @@ class PeftSpec:
     def definition(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def apply(self, model: Any, model_type: str, task_kind: str = "classification") -> Any:
+    def apply(self, model: torch.nn.Module, model_type: str, task_kind: str = "classification") -> torch.nn.Module:
         """The model adapted this way (see `apply_peft`)."""
         return apply_peft(model, self, model_type, task_kind)
 
@@ -127,7 +130,7 @@ def _quiet_peft() -> Iterator[None]:
         yield
 
 
-def apply_peft(model: Any, peft: PeftSpec, model_type: str, task_kind: str = "classification") -> Any:
+def apply_peft(model: torch.nn.Module, peft: PeftSpec, model_type: str, task_kind: str = "classification") -> torch.nn.Module:
     """The model wrapped for LoRA (base weights frozen; the task head trains), or the model itself for full
     fine-tuning. A target list that matches no module is one clear error line."""
     if not peft.is_lora:
@@ -148,17 +151,17 @@ def apply_peft(model: Any, peft: PeftSpec, model_type: str, task_kind: str = "cl
                         f"({type(e).__name__}); its linear layers are: {', '.join(linear[:16])}") from None
 
 
-def count_trainable(model: Any) -> int:
+def count_trainable(model: torch.nn.Module) -> int:
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
-def count_base(model: Any) -> int:
+def count_base(model: torch.nn.Module) -> int:
     """The model's parameters without LoRA's adapters (and without the frozen original of a head peft trains a copy
     of): what `num_params` means for a LoRA job, as for a full one."""
     return int(sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n and ".original_module." not in n))
 
 
-def peft_of(model: Any) -> PeftSpec:
+def peft_of(model: torch.nn.Module) -> PeftSpec:
     """How a (possibly peft-wrapped) model in a user's Trainer is adapted: LoRA as its peft config says, else full."""
     configs = getattr(model, "peft_config", None)
     config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None

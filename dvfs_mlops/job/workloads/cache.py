@@ -37,7 +37,7 @@ def cache_dir(kind: str) -> Path:
     return settings.cache_root() / "workloads" / kind
 
 
-def digest(obj: Any, n: int = 24) -> str:
+def digest(obj: object, n: int = 24) -> str:
     """A stable hex key of a JSON-able value."""
     blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:n]
@@ -86,7 +86,7 @@ def read(kind: str, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _replace_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+def _replace_atomically(path: Path, fill: Callable[[Path], object]) -> None:
     """Write `path` through a temporary file beside it, renamed over it: a reader never sees half an entry, and a
     write that fails leaves no temporary file behind. OSError goes to the caller."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,7 @@ def _replace_atomically(path: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def write(kind: str, key: str, value: dict[str, Any], described: Any = None) -> None:
+def write(kind: str, key: str, value: dict[str, Any], described: dict[str, Any] | None = None) -> None:
     """Store `value` under `key` atomically; `described` (what the key was made of) is kept for people reading the file."""
     path = cache_dir(kind) / f"{key}.json"
     blob = json.dumps({"format": CACHE_FORMAT, "key": key, "of": described, "value": value}, default=str)

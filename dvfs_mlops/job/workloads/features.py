@@ -3,13 +3,20 @@ the `meta` device and cached. The feature schema itself is `model.workload`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.workload import WorkloadFeatures
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def classifier_config(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification") -> Any:
+    from dvfs_mlops.job.workloads.adapters import PeftSpec
+    from dvfs_mlops.job.workloads.zoo import ModelSpec
+
+
+def classifier_config(spec: ModelSpec, num_labels: int, pad_id: int | None = None,
+                      task_kind: str = "classification") -> PretrainedConfig:
     """The model config actually trained: the preset's, with the task's head and our pad id.
 
     A causal-LM task (`task_kind="causal_lm"`) trains the model's own LM head: no classification fields are set."""
@@ -32,7 +39,7 @@ def auto_model_class(task_kind: str = "classification") -> Any:
     return transformers.AutoModelForCausalLM if task_kind == "causal_lm" else transformers.AutoModelForSequenceClassification
 
 
-def count_params(config: Any, task_kind: str = "classification", peft: Any = None) -> tuple[int, int]:
+def count_params(config: PretrainedConfig, task_kind: str = "classification", peft: PeftSpec | None = None) -> tuple[int, int]:
     """(all parameters, the trainable ones) of the model trained (sequence classifier, or causal LM), counted on `meta`
     (no memory); with a LoRA `peft` (workloads/adapters.PeftSpec) the base is frozen and the adapters (and a
     classifier's head) train."""
@@ -53,7 +60,7 @@ def count_params(config: Any, task_kind: str = "classification", peft: Any = Non
     return base, count_trainable(model)
 
 
-def no_causal_lm_error(config: Any, e: Exception) -> DvfsError:
+def no_causal_lm_error(config: PretrainedConfig, e: Exception) -> DvfsError:
     """The one line for a config transformers has no causal LM for (a causal-LM task cannot train it)."""
     return DvfsError(f"model type {getattr(config, 'model_type', '?')!r} has no causal-LM class in transformers "
                      f"({str(e).splitlines()[0][:120]}); a causal-LM task needs a decoder such as a pythia preset or a Llama/Qwen config")
@@ -70,7 +77,7 @@ class ModelFacts:
     trainable_params: int | None = None  # None: all of them (full fine-tuning)
 
 
-def facts_key(spec: Any, num_labels: int, task_kind: str = "classification", peft: Any = None) -> str | None:
+def facts_key(spec: ModelSpec, num_labels: int, task_kind: str = "classification", peft: PeftSpec | None = None) -> str | None:
     """The cache key of a model's facts: the config's fingerprint, the head (its size and the task kind), the adaptation,
     the code and libraries that count."""
     fp = spec.fingerprint
@@ -85,15 +92,15 @@ def facts_key(spec: Any, num_labels: int, task_kind: str = "classification", pef
     return digest(what)
 
 
-def compute_model_facts(spec: Any, num_labels: int, pad_id: int | None = None, task_kind: str = "classification",
-                        peft: Any = None) -> ModelFacts:
+def compute_model_facts(spec: ModelSpec, num_labels: int, pad_id: int | None = None, task_kind: str = "classification",
+                        peft: PeftSpec | None = None) -> ModelFacts:
     """The slow way: build the config with transformers and count the trained model's parameters on meta."""
     total, trainable = count_params(classifier_config(spec, num_labels, pad_id, task_kind), task_kind, peft)
     return ModelFacts(spec.model_type, spec.num_layers, spec.hidden_size, total, trainable)
 
 
-def model_facts(spec: Any, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True,
-                task_kind: str = "classification", peft: Any = None) -> ModelFacts:
+def model_facts(spec: ModelSpec, num_labels: int, pad_id: int | None = None, *, use_cache: bool = True,
+                task_kind: str = "classification", peft: PeftSpec | None = None) -> ModelFacts:
     """A model's facts, from the on-disk cache when this config was counted before (no torch, no transformers).
 
     The pad id changes no parameter count, so it is not part of the key.

@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from dvfs_mlops.job.workloads.tokenizer import (
 )
 from dvfs_mlops.job.workloads.zoo import WORDPIECE_VOCAB, ModelSpec, check_scratch_vocab, check_task_model, resolve_model
 from dvfs_mlops.model.workload import WorkloadFeatures
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.twin.trace import StepTrace, TraceCache
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ class PreparedWorkload:
         """The transformers config actually trained (imports transformers)."""
         return classifier_config(self.spec, self.task.num_labels, self.pad_id, self.task.kind)
 
-    def trace_provider(self, batch_size: int, dtype: str = "float32") -> Callable[[int], Any]:
+    def trace_provider(self, batch_size: int, dtype: str = "float32") -> Callable[[int], StepTrace]:
         """padded length -> the twin's step trace for this model (cached on disk).
 
         A trace this workload used before is found through the `traces` index of `workloads/cache.py`
@@ -132,9 +135,9 @@ class PreparedWorkload:
         if (batch_size, dtype) in self._providers:
             return self._providers[(batch_size, dtype)]
         traces = TraceCache()
-        memo: dict[int, Any] = {}
+        memo: dict[int, StepTrace] = {}
 
-        def get(n: int) -> Any:
+        def get(n: int) -> StepTrace:
             if n not in memo:
                 memo[n] = self._trace(traces, batch_size, n, dtype)
             return memo[n]
@@ -156,7 +159,7 @@ class PreparedWorkload:
             what.update(peft=self.peft.definition(), peft_version=cache.dist_version("peft"), peft_code=cache.code_digest("job.workloads.adapters"))
         return cache.digest(what)
 
-    def _trace(self, traces: Any, batch_size: int, seq_len: int, dtype: str) -> Any:
+    def _trace(self, traces: TraceCache, batch_size: int, seq_len: int, dtype: str) -> StepTrace:
         key = self._trace_index_key(batch_size, seq_len, dtype)
         if key is not None:
             hit = cache.read("traces", key)
@@ -170,7 +173,7 @@ class PreparedWorkload:
         return trace
 
 
-def _stored_trace(directory: Path, trace_key: str) -> Any:
+def _stored_trace(directory: Path, trace_key: str) -> StepTrace | None:
     """The twin's stored trace with this key, or None (absent, corrupt, another format)."""
     from dvfs_mlops.hw.twin.trace import TRACE_FORMAT, StepTrace
 

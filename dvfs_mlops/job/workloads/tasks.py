@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ HUB_TEXT_FIELDS = {
 }
 
 
-def hub_rows_to_examples(task: TaskSpec, rows: Any) -> list[Example]:
+def hub_rows_to_examples(task: TaskSpec, rows: Iterable[Mapping[str, Any]]) -> list[Example]:
     """Rows of the hub's GLUE dataset (dicts with its field names) -> Examples."""
     a, b = HUB_TEXT_FIELDS[task.name]
     return [Example(str(r[a]), str(r[b]) if b else None, float(r["label"])) for r in rows if float(r["label"]) >= 0]

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from dvfs_mlops.job.workloads.tasks import Example
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import tokenizers
+    from transformers import PreTrainedTokenizerBase
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD_TO_MULTIPLE = 8
@@ -45,8 +50,8 @@ class Encoded:
 class TextEncoder:
     """A common face for our WordPiece and a transformers tokenizer."""
 
-    def __init__(self, backend: Any, pad_id: int, max_length: int, hf: bool):
-        self.backend = backend
+    def __init__(self, backend: tokenizers.Tokenizer | PreTrainedTokenizerBase, pad_id: int, max_length: int, hf: bool):
+        self.backend: Any = backend  # which of the two: `hf`
         self.pad_id = pad_id
         self.max_length = max_length
         self._hf = hf
@@ -55,7 +60,7 @@ class TextEncoder:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size() if not self._hf else len(self.backend)
 
-    def encode(self, examples: Sequence[Example], labels_dtype: Any = np.int64) -> Encoded:
+    def encode(self, examples: Sequence[Example], labels_dtype: npt.DTypeLike = np.int64) -> Encoded:
         a = [e.text_a for e in examples]
         b = [e.text_b for e in examples]
         pair = any(x is not None for x in b)
@@ -137,7 +142,7 @@ def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, max_length: in
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
-    return TextEncoder(tok, tok.token_to_id("[PAD]"), max_length, hf=False)
+    return TextEncoder(tok, cast(int, tok.token_to_id("[PAD]")), max_length, hf=False)  # [PAD] is one of SPECIALS
 
 
 def pretrained_tokenizer(name_or_path: str, max_length: int = 128) -> TextEncoder:

@@ -13,9 +13,12 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.errors import DvfsError, unknown
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # The WordPiece vocabulary a model trained from scratch reads (workloads/prepare.py trains it on the task's text).
 WORDPIECE_VOCAB = 8000
@@ -92,8 +95,8 @@ class ModelSpec:
     what the config is (a pretrained name, a folder without config.json).
     """
 
-    def __init__(self, name: str, config: Any = None, pretrained: str | None = None, *, source: dict[str, Any] | None = None,
-                 build: Callable[[], Any] | None = None):
+    def __init__(self, name: str, config: PretrainedConfig | None = None, pretrained: str | None = None, *,
+                 source: dict[str, Any] | None = None, build: Callable[[], PretrainedConfig] | None = None):
         if config is None and build is None:
             raise ValueError("ModelSpec needs a config or a way to build one")
         self.name = name
@@ -135,7 +138,7 @@ class ModelSpec:
         return int(_first_attr(self.config, ("hidden_size", "d_model", "n_embd")))
 
 
-def _first_attr(config: Any, names: tuple[str, ...]) -> Any:
+def _first_attr(config: PretrainedConfig, names: tuple[str, ...]) -> Any:
     for n in names:
         v = getattr(config, n, None)
         if v is not None:

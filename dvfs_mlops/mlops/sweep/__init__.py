@@ -4,7 +4,7 @@
 (the one loop: parent run, claims, retries, artifacts) with a strategy of `grid.py` or `adaptive.py`, `points.py` runs
 and logs one point, `resume.py` reads what the store already has, `artifacts.py` and `plots.py` draw the parent's
 summary. On the twin each workload trains once and its step trace is replayed at the other clocks (tag
-`dvfs.sim_replay=true`); `steps=0` only plans and charges the steps (tag `dvfs.profile_only=true`).
+`dvfs.sim_train_once=true`); `steps=0` only plans and charges the steps (tag `dvfs.profile_only=true`).
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dvfs_mlops.mlops import tracking
+from dvfs_mlops.mlops.sweep.progress import device_label
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 
 
@@ -24,7 +25,7 @@ class GridStrategy:
 
     def describe(self, runner: Any) -> str:
         todo = len(self.points) - self.counted(runner.done)
-        sim = " (SIMULATED)" if runner.board.simulated else ""
+        sim = device_label(runner.board)
         claimed = f"; points claimed in {runner.claims.kind}" if runner.claims.kind != "none" else ""
         return (f"sweep {self.spec.sweep_id}: {len(self.points)} points, {len(self.points) - todo} already finished, {todo} to run "
                 f"on {runner.board.backend}{sim} {runner.board.device_id}; tracking {tracking.tracking_uri()}, experiment id "

@@ -58,31 +58,34 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     """
     spec, c = ctx.spec, ctx.client
     trained = ctx.trained.setdefault(point.workload, {})
-    mode = PROFILE if spec.steps == 0 else REPLAY if spec.replay and point.repeat in trained else TRAIN
+    mode = PROFILE if spec.steps == 0 else REPLAY if spec.train_once and point.repeat in trained else TRAIN
     tags = {schema.TAG_SWEEP: spec.sweep_id, schema.TAG_POINT: point.key,
             schema.TAG_WORKLOAD: point.workload, schema.TAG_SIMULATED: str(ctx.board.simulated).lower(),
-            schema.TAG_REPLAY: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
+            schema.TAG_TRAIN_ONCE: str(mode == REPLAY).lower(), schema.TAG_PROFILE_ONLY: str(mode == PROFILE).lower(),
             **({schema.TAG_STRATEGY: spec.strategy} if spec.strategy != "grid" else {})}
     job = ctx.job(workload)
     with contextlib.ExitStack() as stack:
         run = tracked(lambda: stack.enter_context(lifecycle.owned_run(
             spec.experiment, experiment_id=ctx.experiment_id, name=point.key, tags=tags, parent_id=ctx.parent_id, run_id=run_id,
             client=c)), point)
-        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}"),
+        launch = Launch(ctx.device, ctx.board, Decision.at(point.freq, f"sweep point {point.key}", cpu_mhz=point.cpu_mhz,
+                                                           emc_mhz=point.emc_mhz),
                         label=f"{point.workload}#{point.repeat}")
         done = launch.run(job, mode=mode, replay_of=trained.get(point.repeat))
         result = done.result
         assert result is not None
         if mode == TRAIN:
             result.model = None
-            if spec.replay:
+            if spec.train_once:
                 trained[point.repeat] = result
         # where a non-preset's config came from (what `twin fit` rebuilds the point from), and the sweep's data source
         # as the definition names it (tsv for a folder, whatever its files)
         entry = spec.entry(point.model)
         source = {"model_config": entry.config_path} if entry.config_path else {"pretrained": entry.pretrained} if entry.pretrained else {}
+        joint_metrics, joint_params = joint_energy(done.session) if spec.joint else ({}, {})
         record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
-            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source})
+            params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params(),
+                    **joint_params}, metrics=joint_metrics)
         tracked(lambda: run.log(record), point)
         if still_mine is not None and not still_mine():
             tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
@@ -95,6 +98,17 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
     held = " (clock did NOT hold)" if report.clock_held is False else ""
     return (f"{report.energy_j:.1f} J {label}in {report.duration_s:.2f} s" + (f", {result.eval_metric[5:]} {acc:.3f}" if acc is not None else "")
             + held)
+
+
+def joint_energy(session: Any) -> tuple[dict[str, float | None], dict[str, str]]:
+    """A joint sweep's point on the twin: the training window's energy on the rails a joint comparison uses
+    (`SimSession.joint`: the CPU and memory clocks' rails included), as (metrics, params); nothing elsewhere."""
+    reading = getattr(session, "joint", None)
+    if reading is None:
+        return {}, {}
+    r = reading()
+    return ({"energy_joint_j": r.energy_joint_j, "energy_joint_expected_j": r.energy_joint_expected_j},
+            {"energy_joint_rails": ",".join(r.rails)})
 
 
 def tracked(call: Callable[[], Any], point: Point) -> Any:

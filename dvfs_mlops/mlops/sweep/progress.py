@@ -4,8 +4,20 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.board import Board
 
 log = logging.getLogger(__name__)
+
+
+def device_label(board: Board) -> str:
+    """How a sweep's lines label what it measures: ' (SIMULATED)' on the twin, ' (REPLAYED)' on a measured grid, ''
+    live."""
+    if board.simulated:
+        return " (SIMULATED)"
+    return " (REPLAYED)" if board.backend == "replay" else ""
 
 
 class Progress:

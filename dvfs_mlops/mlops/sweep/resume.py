@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops import lifecycle, schema
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[set[str], dict[str, list[str]]]:
+def finished_points(c: MlflowClient, experiment_ids: list[str], sweep_id: str) -> tuple[set[str], dict[str, list[str]]]:
     """FINISHED point keys, and run ids of unfinished runs per key (to mark as killed and redo)."""
     runs = c.search_runs(experiment_ids, filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}'", max_results=50000)
     done: set[str] = set()
@@ -30,7 +30,7 @@ def finished_points(c: Any, experiment_ids: list[str], sweep_id: str) -> tuple[s
     return done, stale
 
 
-def point_runs(c: Any, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool, list[str]]:
+def point_runs(c: MlflowClient, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool, list[str]]:
     """One point as the store has it now: (a FINISHED run exists, ids of its RUNNING/SCHEDULED runs)."""
     runs = c.search_runs([exp_id], filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and tags.`{schema.TAG_POINT}` = '{point_key}'",
                          max_results=1000)
@@ -38,7 +38,7 @@ def point_runs(c: Any, exp_id: str, sweep_id: str, point_key: str) -> tuple[bool
     return finished, [r.info.run_id for r in runs if r.info.status in ("RUNNING", "SCHEDULED")]
 
 
-def check_same_profile(c: Any, experiment_ids: list[str], sweep_id: str, profile: str) -> None:
+def check_same_profile(c: MlflowClient, experiment_ids: list[str], sweep_id: str, profile: str) -> None:
     """A sweep id already measured on another device profile is refused: its points would mix two boards."""
     runs = c.search_runs(experiment_ids, filter_string=f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and params.device_profile != '{profile}'",
                          max_results=1)

@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dvfs_mlops.errors import TrackingStoreError
 from dvfs_mlops.hw.board import ARTIFACT as BOARD_ARTIFACT
@@ -48,8 +48,15 @@ from dvfs_mlops.mlops.claims import (
 from dvfs_mlops.mlops.sweep.artifacts import log_sweep_artifacts
 from dvfs_mlops.mlops.sweep.points import PointContext, run_point, tracked
 from dvfs_mlops.mlops.sweep.progress import Progress
+from dvfs_mlops.mlops.sweep.replayed import run_replayed_point
 from dvfs_mlops.mlops.sweep.resume import check_same_profile, close_stale_parents, finished_points, point_runs
 from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayDevice
+    from dvfs_mlops.job.workloads.prepare import PreparedWorkload
+    from dvfs_mlops.mlops.sweep.replayed import ReplayedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +132,7 @@ class Strategy(Protocol):
 class SweepRunner:
     """One worker's run of one sweep: the parent run, claims, leases, retries, progress and artifacts."""
 
-    def __init__(self, spec: SweepSpec, device: Any, board: Board, options: RunOptions):
+    def __init__(self, spec: SweepSpec, device: Device, board: Board, options: RunOptions):
         self.spec, self.device, self.board, self.options = spec, device, board, options
         self.say = options.announce or log.info
         self.client = c = tracking.check_reachable()  # before any clock is touched
@@ -181,8 +188,12 @@ class SweepRunner:
         tracking.log_text_artifact(self.client, self.parent_id, BOARD_ARTIFACT, board.to_json())
 
     # points -----------------------------------------------------------------------------------------
-    def workload(self, point: Point) -> Any:
+    def workload(self, point: Point) -> PreparedWorkload | ReplayedWorkload:
         """The point's prepared workload (prepared once per workload; a failure frees the point's claim at once)."""
+        if point.workload not in self._workloads and self.spec.replayed:  # a measured grid's: nothing to prepare
+            from dvfs_mlops.mlops.sweep.replayed import replayed_workload
+
+            self._workloads[point.workload] = replayed_workload(cast("ReplayDevice", self.device).grid, point.workload)
         if point.workload not in self._workloads:
             from dvfs_mlops.job.workloads.prepare import prepare_workload
 
@@ -279,11 +290,12 @@ class SweepRunner:
             assert self.progress is not None
             self.progress.start(point.key)
             for run_id in old_runs:
-                tracked(lambda run_id=run_id: lifecycle.end_stale(c, run_id, "left RUNNING by a worker that is gone"), point)
+                tracked(lambda run_id=run_id: lifecycle.end_stale(c, run_id, "left RUNNING by a worker that is gone"), point)  # type: ignore[misc]
             if self.ran and self.options.settle_s > 0 and not self.board.simulated:
                 time.sleep(self.options.settle_s)
             assert self.points is not None
-            summary = run_point(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
+            run: Callable[..., str | None] = run_replayed_point if spec.replayed else run_point
+            summary = run(self.points, point, workload, still_mine=lease.still_mine if self.claims.kind != "none" else None,
                                 run_id=self.claims.run_of(self.scope, point.key))
         except BaseException:
             lease.stop()
@@ -318,7 +330,8 @@ class SweepRunner:
             finally:
                 self._close_workers()
             strategy.finish(self)  # an interrupted sweep gets its artifacts on resume
-            log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, spec.sweep_id, self.board.simulated)
+            log_sweep_artifacts(self.client, self.experiment_id, self.parent_id, spec.sweep_id, self.board.simulated,
+                                replayed=spec.replayed)
         return SweepOutcome(spec.sweep_id, self.parent_id, self.ran, sorted(self.found), self.experiment_id, sorted(self.others),
                             parent.experiment_name)
 
@@ -333,7 +346,7 @@ class SweepRunner:
                      f"({stats.backoff_s:.2f} s), {stats.takeovers} stale claim(s) taken over")
 
 
-def run_sweep(spec: SweepSpec, device: Any, board: Board | None = None, options: RunOptions | None = None) -> SweepOutcome:
+def run_sweep(spec: SweepSpec, device: Device, board: Board | None = None, options: RunOptions | None = None) -> SweepOutcome:
     """Run (or resume) a sweep on this worker.
 
     Args:

@@ -7,12 +7,12 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dvfs_mlops.clocks import MAXN, FreqRequest, freq_label
+from dvfs_mlops.clocks import MAXN, FreqRequest, Setting, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.hw.board import Board
-from dvfs_mlops.hw.device import parse_freq
+from dvfs_mlops.hw.device import knob_table, parse_freq, parse_knob
 from dvfs_mlops.job.run import warmup_for
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, variant_suffix
 from dvfs_mlops.job.workloads.tasks import TASKS, get_task
@@ -20,6 +20,10 @@ from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.job.workloads.zoo import ModelEntry, model_entry
 from dvfs_mlops.mlops.fields import parse_knobs
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
+
+if TYPE_CHECKING:
+    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.replay import ReplayGrid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,23 +49,57 @@ PRESETS: dict[str, SweepPreset] = {
 
 
 STRATEGIES = ("grid", "adaptive")
+# The clocks a sweep may tune (`--knobs`), in the order a configuration names them: the GPU's always, with the CPU's
+# (cpufreq) and the memory's (EMC) where the device sets them. Not the job's settings of `--knob NAME=VALUE`.
+CLOCK_KNOBS = ("gpu", "cpu", "emc")
+# Each tunable clock besides the GPU's: the device's table attribute key (hw.device.KNOBS) and its option here.
+_KNOB_TABLES = {"cpu": ("cpu_mhz", "--cpu-freqs"), "emc": ("emc_mhz", "--emc-freqs")}
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
+    """One measurement of a sweep: a workload at a configuration, one repeat.
+
+    Attributes:
+        model, task: the workload.
+        freq: the GPU clock (MHz) or "maxn" (every clock as the board runs it by default).
+        repeat: the repeat.
+        variant: "+lora-r8a16+bf16": how the model is adapted and in which precision ('' = full, fp32).
+        cpu_mhz: the CPU clock pinned with it (a sweep tuning `cpu`); None: left alone.
+        emc_mhz: the memory (EMC) clock pinned with it (a sweep tuning `emc`); None: left alone.
+    """
+
     model: str
     task: str
     freq: FreqRequest
     repeat: int
-    variant: str = ""  # "+lora-r8a16+bf16": how the model is adapted and in which precision ('' = full, fp32)
+    variant: str = ""
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
 
     @property
     def workload(self) -> str:
-        return f"{self.model}/{self.task}{self.variant}"
+        """MODEL/TASK plus the variant; a replayed grid's workload (no task) is its name as the file writes it."""
+        return f"{self.model}/{self.task}{self.variant}" if self.task else self.model
+
+    @property
+    def clocks(self) -> str:
+        """The configuration as a point key writes it: '816', 'maxn', or '816/cpu1190.4/emc2133' with CPU or EMC set."""
+        extra = "".join(f"/{name}{value:g}" for name, value in (("cpu", self.cpu_mhz), ("emc", self.emc_mhz)) if value is not None)
+        return freq_label(self.freq) + extra
 
     @property
     def key(self) -> str:
-        return f"{self.workload}@{freq_label(self.freq)}#{self.repeat}"
+        return f"{self.workload}@{self.clocks}#{self.repeat}"
+
+    @property
+    def setting(self) -> Setting | None:
+        """The configuration as a `Setting` (None at maxn, which pins nothing)."""
+        return None if self.freq == MAXN else Setting(float(self.freq), self.cpu_mhz, self.emc_mhz)
+
+    def params(self) -> dict[str, str]:
+        """The CPU and memory clocks a run records beside `freq_mhz` (`cpu_freq_mhz`, `emc_freq_mhz`), where set."""
+        return {f"{name}_freq_mhz": f"{value:g}" for name, value in (("cpu", self.cpu_mhz), ("emc", self.emc_mhz)) if value is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +117,7 @@ class SweepSpec:
     train_size: int
     dev_size: int
     experiment: str
-    replay: bool
+    train_once: bool  # the twin: each workload trains once and its steps are charged again at every other clock
     device_profile: str
     sweep_id: str = ""
     shuffle_clocks: bool = False  # on hardware: a seeded random clock order per workload and repeat
@@ -92,6 +130,30 @@ class SweepSpec:
     peft: PeftSpec = FULL  # full fine-tuning or LoRA, for every point
     warmup_steps: int = 0  # each point's first steps, metered apart (FinetuneConfig.warmup_steps)
     knobs: tuple[tuple[str, Any], ...] = ()  # the job's settings set by name (mlops.fields.KNOBS), sorted
+    # The clocks tuned (`--knobs`): ("gpu",), or with "cpu" and/or "emc"; a tuned clock's table (the device's, or
+    # --cpu-freqs/--emc-freqs), () for a clock not tuned, which every point leaves alone.
+    tuned: tuple[str, ...] = ("gpu",)
+    cpu_freqs: tuple[float, ...] = ()
+    emc_freqs: tuple[float, ...] = ()
+
+    @property
+    def joint(self) -> bool:
+        """The sweep tunes a clock besides the GPU's."""
+        return self.tuned != ("gpu",)
+    # issue 42/43: the board's power mode (Board.power_mode_key: '' in MAXN or without a mode), and a replayed grid's
+    # SHA-256 (its workloads are `models`, with the one task REPLAYED_TASK: '')
+    power_mode: str = ""
+    trace_sha256: str = ""
+
+    @property
+    def replay(self) -> bool:
+        """`train_once` under the name the identity has always written it (`IDENTITY_FIELDS`), so sweep ids stay."""
+        return self.train_once
+
+    @property
+    def replayed(self) -> bool:
+        """The sweep plays a measured grid (`--device replay`): its points look their measurements up."""
+        return bool(self.trace_sha256)
 
     @property
     def variant(self) -> str:
@@ -117,8 +179,14 @@ class SweepSpec:
                     freqs = list(self.freqs)
                     if self.shuffle_clocks:
                         random.Random(f"{self.seed}|{m}/{t}|{r}").shuffle(freqs)
-                    out += [Point(m, t, f, r, self.variant) for f in freqs]
+                    out += [p for f in freqs for p in self.configurations(m, t, f, r)]
         return out
+
+    def configurations(self, model: str, task: str, freq: FreqRequest, repeat: int) -> list[Point]:
+        """The points of one GPU clock: with every tuned CPU and EMC clock (maxn alone: it pins nothing)."""
+        if freq == MAXN or not self.joint:
+            return [Point(model, task, freq, repeat, self.variant)]
+        return [Point(model, task, freq, repeat, self.variant, c, e) for c in (self.cpu_freqs or (None,)) for e in (self.emc_freqs or (None,))]
 
     def definition(self) -> dict[str, Any]:
         """The sweep's identity: the fields of `IDENTITY_FIELDS`, each as JSON (what the sweep id hashes, and the
@@ -144,7 +212,7 @@ class SweepSpec:
 IDENTITY_SCHEMA = 1
 IDENTITY_FIELDS = ("models", "tasks", "freqs", "steps", "profile_steps", "batch_size", "repeats", "seed", "data_source", "data_dir",
                    "train_size", "dev_size", "replay", "device_profile", "twin_digest", "strategy", "precision", "peft",
-                   "warmup_steps", "knobs")
+                   "warmup_steps", "knobs", "tuned", "cpu_freqs", "emc_freqs", "power_mode", "trace_sha256")
 # Fields that joined the identity after the first sweeps, and the value under which they stay out of it.
 _FIRST_VALUES: dict[str, Any] = {
     "twin_digest": lambda v: v == "",  # a built-in twin profile
@@ -153,6 +221,12 @@ _FIRST_VALUES: dict[str, Any] = {
     "peft": lambda v: not v.is_lora,  # full fine-tuning
     "warmup_steps": lambda v: v == 0,  # every step in the training window (the twin's default)
     "knobs": lambda v: not v,  # every knob at its FinetuneConfig default
+    "tuned": lambda v: tuple(v) == ("gpu",),  # the GPU clock alone (the study)
+    "cpu_freqs": lambda v: not v,  # the CPU clock not tuned
+    "emc_freqs": lambda v: not v,  # the memory clock not tuned
+    # issue 42/43: MAXN (or no power mode) keeps today's ids; a sweep that is no replay has no trace
+    "power_mode": lambda v: v == "",
+    "trace_sha256": lambda v: v == "",
 }
 
 
@@ -164,6 +238,8 @@ def _identity_value(name: str, value: Any) -> Any:
         return dataclasses.asdict(value)
     if name == "knobs":
         return dict(value)
+    if name in ("cpu_freqs", "emc_freqs"):
+        return [f"{f:g}" for f in value]
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -200,6 +276,28 @@ def check_request(request: SweepRequest) -> None:
     for t in _split_list(request.tasks) or []:
         get_task(t)
     parse_knobs(request.knobs)
+    tuned = parse_tuned(request.tuned)
+    for knob, (_, option_) in _KNOB_TABLES.items():
+        if _split_list(getattr(request, f"{knob}_freqs")) and knob not in tuned:
+            raise DvfsError(f"{option_} names {knob.upper()} clocks for a sweep that does not tune the {knob.upper()} clock; "
+                            f"add {knob} to --knobs (e.g. --knobs {','.join([*tuned, knob])}) or drop {option_}")
+
+
+def parse_tuned(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """`--knobs`: the clocks a sweep tunes, 'gpu' (default), 'gpu,cpu', 'gpu,emc' or 'gpu,cpu,emc', in that order.
+
+    Raises:
+        UnknownNameError: a name that is no clock (the message lists them).
+        DvfsError: the GPU clock not among them.
+    """
+    names = _split_list(text) or ["gpu"]
+    for name in names:
+        if name not in CLOCK_KNOBS:
+            raise unknown("clock knob (--knobs)", name, list(CLOCK_KNOBS))
+    if "gpu" not in names:
+        raise DvfsError(f"--knobs {','.join(names)}: the GPU clock is always tuned, with the CPU's and the memory's where "
+                        f"asked; give --knobs gpu,{','.join(names)}")
+    return tuple(k for k in CLOCK_KNOBS if k in names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +316,7 @@ class SweepRequest:
     data_source: str = "synthetic"
     data_dir: str | None = None
     experiment: str = SWEEP_EXPERIMENT
-    replay: bool = True
+    train_once: bool = True
     sweep_id: str | None = None
     train_size: int | None = None
     dev_size: int | None = None
@@ -227,24 +325,37 @@ class SweepRequest:
     peft: PeftSpec = FULL
     warmup_steps: int | None = None  # None: 3 on hardware, 0 on the twin (job.run.warmup_for)
     knobs: Sequence[str] = ()  # NAME=VALUE settings of the job (mlops.fields.KNOBS)
+    tuned: str | Sequence[str] = "gpu"  # --knobs: the clocks tuned (gpu, gpu,cpu, gpu,cpu,emc)
+    cpu_freqs: str | Sequence[str] | None = None  # the CPU clocks of a sweep tuning cpu (None: the device's table)
+    emc_freqs: str | Sequence[str] | None = None  # the memory clocks of a sweep tuning emc (None: the device's table)
+    workloads: str | Sequence[str] | None = None  # issue 43: a replayed grid's workloads by name (None: every one)
 
 
-def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
-    """The validated definition of a sweep on `board`: the preset with the request's overrides.
+def build_spec(board: Board, request: SweepRequest, device: Device | None = None, grid: ReplayGrid | None = None) -> SweepSpec:
+    """The validated definition of a sweep on `board`: the preset with the request's overrides (on a replayed grid, the
+    grid's workloads: `replay_spec`).
 
     Args:
         board: the board the sweep runs on (its clock table, profile and whether it is the twin).
         request: the preset and its overrides.
+        device: the open device (its CPU and memory clock tables, for a sweep that tunes them).
+        grid: the measured grid a replay device plays (None: any other device).
 
     Returns:
         The `SweepSpec`, with its id (the request's, else the hash of its identity).
 
     Raises:
         DvfsError: an unknown name, a clock not in the table, a model that cannot train a task, LoRA targets that
-            match nothing, a data folder without a task's files, or profile-only steps on real hardware.
+            match nothing, a data folder without a task's files, profile-only steps on real hardware, or a clock to
+            tune that the device cannot set.
     """
     r = request
     check_request(r)
+    if grid is not None:
+        return replay_spec(board, r, grid, device)
+    if _split_list(r.workloads):
+        raise DvfsError("--workloads picks the workloads of a replayed grid (--device replay --trace FILE); on this device "
+                        "name them with --models and --tasks")
     p = PRESETS[r.preset]
     entries = _model_entries(_split_list(r.models) or list(p.models))
     task_list = _split_list(r.tasks) or list(p.tasks)
@@ -266,16 +377,80 @@ def build_spec(board: Board, request: SweepRequest) -> SweepSpec:
         profile_steps=p.profile_steps if r.profile_steps is None else r.profile_steps, batch_size=r.batch_size,
         repeats=p.repeats if r.repeats is None else r.repeats, seed=r.seed, data_source=data_source, data_dir=r.data_dir,
         train_size=p.train_size if r.train_size is None else r.train_size, dev_size=p.dev_size if r.dev_size is None else r.dev_size,
-        experiment=r.experiment, replay=r.replay and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
+        experiment=r.experiment, train_once=r.train_once and board.simulated, device_profile=board.profile, sweep_id=r.sweep_id or "",
         shuffle_clocks=not board.simulated, twin_digest=board.twin_digest, strategy=r.strategy,
         model_entries=tuple(e for e in entries if e.config_path or e.pretrained), precision=r.precision, peft=r.peft,
         warmup_steps=warmup_for(r.warmup_steps, board.simulated, n_steps),  # what runs: at most a quarter of the steps
-        knobs=tuple(sorted(parse_knobs(r.knobs).items())),
+        knobs=tuple(sorted(parse_knobs(r.knobs).items())), power_mode=board.power_mode_key,
+        tuned=parse_tuned(r.tuned), **_knob_clocks(r, device),
     )
     return spec.with_default_id()
 
 
-def _clocks(freqs: Any, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
+# issue 43: a replayed sweep. Its points are the grid's workloads at the table's clocks; each point looks one unit of
+# work up (the grid's time_s and energy_j are that unit's), so training options do not apply.
+REPLAY_STEPS = 1
+REPLAY_DATA_SOURCE = "replay"
+
+
+def replay_spec(board: Board, request: SweepRequest, grid: ReplayGrid, device: Device | None = None) -> SweepSpec:
+    """The definition of a sweep of a measured grid: `--workloads` (default: every workload of the file, in its order)
+    at `--freqs` (default: the whole table; presets do not apply), each point one looked-up unit of work.
+
+    Args:
+        board: the replay device's board (the file's clock table).
+        request: the request; models, tasks, steps and the training options do not apply.
+        grid: the grid the device plays.
+        device: the replay device (its CPU and memory clock tables, for a sweep that tunes them).
+
+    Returns:
+        The `SweepSpec`; its identity has the grid's SHA-256 (another file, or the same file edited, is another sweep).
+
+    Raises:
+        DvfsError: --models or --tasks (a grid names its workloads), a workload not in the file, or a clock not in it.
+    """
+    r = request
+    if _split_list(r.models) or _split_list(r.tasks):
+        raise DvfsError(f"a replayed grid names its own workloads ({', '.join(grid.workloads[:6])}); pick them with --workloads, "
+                        "not --models/--tasks")
+    if r.steps not in (None, REPLAY_STEPS) or r.profile_steps is not None:
+        raise DvfsError("a replayed point looks one measured unit of work up, so --steps and --profile-steps do not apply; "
+                        "drop them")
+    names = list(dict.fromkeys(_split_list(r.workloads) or grid.workloads))
+    for name in names:
+        grid.check_workload(name)
+    spec = SweepSpec(
+        models=tuple(names), tasks=("",), freqs=_clocks(r.freqs, SweepPreset((), (), None, REPLAY_STEPS), board), steps=REPLAY_STEPS, profile_steps=0,
+        batch_size=r.batch_size, repeats=1 if r.repeats is None else r.repeats, seed=r.seed, data_source=REPLAY_DATA_SOURCE,
+        data_dir=None, train_size=0, dev_size=0, experiment=r.experiment, train_once=False, device_profile=board.profile,
+        sweep_id=r.sweep_id or "", strategy=r.strategy, trace_sha256=grid.sha256,
+        tuned=parse_tuned(r.tuned), **_knob_clocks(r, device),
+    )
+    return spec.with_default_id()
+
+
+def _knob_clocks(request: SweepRequest, device: Device | None) -> dict[str, Any]:
+    """The CPU and memory clocks of a sweep that tunes them: those asked for, else the device's whole table.
+
+    Raises:
+        DvfsError: a tuned clock the device cannot set (no table), or a clock not in its table.
+    """
+    tuned = parse_tuned(request.tuned)
+    out: dict[str, tuple[float, ...]] = {}
+    for knob, (key, _option) in _KNOB_TABLES.items():
+        if knob not in tuned:
+            continue
+        table = sorted(knob_table(device, key)) if device is not None else []
+        if not table:
+            backend = getattr(device, "name", "this")
+            raise DvfsError(f"--knobs {','.join(tuned)}: the {backend} backend cannot set the {knob.upper()} clock; drop {knob} from "
+                            "--knobs, or sweep a device that sets it (jetson; replay with a grid that has the column)")
+        names = _split_list(getattr(request, f"{knob}_freqs"))
+        out[f"{knob}_freqs"] = tuple(sorted({parse_knob(f, table, key) for f in names})) if names else tuple(float(f) for f in table)
+    return out
+
+
+def _clocks(freqs: str | Sequence[str] | None, preset: SweepPreset, board: Board) -> tuple[FreqRequest, ...]:
     """The sweep's clocks: maxn (the baseline, always) and the requested ones, else the preset's, else the table."""
     names = _split_list(freqs) or (list(preset.freqs) if preset.freqs else None)
     table = list(board.frequencies_mhz)

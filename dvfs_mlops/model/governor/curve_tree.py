@@ -20,7 +20,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from dvfs_mlops.model.governor.dataset import WorkloadCurve, feature_matrix
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.governor.policy_tree import FORMAT
 from dvfs_mlops.model.workload import NUMERIC_FEATURES
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +141,7 @@ def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], p
     return {**meta, "tree": node(0)}, reg
 
 
-def leaf_curves_plot(policy: dict[str, Any], path: Any) -> None:
+def leaf_curves_plot(policy: dict[str, Any], path: str | Path) -> None:
     """Every leaf's normalised energy (and time) curve against clock: what the governor believes, leaf by leaf."""
     import matplotlib
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import mlflow
 import pandas as pd
-from mlflow.pyfunc import PythonModel
+from mlflow.pyfunc import PythonModel, PythonModelContext
 
 try:
     import policy_tree  # shipped beside this file via code_paths
@@ -25,11 +25,11 @@ except ImportError:  # pragma: no cover - running from the source tree
 
 
 class GovernorModel(PythonModel):
-    def load_context(self, context: Any) -> None:
+    def load_context(self, context: PythonModelContext) -> None:
         with open(context.artifacts["policy"]) as f:
             self.policy = json.load(f)
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+    def predict(self, context: PythonModelContext, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         table = (params or {}).get("frequencies") or None
         objective = (params or {}).get("objective") or None

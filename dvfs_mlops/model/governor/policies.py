@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dvfs_mlops.clocks import MAXN, FreqRequest
 from dvfs_mlops.errors import DvfsError
@@ -20,6 +20,9 @@ from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.workload import WorkloadFeatures
 from dvfs_mlops.settings import registry_file
+
+if TYPE_CHECKING:
+    from sklearn.tree import DecisionTreeClassifier
 
 __all__ = ["FixedPolicy", "MaxNPolicy", "OraclePolicy", "Policy", "TreePolicy", "choice_for", "paper_tree"]
 
@@ -39,10 +42,10 @@ class Policy(Protocol):
 class MaxNPolicy:
     name = "maxn"
 
-    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> FreqRequest:
+    def choose(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> FreqRequest:
         return MAXN
 
-    def explain(self, features: Any, frequencies: Sequence[float] | None = None) -> str:
+    def explain(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> str:
         return "the default load-tracking governor (maxn)"
 
 
@@ -70,10 +73,10 @@ class FixedPolicy:
                 totals[f] += (v if math.isfinite(v) else worst) / lo
         return cls(min(freqs, key=lambda f: (totals[f], -f)))
 
-    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> FreqRequest:
+    def choose(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> FreqRequest:
         return policy_tree.snap(self.freq_mhz, frequencies)
 
-    def explain(self, features: Any, frequencies: Sequence[float] | None = None) -> str:
+    def explain(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> str:
         return f"fixed frequency {self.choose(features, frequencies):g} MHz (FFG)"
 
 
@@ -84,11 +87,11 @@ class TreePolicy:
 
     objective: str | None = None  # a curve policy's decision-time objective (None: the policy's own)
 
-    def choose(self, features: Any, frequencies: Sequence[float] | None = None) -> FreqRequest:
+    def choose(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> FreqRequest:
         freq, _ = policy_tree.decide(self.policy, _row(features), self.objective)
         return policy_tree.snap(freq, frequencies)
 
-    def explain(self, features: Any, frequencies: Sequence[float] | None = None) -> str:
+    def explain(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> str:
         freq, path = policy_tree.decide(self.policy, _row(features), self.objective)
         return policy_tree.explain(path, policy_tree.snap(freq, frequencies))
 
@@ -100,7 +103,7 @@ class TreePolicy:
         return cls(data, name)
 
     @classmethod
-    def from_sklearn(cls, clf: Any, feature_names: Sequence[str], metadata: Mapping[str, Any] | None = None) -> TreePolicy:
+    def from_sklearn(cls, clf: DecisionTreeClassifier, feature_names: Sequence[str], metadata: Mapping[str, Any] | None = None) -> TreePolicy:
         t = clf.tree_
 
         def node(i: int) -> dict[str, Any]:
@@ -131,7 +134,7 @@ def paper_tree() -> TreePolicy:
     return TreePolicy.from_file(path, name="paper-mlg")
 
 
-def choice_for(policy: Any, curve: WorkloadCurve, frequencies: Sequence[float]) -> FreqRequest:
+def choice_for(policy: Policy, curve: WorkloadCurve, frequencies: Sequence[float]) -> FreqRequest:
     """What `policy` picks for a sweep workload, among the clocks that workload measured (the oracle looks at the curve)."""
     if isinstance(policy, OraclePolicy):
         return policy.choose_for(curve)

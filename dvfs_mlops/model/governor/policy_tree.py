@@ -21,7 +21,7 @@ from typing import Any
 
 FORMAT = "dvfs-governor-policy/1"
 
-def _missing(value: Any) -> bool:
+def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
@@ -35,7 +35,7 @@ def feature_value(row: Mapping[str, Any], feature: str) -> float:
     if feature == "half_precision":
         precision = row.get("precision")
         return 0.0 if _missing(precision) or str(precision).lower() == "fp32" else 1.0
-    value = row.get(feature)
+    value: Any = row.get(feature)
     if feature == "trainable_params" and _missing(value):
         value = row.get("num_params")
     if _missing(value):

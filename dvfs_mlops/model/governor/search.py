@@ -26,7 +26,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from dvfs_mlops.model.governor.dataset import (
 )
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.governor.policies import FixedPolicy, TreePolicy, paper_tree
+
+if TYPE_CHECKING:
+    import optuna
 
 MIN_WORKLOADS = 4
 SPLITS = ("workload", "task", "model")
@@ -263,7 +266,7 @@ def search_features(curves: Sequence[WorkloadCurve]) -> tuple[str, ...]:
     return tuple(f for f in NUMERIC_FEATURES if f not in OPTIONAL_FEATURES or informative(f))
 
 
-def suggest(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+def suggest(trial: optuna.trial.BaseTrial, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
     """One candidate of the selection study: its family first, then (for a tree grown here) the features it may split on
     and its hyper-parameters."""
     family = trial.suggest_categorical("family", list(FAMILIES))
@@ -297,11 +300,11 @@ def suggest(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -
     )
 
 
-def _params_from_trial(trial: Any, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
+def _params_from_trial(trial: optuna.trial.BaseTrial, seed: int, features: Sequence[str] = NUMERIC_FEATURES) -> GovernorParams:
     return suggest(trial, seed, features)
 
 
-def study_params(study: Any, curves: Sequence[WorkloadCurve], seed: int = 0) -> GovernorParams:
+def study_params(study: optuna.Study, curves: Sequence[WorkloadCurve], seed: int = 0) -> GovernorParams:
     """The configuration of a selection study's best trial, on the curves it selected on (they decide which features
     were offered: `search_features`)."""
     import optuna
@@ -351,7 +354,7 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
     inner = _inner_split(curves, split)
     features = search_features(curves)
 
-    def objective_fn(trial: Any) -> float:
+    def objective_fn(trial: optuna.Trial) -> float:
         params = _params_from_trial(trial, seed, features)
         s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
         trial.set_user_attr("accuracy", s.accuracy)
@@ -549,7 +552,7 @@ class SearchResult:
         chose = ", ".join(f"{family} in {n}" for family, n in sorted(collections.Counter(ns.families).items(), key=lambda kv: -kv[1]))
         if self.floored:
             lines.append(f"Why this one: a fixed clock is the floor every candidate is measured against. The search ({searched}) "
-                         f"chose a {family_of(self.search_params)} candidate, and the search scored {_pct(ns.governor.regret)} {held}, "
+                         f"chose a {family_of(self.search_params)} candidate, and the search scored {_pct(ns.governor.regret)} {held}, "  # type: ignore[arg-type]  # set whenever floored
                          f"not below FFG's {_pct(ns.ffg.regret)}: FFG's clock is registered instead.")
         else:
             lines.append(f"Why this one: the search ({searched}) chose it. H{held[1:]}, the search scores "
@@ -563,7 +566,7 @@ class SearchResult:
         return "\n\n".join(lines)
 
 
-def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
+def param_importances(study: optuna.Study, seed: int = 0) -> dict[str, float]:
     """Each hyper-parameter's share of the trials' regret variance (fANOVA), largest first; {} when too few trials.
 
     fANOVA, not Optuna's default PED-ANOVA: it is stable API, seeded, and does not warn on the small studies a
@@ -583,7 +586,7 @@ def param_importances(study: Any, seed: int = 0) -> dict[str, float]:
     return {k: float(v) for k, v in sorted(imp.items(), key=lambda kv: -kv[1])}
 
 
-def importance_plot(study: Any, path: Path, seed: int = 0) -> bool:
+def importance_plot(study: optuna.Study, path: Path, seed: int = 0) -> bool:
     """A bar chart of `param_importances` saved to `path`; False when the study can't support one yet.
 
     Drawn with matplotlib directly: optuna.visualization.matplotlib is experimental and warns on every call.
@@ -663,7 +666,7 @@ def _study_schema(dsn: str) -> str | None:
     return OPTUNA_SCHEMA
 
 
-def joined_sampler(seed: int, worker: int | None = None) -> Any:
+def joined_sampler(seed: int, worker: int | None = None) -> optuna.samplers.BaseSampler:
     """The sampler of a study several processes may share (Optuna's distributed mode): each process samples with its
     own seed (`worker`, else a random one: the same seed everywhere would propose the same trials) and TPE's constant
     liar keeps it off the trials other processes are running."""
@@ -673,7 +676,7 @@ def joined_sampler(seed: int, worker: int | None = None) -> Any:
     return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + salt) % 2**31, constant_liar=True)
 
 
-def _create_study(storage: str, name: str, join: bool, sampler: Any, attempts: int = 5) -> Any:
+def _create_study(storage: str, name: str, join: bool, sampler: optuna.samplers.BaseSampler, attempts: int = 5) -> optuna.Study:
     """optuna.create_study; on a fresh RDB, processes that start together race to create Optuna's tables (one wins,
     the others fail on a duplicate): they retry, and then find the tables made."""
     import time
@@ -742,7 +745,7 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     sampler = joined_sampler(seed) if study_name else optuna.samplers.TPESampler(seed=seed)
     study = _create_study(storage_url(storage or "sqlite:///:memory:"), name, study_name is not None, sampler)
 
-    def log_trial(study_: Any, trial: Any) -> None:
+    def log_trial(study_: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if on_trial is not None and trial.value is not None:
             on_trial(TrialRecord(name, trial.number, dict(trial.params), float(trial.value),
                                  float(trial.user_attrs.get("accuracy", math.nan))))

@@ -55,7 +55,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE, Board
 from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.policy_tree import feature_value
 from dvfs_mlops.model.workload import WorkloadFeatures
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["BoardConstants", "CalibrationPlan", "calibrate_policy", "leaf_of", "plan_calibration", "spread_clocks"]
 
@@ -219,7 +222,7 @@ def plan_calibration(source_policy: Mapping[str, Any], target: Board,
     if not 1 <= max_workloads <= MAX_WORKLOADS or not 2 <= max_clocks <= MAX_CLOCKS:
         raise DvfsError(f"a calibration measures 1..{MAX_WORKLOADS} workloads at 2..{MAX_CLOCKS} clocks, "
                         f"not {max_workloads} at {max_clocks}")
-    named = [(c, None) if isinstance(c, str) else (str(c[0]), c[1]) for c in candidates]
+    named: list[tuple[str, WorkloadFeatures | None]] = [(c, None) if isinstance(c, str) else (str(c[0]), c[1]) for c in candidates]
     named = sorted(dict(named).items())  # unique names, a stable order
     by_leaf: dict[str, list[tuple[str, WorkloadFeatures]]] = {}
     samples: dict[str, int] = {}
@@ -331,7 +334,7 @@ def _target_shape(target: Board, curves: Sequence[WorkloadCurve]) -> tuple[float
         return target.voltage_shape, False
 
 
-def _map_leaves(node: dict[str, Any], fn: Any) -> dict[str, Any]:
+def _map_leaves(node: dict[str, Any], fn: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     if "feature" in node:
         return {**node, "left": _map_leaves(node["left"], fn), "right": _map_leaves(node["right"], fn)}
     return fn(node)
@@ -393,7 +396,7 @@ def fit_place_shift(source_policy: Mapping[str, Any], target: Board, curves: Seq
     _, src_fmax = _source_shape(source_policy)
     shape, fitted = _target_shape(target, curves)
     f_max = max(float(f) for f in target.frequencies_mhz)
-    moves, used, places = [], [], {}
+    moves, used, places = [], [], dict[str, list[float]]()
     for c in curves:
         found = leaf_of(source_policy, _source_row(c, source_features))
         if found is None or "freq_mhz" not in found[1] or len(c.clocks) < 2:
