@@ -2,7 +2,7 @@
 
 This is the only module that touches `os.environ`. Values are read when asked for, not at import, so a test or
 a caller that sets a variable sees it take effect on the next call. `VARIABLES` lists each one with its default
-and meaning (the README's table is checked against it). Standard library only.
+and meaning (the docs site's environment page is checked against it). Standard library only.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dvfs_mlops.errors import DvfsError
 
 @dataclasses.dataclass(frozen=True)
 class Variable:
-    """One environment variable: its name, its default as the README states it, and what it does."""
+    """One environment variable: its name, its default as the docs state it, and what it does."""
 
     name: str
     default: str

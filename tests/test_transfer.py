@@ -205,5 +205,5 @@ def test_a_source_without_splits_is_split_by_the_calibration_points_utilisation(
     assert "feature" not in as_one["tree"] and "util_fit" not in as_one["board_constants"], "no utilisation: one curve"
     # within half a point of the oracle on this ladder, where the one curve moved as it is does a little better (0.38 %
     # against 0.46 %: three points pin the utilisation lines loosely); on the paper preset it does far better
-    # (python -m benchmarks transfer, README)
+    # (python -m benchmarks transfer, docs/benchmarks.md)
     assert _regret(moved, agx_curves) <= 0.005

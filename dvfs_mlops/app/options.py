@@ -214,7 +214,7 @@ sweep_worker_options = option_group(
     option("--observe", is_flag=True, hidden=True, help="Refused: a sweep pins every clock (meter a job with finetune/run --observe)."),
     option("--claims", "claims_uri", metavar="URI",
            help="Where workers of one sweep claim its points: postgresql://..., file:///PATH, tracking (an http(s) server's "
-                "default) or none (default $DVFS_CLAIMS_URI, else what the tracking store allows; README 'A fleet')."),
+                "default) or none (default $DVFS_CLAIMS_URI, else what the tracking store allows; docs/fleet.md)."),
     option("--claim-ttl-s", type=click.FloatRange(min=1), help="A dead worker's claim is taken after this."),
 )
 

@@ -68,7 +68,7 @@ def resolve_torch_device(device: Device, override: str | None = None) -> str:
         raise TorchDeviceError(
             f"torch {torch.__version__} cannot use CUDA (torch.cuda.is_available() is False), so the {backend} backend "
             "would pin the GPU clock while training on the CPU; install a CUDA build of torch "
-            "(on a Jetson: NVIDIA's JetPack wheel, see the README) or pass --torch-device cpu to meter a CPU run on purpose"
+            "(on a Jetson: NVIDIA's JetPack wheel, see docs/devices/jetson.md) or pass --torch-device cpu to meter a CPU run on purpose"
         )
     index = int(str(wanted).split(":", 1)[1]) if ":" in str(wanted) else 0
     if index >= torch.cuda.device_count():

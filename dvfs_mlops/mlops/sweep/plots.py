@@ -19,7 +19,7 @@ def plot_workload_curves(summary: pd.DataFrame, out_dir: Path, simulated: bool, 
     grid's REPLAYED (a grid workload, without a task, is named as the file writes it).
 
     Every invocation of a sweep logs the whole sweep's figures on its own parent run. A figure is drawn once per
-    content (drawing is most of a rerun's time, README "Sweeps"): a workload
+    content (drawing is most of a rerun's time, docs: the loop): a workload
     whose plotted rows are unchanged (a rerun, the untouched workloads of a resumed sweep) is copied from
     `$DVFS_CACHE_DIR/workloads/figures/` (keyed by those rows, this module's code and matplotlib's
     version), and matplotlib is not even imported when nothing needs drawing."""

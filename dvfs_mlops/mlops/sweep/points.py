@@ -17,7 +17,7 @@ from dvfs_mlops.mlops.sweep.spec import Point, SweepSpec
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.hw.device import Device
+    from dvfs_mlops.hw.device import Device, FreqSession
     from dvfs_mlops.job.workloads.prepare import PreparedWorkload
 
 
@@ -100,7 +100,7 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
             + held)
 
 
-def joint_energy(session: Any) -> tuple[dict[str, float | None], dict[str, str]]:
+def joint_energy(session: FreqSession | None) -> tuple[dict[str, float | None], dict[str, str]]:
     """A joint sweep's point on the twin: the training window's energy on the rails a joint comparison uses
     (`SimSession.joint`: the CPU and memory clocks' rails included), as (metrics, params); nothing elsewhere."""
     reading = getattr(session, "joint", None)
