@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import atexit
 import fcntl
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,14 +34,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 
 
-# The modules that take longest (wall seconds on 2 cores, `--durations=0`), heaviest first. `make test` runs
-# `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first,
-# no long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the
-# shared smoke sweep that test_registry copies later.
-SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_server.py", "test_faults.py", "test_registry.py", "test_bad_input.py",
-                      "test_launcher.py", "test_ui_browser.py", "test_packaging.py", "test_decision_speed.py",
-                      "test_quiet_output.py", "test_tasks.py", "test_instruct.py", "test_adaptive_sweep.py", "test_twin.py", "test_hardware_path.py",
-                      "test_refine.py", "test_lora.py")
+# The modules that take longest (summed seconds of a whole `make test` run, `--durations=0`), heaviest first. `make test`
+# runs `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first, no
+# long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the shared smoke sweep
+# that test_registry and test_loop_again copy later.
+SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_faults.py", "test_decision_speed.py", "test_loop_again.py",
+                      "test_packaging.py", "test_fleet_tracking.py", "test_lifecycle.py", "test_quiet_output.py", "test_registry.py",
+                      "test_ui_browser.py", "test_multigpu.py", "test_instruct.py", "test_server.py", "test_bad_input.py",
+                      "test_hub_offline.py", "test_models.py", "test_launcher.py", "test_adaptive_sweep.py", "test_kernelfs.py",
+                      "test_twin.py", "test_jetson.py", "test_tasks.py", "test_hardware_path.py", "test_refine.py", "test_lora.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -151,16 +155,24 @@ def _mlflow_follows_the_environment() -> Iterator[None]:
         os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
-@pytest.fixture(scope="session")
-def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty MLflow SQLite store, its schema already migrated: creating one costs ~2.5 s of CPU (MLflow's
-    migrations), copying this one ~0.05 s. Made by a fresh process in its own folder, so nothing of it
-    (the Default experiment's artifact location included) points at the checkout."""
-    folder = tmp_path_factory.mktemp("store-template")
+@functools.cache
+def migrated_store_template() -> Path:
+    """An empty MLflow SQLite store, its schema already migrated, made once per test process: creating one costs
+    ~2.5 s of CPU (MLflow's migrations; 8-13 s on a loaded machine), copying this one ~0.05 s. Made by a fresh process
+    in its own folder, so nothing of it (the Default experiment's artifact location included) points at the checkout;
+    the folder goes when the process ends."""
+    folder = Path(tempfile.mkdtemp(prefix="dvfs-store-template-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     db = folder / "mlflow.db"
     code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
     subprocess.run([sys.executable, "-c", code, f"sqlite:///{db}"], cwd=folder, check=True, capture_output=True, timeout=300)
     return db
+
+
+@pytest.fixture(scope="session")
+def store_template() -> Path:
+    """`migrated_store_template()`: copy it, never write to it."""
+    return migrated_store_template()
 
 
 @pytest.fixture
@@ -216,7 +228,10 @@ def _cli_in_process(args: list[str], env: dict[str, str]) -> subprocess.Complete
 
 
 def production_store(root: Path, **env: str) -> dict[str, str]:
-    """A SQLite store under `root` whose production governor is the published tree (bootstrap + promote); its env."""
+    """A SQLite store under `root` whose production governor is the published tree (bootstrap + promote); its env.
+    A new store starts as a copy of the migrated template (`migrated_store_template`)."""
+    if not (root / "mlflow.db").exists():
+        shutil.copy2(migrated_store_template(), root / "mlflow.db")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db", **env}
     for args in (("registry", "bootstrap"), ("registry", "promote", "1")):
         r = run_cli(*args, env=env)
@@ -224,14 +239,30 @@ def production_store(root: Path, **env: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This worker's warm interpreter (testkit/warm.py): `warm.command()` runs `dvfs-mlops` as a new process forked
+    from one that has imported torch, transformers and mlflow already; `warm.path()` is a PATH whose `dvfs-mlops` and
+    `mlflow` are those (for scripts and `mlflow run`). For tests whose subject is what the commands do, not how a
+    fresh interpreter starts (those keep `sys.executable`)."""
+    from testkit.warm import WarmInterpreter
+
+    interpreter = WarmInterpreter.start(tmp_path_factory.mktemp("warm"))
+    try:
+        yield interpreter
+    finally:
+        interpreter.stop()
+
+
 SMOKE_SWEEP_CMD = ["mlflow", "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep",
                    "-P", "preset=smoke", "-P", "twin_profile=sim-orin"]  # the default, named: the same sweep id as without it
 
 
 @pytest.fixture(scope="session")
-def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir: Path) -> Path:
-    """The smoke sweep made by `mlflow run . -e sweep`, once per test run and shared by every xdist worker (a file
-    lock; the first worker to ask makes it). Nobody writes to it: users take a copy (`smoke_sweep_copy`)."""
+def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir: Path, warm: Any) -> Path:
+    """The smoke sweep made by `mlflow run . -e sweep` (its `mlflow` and `dvfs-mlops` warm), once per test run and
+    shared by every xdist worker (a file lock; the first worker to ask makes it). Nobody writes to it: users take a
+    copy (`smoke_sweep_copy`)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     master = shared / "smoke-sweep"
@@ -241,9 +272,8 @@ def smoke_sweep_master(tmp_path_factory: pytest.TempPathFactory, trace_cache_dir
         if not done.exists():
             shutil.rmtree(master, ignore_errors=True)
             master.mkdir()
-            venv_bin = str(Path(sys.executable).parent)
             env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{master}/mlflow.db", "DVFS_CACHE_DIR": str(trace_cache_dir),
-                   "DVFS_SYSTEM_STATE_PREFIX": str(master / "state"), "PATH": venv_bin + os.pathsep + os.environ["PATH"]}
+                   "DVFS_SYSTEM_STATE_PREFIX": str(master / "state"), "PATH": warm.path()}
             out = subprocess.run(SMOKE_SWEEP_CMD, env=env, capture_output=True, text=True, timeout=900, cwd=master)
             done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}))
     return master

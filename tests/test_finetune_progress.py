@@ -111,7 +111,7 @@ def _drain(fd: int, into: bytearray) -> None:
         into.extend(chunk)
 
 
-def test_finetune_json_keeps_stdout_json_while_the_terminal_shows_the_bar(tmp_path: Path):
+def test_finetune_json_keeps_stdout_json_while_the_terminal_shows_the_bar(tmp_path: Path, warm) -> None:
     """`finetune --json` as a user runs it in a terminal: the bar is drawn on the terminal (stderr), stdout is JSON."""
     env = {**os.environ, **production_store(tmp_path)}
     primary, secondary = pty.openpty()
@@ -121,7 +121,7 @@ def test_finetune_json_keeps_stdout_json_while_the_terminal_shows_the_bar(tmp_pa
     reader = threading.Thread(target=_drain, args=(primary, shown), daemon=True)
     reader.start()
     try:
-        r = subprocess.run([sys.executable, "-m", "dvfs_mlops", "finetune", "--model", "bert-tiny", "--task", "rte", "--device", "sim",
+        r = subprocess.run([warm.python, "-m", "dvfs_mlops", "finetune", "--model", "bert-tiny", "--task", "rte", "--device", "sim",
                             "--steps", "20", "--batch-size", "8", "--train-size", "64", "--probe-steps", "0", "--no-save-model", "--json"],
                            stdout=subprocess.PIPE, stderr=secondary, stdin=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
                            timeout=300)

@@ -138,8 +138,8 @@ def test_postgres_claims_one_winner_expiry_done_and_restart(fleet_pg):
     store.close()
 
 
-def _sweep(exp: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
+def _sweep(python: str, exp: str, *extra: str) -> list[str]:
+    return [python, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m", "--tasks", "sst2",
             "--freqs", "510,816,1300.5", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exp, *extra]
 
 
@@ -155,7 +155,7 @@ EXPECTED = sorted(f"{m}/sst2@{f}#0" for m in ("bert-tiny", "pythia-14m") for f i
 
 
 @pytest.mark.slow
-def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
+def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg, warm):
     """A worker died holding a point (its claim, its RUNNING run): the next worker waits out the claim, kills the run,
     and runs the point itself. The claim is kept alive (renewed, as its live worker would) until the new worker has
     run every other point, however slow its start-up, and then left to expire: the worker's death."""
@@ -180,7 +180,7 @@ def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
     beating = threading.Thread(target=heartbeat)
     beating.start()
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri}
-    proc = subprocess.Popen(_sweep(exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_sweep(warm.python, exp, "--sweep-id", sid, "--claim-ttl-s", "4"), cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     err = []
     try:
@@ -208,12 +208,12 @@ def test_a_dead_workers_claim_expires_and_is_taken_over(fleet_server, fleet_pg):
 
 
 @pytest.mark.slow
-def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store):
+def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store, warm):
     """A local SQLite store: the claims are a locked file beside it, no configuration."""
     exp = "local-fleet"
     env = {**os.environ, "MLFLOW_TRACKING_URI": empty_store}
     env.pop("DVFS_CLAIMS_URI", None)
-    procs = [subprocess.Popen(_sweep(exp), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(_sweep(warm.python, exp), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_out, err) in zip(procs, outs):
@@ -225,7 +225,7 @@ def test_two_workers_split_one_sweep_on_sqlite(tmp_path, empty_store):
 
 
 @pytest.mark.slow
-def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fleet_pg):
+def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fleet_pg, warm):
     """Two boards, two sweeps, one governor (never across device profiles unless told); two `train` processes on one
     Optuna study in the same PostgreSQL split its trials."""
     import optuna
@@ -238,7 +238,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
             "--device", "sim", "--experiment", exp]
     boards = [("orin-a", ["--models", "bert-tiny,pythia-14m"]), ("orin-b", ["--models", "bert-mini,pythia-31m"]),
               ("orin-m", ["--models", "bert-tiny", "--twin-profile", "sim-orin-measured"])]
-    procs = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops", *base, *extra, "--device-id", board], cwd=REPO, env=env,
+    procs = [subprocess.Popen([warm.python, "-m", "dvfs_mlops", *base, *extra, "--device-id", board], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for board, extra in boards]
     for p in procs:
         _out, err = p.communicate(timeout=300)
@@ -255,7 +255,7 @@ def test_train_learns_from_a_fleets_sweeps_and_shares_one_study(fleet_server, fl
     study = f"fleet-study-{uuid.uuid4().hex[:6]}"
     args = ["train", "--experiment", exp, "--sweeps-filter", "params.device_profile = 'sim-orin'", "--trials", "4", "--outer-trials", "2",
             "--no-register", "--storage", storage, "--study-name", study, "--cv-split", "workload"]
-    trainers = [subprocess.Popen([sys.executable, "-m", "dvfs_mlops", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    trainers = [subprocess.Popen([warm.python, "-m", "dvfs_mlops", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in trainers:
         out, err = p.communicate(timeout=300)
@@ -318,7 +318,7 @@ def _readme_fleet_recipe() -> list[str]:
 
 
 @pytest.mark.slow
-def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_pg, tmp_path):
+def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_pg, tmp_path, warm):
     """The recipe's server side is the fixtures' (PostgreSQL with the two databases, `mlflow server` on it); its board
     commands run as written on two fake AGX Orins, with a small workload list appended (the last --models etc. win).
     The two boards are given the same sweep: they share its id, claim its points in PostgreSQL and run each once."""
@@ -349,7 +349,7 @@ def test_readme_fleet_recipe_runs_as_written_on_fake_boards(fleet_server, fleet_
     assert sweep_line.startswith("dvfs-mlops sweep --preset paper --steps ")  # as yourself (clockd); hardware trains: steps > 0
     small = ["--models", "bert-tiny,pythia-14m", "--tasks", "sst2,mrpc", "--freqs", "816", "--steps", "2", "--train-size", "32",
              "--dev-size", "16"]
-    cli = [sys.executable, "-m", "dvfs_mlops"]
+    cli = [warm.python, "-m", "dvfs_mlops"]
     boards = []
     for i in range(2):
         fake = make_orin_tree(tmp_path / f"board{i}", jetpack=6)
@@ -387,7 +387,7 @@ def _finished(uri: str, exps: list[str]) -> int:
 
 
 @pytest.mark.slow
-def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarted(fleet_server, fleet_pg, tmp_path):
+def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarted(fleet_server, fleet_pg, tmp_path, warm):
     """8 workers (4 on the twin, 4 on fake AGX Orins: two device profiles, two sweeps, each shared by 4) against the
     PostgreSQL-backed server; the tracking server is restarted once and PostgreSQL once while they run. Every point ends
     FINISHED exactly once, nothing is lost, every fake board's clocks are restored."""
@@ -397,7 +397,7 @@ def test_load_and_faults_eight_workers_two_profiles_server_and_database_restarte
     exps = [f"load-sim-{uuid.uuid4().hex[:6]}", f"load-orin-{uuid.uuid4().hex[:6]}"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": fleet_server.uri, "DVFS_CLAIMS_URI": fleet_pg.uri,
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}  # a restart: ~10 s
-    cli = [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m",
+    cli = [warm.python, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny,pythia-14m",
            "--freqs", "510,816,1300.5", "--train-size", "16", "--dev-size", "16", "--claim-ttl-s", "30"]
     sim = [*cli, "--tasks", "sst2,mrpc,rte", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exps[0]]
     orin = [*cli, "--tasks", "sst2", "--steps", "1", "--device", "jetson", "--experiment", exps[1]]

@@ -33,8 +33,8 @@ def http_server(tmp_path_factory, store_template):
     server.stop()
 
 
-def _sweep(exp: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", ",".join(MODELS), "--tasks", ",".join(TASKS),
+def _sweep(exp: str, *extra: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", ",".join(MODELS), "--tasks", ",".join(TASKS),
             "--freqs", ",".join(FREQS), "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", exp, *extra]
 
 
@@ -138,9 +138,9 @@ def test_a_claim_whose_heartbeat_stands_still_is_taken_over(http_server):
 
 
 @pytest.mark.slow
-def test_three_workers_split_a_sweep_through_the_tracking_server_alone(http_server):
+def test_three_workers_split_a_sweep_through_the_tracking_server_alone(http_server, warm):
     exp = f"split-{uuid.uuid4().hex[:6]}"
-    procs = [subprocess.Popen(_sweep(exp), cwd=REPO, env=_env(http_server.uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen(_sweep(exp, python=warm.python), cwd=REPO, env=_env(http_server.uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_out, err) in zip(procs, outs):

@@ -148,8 +148,8 @@ main(sys.argv[2:], prog_name="dvfs-mlops")
 """
 
 
-def _held(module: str, name: str, marker: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", HELD.format(module=module, name=name), str(marker), *args]
+def _held(python: str, module: str, name: str, marker: Path, *args: str) -> list[str]:
+    return [python, "-c", HELD.format(module=module, name=name), str(marker), *args]
 
 
 def _wait_file(path: Path, proc: _Process, timeout: float = 240) -> None:
@@ -160,10 +160,10 @@ def _wait_file(path: Path, proc: _Process, timeout: float = 240) -> None:
 
 
 @pytest.mark.parametrize("sig, reason", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
-def test_a_finetune_stopped_mid_training_ends_killed_with_its_clocks_restored(store, state_dir, tmp_path, sig, reason):
+def test_a_finetune_stopped_mid_training_ends_killed_with_its_clocks_restored(store, state_dir, tmp_path, sig, reason, warm):
     for args in (("registry", "bootstrap"), ("registry", "promote", "1")):  # a production governor decides
         assert run_cli(*args).returncode == 0
-    p = _Process([sys.executable, "-m", "dvfs_mlops", "finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim",
+    p = _Process([warm.python, "-m", "dvfs_mlops", "finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim",
                   "--steps", "100000", "--train-size", "64", "--probe-steps", "0", "--no-save-model"],
                  _env(store, state_dir), tmp_path)
     p.wait_for("fine-tuning on cpu")
@@ -176,8 +176,8 @@ def test_a_finetune_stopped_mid_training_ends_killed_with_its_clocks_restored(st
 
 
 @pytest.mark.parametrize("sig, reason", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
-def test_a_sweep_stopped_mid_point_ends_killed_parent_and_point(store, state_dir, tmp_path, sig, reason):
-    p = _Process([sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--device", "sim", "--models", "bert-tiny",
+def test_a_sweep_stopped_mid_point_ends_killed_parent_and_point(store, state_dir, tmp_path, sig, reason, warm):
+    p = _Process([warm.python, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--device", "sim", "--models", "bert-tiny",
                   "--tasks", "sst2", "--freqs", "510", "--steps", "100000", "--train-size", "64", "--claims", "none"],
                  _env(store, state_dir), tmp_path)
     p.wait_for("sweep sweep-")  # the sweep's announcement: its parent run and the first point's run come next
@@ -193,10 +193,10 @@ def test_a_sweep_stopped_mid_point_ends_killed_parent_and_point(store, state_dir
 
 
 @pytest.mark.parametrize("sig, reason", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
-def test_an_evaluate_stopped_midway_ends_killed(store, state_dir, tmp_path, sig, reason):
+def test_an_evaluate_stopped_midway_ends_killed(store, state_dir, tmp_path, sig, reason, warm):
     _hand_sweep()
     marker = tmp_path / "held"
-    p = _Process(_held("dvfs_mlops.mlops.evaluate", "evaluate_dataset", marker, "evaluate", "--sweep-id", "hand",
+    p = _Process(_held(warm.python, "dvfs_mlops.mlops.evaluate", "evaluate_dataset", marker, "evaluate", "--sweep-id", "hand",
                        "--policies", "ffg,maxn,oracle"), _env(store, state_dir), tmp_path)
     _wait_file(marker, p)
     assert p.stop(sig) != 0
@@ -244,9 +244,9 @@ SMOKE = ["sweep", "--preset", "smoke", "--device", "sim", "--steps", "0", "--mod
          "--claims", "none"]
 
 
-def test_a_sigterm_after_the_last_point_ends_the_parent_killed_and_a_resume_finishes_it(store, state_dir, tmp_path):
+def test_a_sigterm_after_the_last_point_ends_the_parent_killed_and_a_resume_finishes_it(store, state_dir, tmp_path, warm):
     marker = tmp_path / "held"
-    p = _Process(_held("dvfs_mlops.mlops.sweep.runner", "log_sweep_artifacts", marker, *SMOKE), _env(store, state_dir), tmp_path)
+    p = _Process(_held(warm.python, "dvfs_mlops.mlops.sweep.runner", "log_sweep_artifacts", marker, *SMOKE), _env(store, state_dir), tmp_path)
     _wait_file(marker, p)  # every point done; the artifacts are next
     assert p.stop(signal.SIGTERM) != 0
     parents = _runs("dvfs-sweep", "tags.`mlflow.runName` LIKE 'sweep %'")
@@ -260,8 +260,8 @@ def test_a_sigterm_after_the_last_point_ends_the_parent_killed_and_a_resume_fini
 
 
 def test_a_parent_left_running_by_a_killed_process_is_closed_when_its_sweep_resumes(store, state_dir, tmp_path):
-    marker = tmp_path / "held"
-    p = _Process(_held("dvfs_mlops.mlops.sweep.runner", "log_sweep_artifacts", marker, *SMOKE), _env(store, state_dir), tmp_path)
+    marker = tmp_path / "held"  # a fresh interpreter: SIGKILL lands on the process itself, not on a warm command's shim
+    p = _Process(_held(sys.executable, "dvfs_mlops.mlops.sweep.runner", "log_sweep_artifacts", marker, *SMOKE), _env(store, state_dir), tmp_path)
     _wait_file(marker, p)
     p.stop(signal.SIGKILL)  # nothing runs in the process any more: its parent stays RUNNING
     assert [r.info.status for r in _runs("dvfs-sweep", "tags.`mlflow.runName` LIKE 'sweep %'")] == ["RUNNING"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -30,13 +28,13 @@ def _aliases(store: str) -> dict[str, int]:
 
 
 @pytest.mark.timeout(900)  # two main jobs, two calibrations, a train and an evaluate: about 2 minutes of CPU
-def test_the_main_job_twice_a_calibration_then_train_and_evaluate_without_a_sweep_id(tmp_path, smoke_sweep_master):
+def test_the_main_job_twice_a_calibration_then_train_and_evaluate_without_a_sweep_id(tmp_path, smoke_sweep_master, warm):
     smoke_sweep_copy(smoke_sweep_master, tmp_path)
     store = f"sqlite:///{tmp_path}/mlflow.db"
     env = {"MLFLOW_TRACKING_URI": store}
     for args in (("registry", "bootstrap"), ("registry", "promote", "1")):  # a production governor from before (v1)
         assert run_cli(*args, env=env).returncode == 0
-    shell_env = {**os.environ, **env, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    shell_env = {**os.environ, **env, "PATH": warm.path()}  # its commands warm: the main job as a user's shell runs it
     trained: list[int] = []
     for _ in range(2):
         r = subprocess.run(MAIN_JOB, capture_output=True, text=True, env=shell_env, cwd=tmp_path, timeout=900)

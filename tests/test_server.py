@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,29 +16,31 @@ from tests.conftest import REPO
 WORKLOADS = [(m, t) for m in ("bert-tiny", "pythia-14m") for t in ("sst2", "mrpc")]
 
 
-def sqlite_server(root: Path) -> MlflowServer:
-    """`mlflow server` on a SQLite store in `root`, two workers (the fleet's server class, another backend)."""
+def sqlite_server(root: Path, template: Path) -> MlflowServer:
+    """`mlflow server` on a SQLite store in `root` (a copy of the migrated template: no migrations at start), two
+    workers (the fleet's server class, another backend)."""
+    shutil.copy2(template, root / "server.db")
     return MlflowServer(root, f"sqlite:///{root}/server.db", start_timeout=90)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, store_template):
     """One server for the module (a start costs ~10-20 s of a loaded machine); the test that kills it runs last."""
-    s = sqlite_server(tmp_path_factory.mktemp("sqlite-server"))
+    s = sqlite_server(tmp_path_factory.mktemp("sqlite-server"), store_template)
     yield s
     s.stop()
 
 
-def _sweep_cmd(model: str, task: str) -> list[str]:
-    return [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
+def _sweep_cmd(python: str, model: str, task: str) -> list[str]:
+    return [python, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", model, "--tasks", task,
             "--freqs", "816", "--steps", "0", "--profile-steps", "20", "--device", "sim", "--experiment", "concurrent"]
 
 
-def test_concurrent_workers_every_point_exactly_once(server):
+def test_concurrent_workers_every_point_exactly_once(server, warm):
     from mlflow.tracking import MlflowClient
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri}
-    procs = [subprocess.Popen(_sweep_cmd(m, t), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(_sweep_cmd(warm.python, m, t), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for m, t in WORKLOADS]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_out, err) in zip(procs, outs):
@@ -52,10 +54,16 @@ def test_concurrent_workers_every_point_exactly_once(server):
     assert len(runs) == len(expected)
 
 
-def test_server_dying_mid_sweep_fails_the_point_cleanly(server, orin6, state_dir):
+# The sweep with its back-off after a failed store shortened (runner.STORE_BACKOFF_S, 5 s per failure in a row): what
+# the test checks is how the sweep ends once its tries are spent, not how long it waits between them.
+SHORT_BACKOFF = ("import sys; from dvfs_mlops.mlops.sweep import runner; runner.STORE_BACKOFF_S = 0.2; "
+                 "from dvfs_mlops.app.cli import main; main(sys.argv[1:], prog_name='dvfs-mlops')")
+
+
+def test_server_dying_mid_sweep_fails_the_point_cleanly(server, orin6, state_dir, warm):
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-    cmd = [sys.executable, "-m", "dvfs_mlops", "sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2",
+           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0"}  # a refused connection fails at once
+    cmd = [warm.python, "-c", SHORT_BACKOFF, "sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2",
            "--steps", "6", "--train-size", "32", "--dev-size", "16", "--device", "jetson"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []

@@ -70,8 +70,8 @@ def _rows(driver, selector: str) -> dict[str, str]:
     return {r.get_attribute("row-index"): r.text for r in driver.find_elements("css selector", selector) if r.is_displayed()}
 
 
-def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path):
-    server = sqlite_server(tmp_path)
+def test_sweep_child_runs_and_energy_column_in_the_mlflow_ui(tmp_path, store_template):
+    server = sqlite_server(tmp_path, store_template)
     try:
         env = {"MLFLOW_TRACKING_URI": server.uri}
         r = run_cli("sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--steps", "2", env=env, timeout=300)

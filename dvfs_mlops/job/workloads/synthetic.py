@@ -24,8 +24,9 @@ _CONFLICT_SHARE = 0.15  # share of cues drawn from another class
 
 
 @lru_cache(maxsize=1)
-def _lexicon() -> tuple[list[str], list[list[str]]]:
-    """Filler words and cue-word groups (up to 5 groups), fixed for every task and seed."""
+def _lexicon() -> tuple[np.ndarray, list[np.ndarray]]:
+    """Filler words and cue-word groups (up to 5 groups), fixed for every task and seed, as arrays: `rng.choice`
+    draws the same indices from an array as from the list it would otherwise convert on every call."""
     rng = np.random.default_rng(20240601)
     syllables = [c + v for c in _CONSONANTS for v in _VOWELS]
     words: list[str] = []
@@ -35,8 +36,8 @@ def _lexicon() -> tuple[list[str], list[list[str]]]:
         if w not in seen:
             seen.add(w)
             words.append(w)
-    filler = words[:_N_FILLER]
-    cues = [words[_N_FILLER + i * _CUES_PER_CLASS:_N_FILLER + (i + 1) * _CUES_PER_CLASS] for i in range(5)]
+    filler = np.array(words[:_N_FILLER])
+    cues = [np.array(words[_N_FILLER + i * _CUES_PER_CLASS:_N_FILLER + (i + 1) * _CUES_PER_CLASS]) for i in range(5)]
     return filler, cues
 
 
@@ -50,9 +51,9 @@ def _length(rng: np.random.Generator, mean_words: float) -> int:
     return max(2, int(round(rng.gamma(4.0, mean_words / 4.0))))
 
 
-def _sentence(rng: np.random.Generator, n: int, cue_groups: list[list[str]], weights: np.ndarray | None) -> str:
+def _sentence(rng: np.random.Generator, n: int, cue_groups: list[np.ndarray], weights: np.ndarray | None) -> str:
     filler, _ = _lexicon()
-    words = list(rng.choice(filler, size=n))
+    words = rng.choice(filler, size=n).tolist()
     if weights is not None:
         k = max(1, int(round(n * _CUE_SHARE)))
         pos = rng.choice(n, size=min(k, n), replace=False)
