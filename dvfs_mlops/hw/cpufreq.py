@@ -41,6 +41,7 @@ from typing import Any
 from dvfs_mlops.errors import DevicePermissionError, DvfsError, unknown
 from dvfs_mlops.hw.board import PowerMode
 from dvfs_mlops.hw.sysfs import read_sysfs as _read
+from dvfs_mlops.hw.sysfs import write_sysfs
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,6 @@ def find_policies(root: Path) -> list[CpuPolicy]:
     return found
 
 
-def _write_file(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
 class CpuClocks:
     """The CPU clock domain of a board: every active cpufreq policy.
 
@@ -117,7 +113,7 @@ class CpuClocks:
 
     def __init__(self, root: Path, writer: Callable[[Path, str], None] | None = None):
         self.root = root
-        self._writer = writer or _write_file
+        self._writer = writer or write_sysfs
         self.policies = find_policies(root)
 
     @property

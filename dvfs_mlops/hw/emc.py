@@ -40,6 +40,7 @@ from typing import Any
 from dvfs_mlops.errors import DevicePermissionError, DvfsError, unknown
 from dvfs_mlops.hw.board import PowerMode
 from dvfs_mlops.hw.sysfs import read_sysfs as _read
+from dvfs_mlops.hw.sysfs import write_sysfs
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,6 @@ def _number(text: str) -> int:
     return int(text.split()[0])
 
 
-def _write_file(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
 class EmcClock:
     """BPMP's EMC clock under a sysfs root.
 
@@ -86,7 +82,7 @@ class EmcClock:
     def __init__(self, root: Path, writer: Callable[[Path, str], None] | None = None):
         self.root = root
         self.dir = root / EMC_CLK_DIR
-        self._writer = writer or _write_file
+        self._writer = writer or write_sysfs
 
     def present(self) -> bool:
         """Whether this process can read BPMP's EMC clock (debugfs: root only)."""

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
     from dvfs_mlops.hw.device import Device, FreqSession
     from dvfs_mlops.job.workloads.prepare import PreparedWorkload
+    from dvfs_mlops.mlops.lifecycle import OwnedRun
+    from dvfs_mlops.mlops.records import RunRecord
 
 
 @dataclasses.dataclass
@@ -86,12 +88,8 @@ def run_point(ctx: PointContext, point: Point, workload: PreparedWorkload, still
         record = records.job_record(job, ctx.board, done.session, result, point.freq, profiled=mode == PROFILE).plus(
             params={**source, "model": point.model, "repeat": point.repeat, "data_source": spec.data_source, **point.params(),
                     **joint_params}, metrics=joint_metrics)
-        tracked(lambda: run.log(record), point)
-        if still_mine is not None and not still_mine():
-            tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
-            tracked(lambda: run.end(lifecycle.KILLED, "another worker took the point over"), point)
+        if not log_and_end(run, c, record, point, still_mine):
             return None
-        tracked(lambda: run.end(lifecycle.FINISHED), point)
     report = done.report
     acc = record.metrics.get(result.eval_metric)
     label = "SIMULATED " if ctx.board.simulated else ""
@@ -109,6 +107,18 @@ def joint_energy(session: FreqSession | None) -> tuple[dict[str, float | None], 
     r = reading()
     return ({"energy_joint_j": r.energy_joint_j, "energy_joint_expected_j": r.energy_joint_expected_j},
             {"energy_joint_rails": ",".join(r.rails)})
+
+
+def log_and_end(run: OwnedRun, c: MlflowClient, record: RunRecord, point: Point, still_mine: Callable[[], bool] | None) -> bool:
+    """Log a point's record and end its run: FINISHED, or KILLED and tagged claim-lost where another worker took the
+    point over meanwhile (`still_mine` says no). Returns whether the point was still this worker's."""
+    tracked(lambda: run.log(record), point)
+    if still_mine is not None and not still_mine():
+        tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
+        tracked(lambda: run.end(lifecycle.KILLED, "another worker took the point over"), point)
+        return False
+    tracked(lambda: run.end(lifecycle.FINISHED), point)
+    return True
 
 
 def tracked(call: Callable[[], Any], point: Point) -> Any:

@@ -17,7 +17,7 @@ from dvfs_mlops.clocks import freq_label
 from dvfs_mlops.hw.replay import REPLAYED
 from dvfs_mlops.mlops import lifecycle, records, schema
 from dvfs_mlops.mlops.launch import Decision, Launch
-from dvfs_mlops.mlops.sweep.points import tracked
+from dvfs_mlops.mlops.sweep.points import log_and_end, tracked
 from dvfs_mlops.model.workload import WorkloadFeatures, feature_types
 
 if TYPE_CHECKING:
@@ -120,10 +120,6 @@ def run_replayed_point(ctx: PointContext, point: Point, workload: ReplayedWorklo
             metrics["gpu_util_pct"] = workload.features.gpu_util_pct
         record = records.RunRecord(params, metrics, records.session_tags(session, report, board),
                                    {"power_w": records.downsample(report.power_series_w)})
-        tracked(lambda: run.log(record), point)
-        if still_mine is not None and not still_mine():
-            tracked(lambda: c.set_tag(run.run_id, schema.TAG_CLAIM_LOST, "true"), point)
-            tracked(lambda: run.end(lifecycle.KILLED, "another worker took the point over"), point)
+        if not log_and_end(run, c, record, point, still_mine):
             return None
-        tracked(lambda: run.end(lifecycle.FINISHED), point)
     return f"{report.energy_j:.4g} J {REPLAYED} in {report.duration_s:.4g} s"
