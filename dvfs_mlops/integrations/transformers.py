@@ -93,17 +93,11 @@ class DvfsCallback(TrainerCallback):
 
     @classmethod
     def tuning(cls, knobs: str, **arguments: Any) -> DvfsCallback:
-        """A callback that tunes the CPU and memory clocks with the GPU's.
-
-        Args:
-            knobs: the clocks tuned, "gpu", "gpu,cpu" or "gpu,cpu,emc" (as `finetune --knobs`): the CPU and memory clocks
-                start at their tables' tops and refine walks them down after the GPU's (at least 60 steps unless
-                `refine` says).
-            arguments: the constructor's.
+        """A callback that tunes the CPU and memory clocks with the GPU's (`knobs`: "gpu,cpu" or "gpu,cpu,emc", as
+        `finetune --knobs`; refine walks them down from their tops after the GPU's) and the constructor's `arguments`.
 
         Raises:
-            DvfsError: an unknown clock, or no gpu among them (at once); on train begin, a clock the backend cannot
-                set, or `refine=0`.
+            DvfsError: an unknown clock or no gpu (at once); on train begin, a clock the backend cannot set, or refine=0.
         """
         callback = cls(**arguments)
         callback.options = dataclasses.replace(callback.options, tuned=knobs)
