@@ -1,17 +1,9 @@
-"""`DvfsCallback`: the governor inside a user's own transformers `Trainer` script, an adapter of the launch controller.
-
-    from dvfs_mlops.integrations.transformers import DvfsCallback
-    with DvfsCallback(governor="models:/dvfs-governor@production", device="auto") as dvfs:
-        trainer = Trainer(..., callbacks=[dvfs])
-        trainer.train()
-    print(dvfs.report.energy_j)
-
-It runs the job as `dvfs-mlops finetune` does (`mlops.launch`: decide, pin, warm-up and training windows, refine,
-report) with the launcher's defaults, the user's `Trainer` being the loop: on train begin it reads the workload's
-features from the model and the data (`trainer_job.py`), decides, pins and starts metering; each step moves the
-windows and refine on; on train end it restores the clock and logs into the run the script has active
-(`lifecycle.user_run`; none: nothing is logged). The `with` block (and an atexit hook) restores the clock when
-training raises, which Trainer callbacks never see. Under a launcher every process is one rank (`ranks.py`).
+"""`DvfsCallback`: the governor inside a user's own transformers `Trainer`, an adapter of the launch controller
+(`mlops.launch`: decide, pin, warm-up and training windows, refine, report) with the launcher's defaults. On train
+begin it reads the features from the model and the data (`trainer_job.py`), decides, pins and meters; each step moves
+the windows and refine on; on train end it restores the clock and logs into the run the script has active
+(`lifecycle.user_run`; none: nothing is logged). Use it as `with DvfsCallback(...) as dvfs:` (an atexit hook too): the
+block restores the clock when training raises, which callbacks never see. Under a launcher each process is one rank.
 """
 from __future__ import annotations
 
@@ -43,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 class DvfsCallback(TrainerCallback):
-    """A transformers `TrainerCallback` that runs `Trainer.train()` at the governor's clock and meters it (module doc;
-    docs/API.md says more of each argument and attribute).
+    """A `TrainerCallback` that runs `Trainer.train()` at the governor's clock and meters it (docs/API.md says more;
+    `DvfsCallback.tuning("gpu,cpu[,emc]", ...)` tunes the CPU and memory clocks too).
 
     Args:
         governor: a `models:/` URI (None: the production governor of the board's family).
@@ -60,11 +52,8 @@ class DvfsCallback(TrainerCallback):
         warmup_steps: the first steps metered apart (None: 3 on hardware, 0 on the twin; at most a quarter).
         allow_other_board: let another board family's governor decide (recorded); else such a board refines.
 
-    The CPU and memory clocks are tuned too by `DvfsCallback.tuning("gpu,cpu[,emc]", ...)`.
-
     Raises:
-        DvfsError: on train begin, the features cannot be computed or the governor cannot be loaded; any of
-            `open_device`'s and the session's errors.
+        DvfsError: on train begin, no features or no governor; any of `open_device`'s and the session's errors.
         TorchDeviceError: on train begin, the model sits on another device than the backend's; before any clock.
     """
 
@@ -93,12 +82,8 @@ class DvfsCallback(TrainerCallback):
 
     @classmethod
     def tuning(cls, knobs: str, **arguments: Any) -> DvfsCallback:
-        """A callback that tunes the CPU and memory clocks with the GPU's (`knobs`: "gpu,cpu" or "gpu,cpu,emc", as
-        `finetune --knobs`; refine walks them down from their tops after the GPU's) and the constructor's `arguments`.
-
-        Raises:
-            DvfsError: an unknown clock or no gpu (at once); on train begin, a clock the backend cannot set, or refine=0.
-        """
+        """A callback (the constructor's `arguments`) that also tunes `knobs`, "gpu,cpu" or "gpu,cpu,emc" as `finetune --knobs`
+        does; a DvfsError names an unknown clock or no gpu at once, a clock the backend cannot set or refine=0 on train begin."""
         callback = cls(**arguments)
         callback.options = dataclasses.replace(callback.options, tuned=knobs)
         return callback
@@ -194,8 +179,7 @@ class DvfsCallback(TrainerCallback):
         self._finish(None)
 
     def _finish(self, exc: BaseException | None, log: bool = True) -> None:
-        """Restore the clock; gather the ranks' reports (after a normal end); log into the user's run (rank 0 only),
-        with the reason where training raised."""
+        """Restore the clock; gather the ranks' reports (normal end); log into the user's run (rank 0), with any reason."""
         launched = self._launch.end() if self._launch is not None else None
         if launched is None:
             return
