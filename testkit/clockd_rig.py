@@ -15,8 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dvfs_mlops.hw.clockd.client import ClockdClient
 from dvfs_mlops.hw.clockd.config import CONFIG_FILE
@@ -147,6 +151,25 @@ class Rig:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# Every clock-service test file's mark: the service runs as root and drops its clients to another uid.
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
+                               "to uid 65534 from root; run the suite as root (CI does)")
+
+
+@contextmanager
+def served_rig() -> Iterator[Rig]:
+    """A `Rig` serving the group 'users' (skips the test where there is none: the tests create no groups), removed
+    after the test."""
+    group = users_group()
+    if group is None:
+        pytest.skip("no group 'users' to serve (these tests create no groups)")
+    r = Rig.make(*group)
+    try:
+        yield r
+    finally:
+        r.remove()
 
 
 def wait_for(cond: Any, limit_s: float) -> bool:

@@ -16,25 +16,18 @@ import pytest
 
 from dvfs_mlops.hw.clockd.client import ClockdClient
 from dvfs_mlops.hw.clockd.protocol import Request
-from testkit.clockd_rig import NOBODY, Rig, users_group, wait_for
+from testkit.clockd_rig import NOBODY, ROOT_ONLY, Rig, served_rig, wait_for
 from testkit.fakes.sysfs import ORIN_TABLE_HZ
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
-                                "to uid 65534 from root; run the suite as root (CI does)")
+pytestmark = ROOT_ONLY
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    group = users_group()
-    if group is None:
-        pytest.skip("no group 'users' to serve (these tests create no groups)")
-    r = Rig.make(*group)
-    try:
+    with served_rig() as r:
         yield r
-    finally:
-        r.remove()
 
 
 def _wait_for(cond, limit_s: float) -> float:

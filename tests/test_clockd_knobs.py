@@ -5,14 +5,13 @@ touched. Without root these skip."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from dvfs_mlops.hw.clockd.protocol import Request
-from testkit.clockd_rig import NOBODY, Rig, users_group, wait_for
+from testkit.clockd_rig import NOBODY, ROOT_ONLY, Rig, served_rig, wait_for
 from testkit.fakes.sysfs import ORIN_TABLE_HZ, cpu_table_khz
 
 GPU_DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
@@ -20,25 +19,18 @@ CPU = cpu_table_khz(2201600)
 CPU_DEFAULT = (CPU[0], CPU[-1])
 POLICIES = ("policy0", "policy4", "policy8")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
-                                "to uid 65534 from root; run the suite as root (CI does)")
+pytestmark = ROOT_ONLY
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    group = users_group()
-    if group is None:
-        pytest.skip("no group 'users' to serve (these tests create no groups)")
-    r = Rig.make(*group)
-    # The rig opens its whole tree to the clients; debugfs and cpuinfo_cur_freq are root's on a board (debugfs 0700;
-    # cpufreq.rst: cpuinfo_cur_freq "only root can read it"), which is what these tests are about: closed again.
-    (r.fake.root / "sys/kernel/debug").chmod(0o700)
-    for pol in r.fake.policies:
-        (pol / "cpuinfo_cur_freq").chmod(0o400)
-    try:
+    with served_rig() as r:
+        # The rig opens its whole tree to the clients; debugfs and cpuinfo_cur_freq are root's on a board (debugfs 0700;
+        # cpufreq.rst: cpuinfo_cur_freq "only root can read it"), which is what these tests are about: closed again.
+        (r.fake.root / "sys/kernel/debug").chmod(0o700)
+        for pol in r.fake.policies:
+            (pol / "cpuinfo_cur_freq").chmod(0o400)
         yield r
-    finally:
-        r.remove()
 
 
 def _cpu(rig: Rig) -> dict[str, tuple[int, int]]:

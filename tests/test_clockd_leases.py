@@ -18,7 +18,7 @@ import pytest
 from dvfs_mlops.hw.clockd.client import ClockdClient
 from dvfs_mlops.hw.clockd.connection import pid_alive
 from dvfs_mlops.hw.clockd.protocol import Request
-from testkit.clockd_rig import REPO, Rig, users_group, wait_for
+from testkit.clockd_rig import REPO, ROOT_ONLY, Rig, served_rig, wait_for
 from testkit.fakes.sysfs import ORIN_TABLE_HZ
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
@@ -27,20 +27,13 @@ U1, U2, U3 = ("GPU-11111111-3b0f-4c2e-9a8d-1f2e3d4c5b6a", "GPU-22222222-3b0f-4c2
               "GPU-33333333-3b0f-4c2e-9a8d-1f2e3d4c5b6a")
 FAST = "[service]\nidle_timeout = 1.5\n"  # a renew every 0.125 s; a silent client is ended within 1.5 s
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
-                                "to uid 65534 from root; run the suite as root (CI does)")
+pytestmark = ROOT_ONLY
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    group = users_group()
-    if group is None:
-        pytest.skip("no group 'users' to serve (these tests create no groups)")
-    r = Rig.make(*group)
-    try:
+    with served_rig() as r:
         yield r
-    finally:
-        r.remove()
 
 
 def _lost(proc: subprocess.Popen) -> tuple[str, dict]:

@@ -6,7 +6,6 @@ are uid 65534 in the served group `users` (testkit/clockd_rig.py). Without root 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -14,28 +13,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from testkit.clockd_rig import Rig, users_group, wait_for
+from testkit.clockd_rig import ROOT_ONLY, Rig, served_rig, wait_for
 from testkit.fakes.sysfs import GPC_CLOCK_FILES, ORIN_TABLE_HZ, set_gpc_clock_hz
 
 DEFAULT = (ORIN_TABLE_HZ[0], ORIN_TABLE_HZ[-1])
 PINNED = (612000000, 612000000)
 FAST = "[service]\nidle_timeout = 2\n"  # a renew every 1/6 s
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the clock service runs as root and its clients are dropped "
-                                "to uid 65534 from root; run the suite as root (CI does)")
+pytestmark = ROOT_ONLY
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    group = users_group()
-    if group is None:
-        pytest.skip("no group 'users' to serve (these tests create no groups)")
-    r = Rig.make(*group)
-    r.configure(FAST)
-    try:
+    with served_rig() as r:
+        r.configure(FAST)
         yield r
-    finally:
-        r.remove()
 
 
 def _root_only_gpc_counters(rig: Rig, hz: int) -> None:
