@@ -129,7 +129,7 @@ def _picks(out: SweepOutcome, spec: SweepSpec, dev: Device, board: Board) -> lis
     from dvfs_mlops.mlops.sweep.best import sweep_best
 
     played = (lambda s: dev.setting(s.gpu_mhz, s.cpu_mhz, s.emc_mhz)) if dev.name == "replay" else None  # type: ignore[attr-defined]
-    return [b.pick() for b in sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)]
+    return sweep_best(tracking.client(), out.experiment_id, out.sweep_id, played)
 
 
 def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], float | None] | None:

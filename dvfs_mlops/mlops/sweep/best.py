@@ -1,67 +1,22 @@
-"""A finished sweep's best configuration per workload, from its FINISHED points (`sweep --json`'s `workloads`).
+"""A finished sweep's best configuration per workload, from its FINISHED points (`sweep --json` of a joint sweep).
 
 Each configuration's repeats are averaged; the best is the pinned configuration of least mean energy (`energy_j`, the
-training window; on a joint sweep of the twin `energy_joint_j`, the rails the CPU and memory clocks feed included),
-judged against the workload's maxn points. On the twin the figures are SIMULATED (one noisy draw per
+training window; on a joint sweep of the twin `energy_joint_j`, the rails the CPU and memory clocks feed included).
+On the twin the figures are SIMULATED (one noisy draw per
 point: judge policies on the twin's expected values, `dvfs-mlops evaluate`).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvfs_mlops.clocks import MAXN, Setting
 from dvfs_mlops.mlops import schema
+from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
-
-    from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkloadBest:
-    """One workload's best measured configuration.
-
-    Attributes:
-        workload: MODEL/TASK (and its variant).
-        best: the configuration of least mean energy among the pinned ones.
-        energy_j: its mean energy.
-        time_s: its mean time.
-        configurations: how many distinct pinned configurations were measured (maxn apart).
-        maxn_energy_j: the maxn points' mean energy (None: none measured).
-        maxn_time_s: the maxn points' mean time.
-    """
-
-    workload: str
-    best: Setting
-    energy_j: float
-    time_s: float
-    configurations: int
-    maxn_energy_j: float | None = None
-    maxn_time_s: float | None = None
-
-    @property
-    def saving_vs_maxn(self) -> float | None:
-        """1 - energy / maxn's energy (None without maxn)."""
-        return None if not self.maxn_energy_j else 1.0 - self.energy_j / self.maxn_energy_j
-
-    def pick(self) -> WorkloadPick:
-        """As `sweep --json` writes it: the configuration's clocks and figures, and the configurations measured."""
-        from dvfs_mlops.mlops.sweep.artifacts import WorkloadPick
-
-        s = self.best
-        return WorkloadPick(self.workload, s.gpu_mhz, self.energy_j, self.time_s, self.configurations, s.cpu_mhz, s.emc_mhz)
-
-    def to_dict(self) -> dict[str, Any]:
-        """As `sweep --json` writes it: `best` the configuration (freq_mhz, cpu_mhz, emc_mhz) and its figures."""
-        s = self.best
-        return {"workload": self.workload, "configurations_measured": self.configurations,
-                "best": {"freq_mhz": s.gpu_mhz, "cpu_mhz": s.cpu_mhz, "emc_mhz": s.emc_mhz, "energy_j": self.energy_j,
-                         "time_s": self.time_s},
-                "maxn": {"energy_j": self.maxn_energy_j, "time_s": self.maxn_time_s}, "saving_vs_maxn": self.saving_vs_maxn}
 
 
 def _number(value: Any) -> float | None:
@@ -69,7 +24,7 @@ def _number(value: Any) -> float | None:
 
 
 def sweep_best(c: MlflowClient, experiment_id: str, sweep_id: str,
-               played: Callable[[Setting], Setting] | None = None) -> list[WorkloadBest]:
+               played: Callable[[Setting], Setting] | None = None) -> list[WorkloadPick]:
     """Each workload's best configuration among the sweep's FINISHED points, in the order first measured.
 
     Args:
@@ -80,7 +35,9 @@ def sweep_best(c: MlflowClient, experiment_id: str, sweep_id: str,
             values (`ReplayDevice.setting`); None: left as recorded.
 
     Returns:
-        One `WorkloadBest` per workload with at least one pinned point.
+        One `WorkloadPick` per workload with at least one pinned point: the configuration of least mean energy
+        among the pinned ones (its clocks as `played` shows them), its mean energy and time, and how many distinct
+        pinned configurations were measured (maxn apart).
     """
     where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and attributes.status = 'FINISHED'"
     runs: dict[str, dict[Setting | str, list[tuple[float, float]]]] = {}
@@ -98,8 +55,6 @@ def sweep_best(c: MlflowClient, experiment_id: str, sweep_id: str,
         if not pinned:
             continue
         best = min(pinned, key=lambda k: (pinned[k][0], -k.gpu_mhz))
-        maxn = means.get(MAXN)
-        shown = played(best) if played is not None else best
-        out.append(WorkloadBest(workload, shown, pinned[best][0], pinned[best][1], len(pinned),
-                                maxn[0] if maxn else None, maxn[1] if maxn else None))
+        s = played(best) if played is not None else best
+        out.append(WorkloadPick(workload, s.gpu_mhz, pinned[best][0], pinned[best][1], len(pinned), s.cpu_mhz, s.emc_mhz))
     return out
