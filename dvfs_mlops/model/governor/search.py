@@ -5,8 +5,11 @@ Four families of candidate: `curve` (a regression tree whose leaves hold normali
 every workload, FFG's rule: a depth-0 governor) and `published` (the study's tree, registry/baselines/paper-mlg.json,
 as it is). The trees learn from the curve model's fits of the measured curves where the model describes the board
 (dataset.with_fitted_curves checks it), which on flat curves is what separates the best clock from the noise, and from
-the measured curves elsewhere. Optuna chooses the family and its hyper-parameters by inner cross-validation regret
-(judged against the truth: the twin's expected curve where logged, else the mean over repeats).
+the measured curves elsewhere. Optuna searches the families and their hyper-parameters by inner cross-validation regret
+(judged against the truth: the twin's expected curve where logged, else the mean over repeats), and `choose_family`
+picks from its trials: one inner split's best of many trials is optimistic, most for the family with the most trials and
+knobs, so the curve family is kept unless a rival wins by more than the CV's noise (a paired bootstrap over workloads) or
+one fixed clock does no worse, and the winning family's best trials are re-scored over repeated splits.
 
 The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
 in-memory study selects on the outer fold's training workloads only, and the held-out group is then
@@ -32,13 +35,20 @@ import numpy as np
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.governor import policy_tree
-from dvfs_mlops.model.governor.curve_tree import GROW_ON, CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.curve_tree import (
+    GROW_ON,
+    CurveParams,
+    best_clock,
+    feature_array,
+    feature_row,
+    fit_curve_policy,
+    kept,
+)
 from dvfs_mlops.model.governor.dataset import (
     NUMERIC_FEATURES,
     FitCheck,
     GovernorDataset,
     WorkloadCurve,
-    feature_matrix,
     with_fitted_curves,
 )
 from dvfs_mlops.model.governor.objectives import Objective
@@ -108,9 +118,19 @@ class CVScore:
         return float(np.mean(diffs)), lo, hi
 
 
+def _truth(curve: WorkloadCurve, objective: Objective) -> tuple[float, dict[float, float]]:
+    """(the true best clock, regret at each measured clock), kept per curve."""
+    def make() -> tuple[float, dict[float, float]]:
+        return curve.true_label(objective), {f: curve.regret(f, objective) for f in curve.energy_j}
+
+    return kept(curve, ("truth", objective), make)  # type: ignore[no-any-return]
+
+
 def score(curves: Sequence[WorkloadCurve], choices: dict[str, float], objective: Objective) -> CVScore:
-    regrets = {c.workload: c.regret(choices[c.workload], objective) for c in curves}
-    hits = [c.nearest(choices[c.workload]) == c.true_label(objective) for c in curves]
+    """A policy's choices judged against the truth (`WorkloadCurve.regret`, `true_label`), per workload."""
+    truths = {c.workload: _truth(c, objective) for c in curves}
+    regrets = {c.workload: truths[c.workload][1][c.nearest(choices[c.workload])] for c in curves}
+    hits = [c.nearest(choices[c.workload]) == truths[c.workload][0] for c in curves]
     return CVScore(float(np.mean(list(regrets.values()))), float(np.mean(hits)), choices, regrets)
 
 
@@ -200,10 +220,10 @@ def published_features() -> tuple[str, ...]:
 def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
     clf = params.classifier()
     # clocks as class names: sklearn takes float labels such as 1300.5 for a regression target
-    labels = [f"{c.label(objective, params.fitted):g}" for c in curves]
+    labels = [f"{best_clock(c, objective, params.fitted):g}" for c in curves]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf.fit(np.asarray(feature_matrix(curves, params.features)), np.asarray(labels))
+        clf.fit(feature_array(curves, params.features), np.asarray(labels))
     return clf
 
 
@@ -229,7 +249,7 @@ def fit_policy(curves: Sequence[WorkloadCurve], objective: Objective, params: Go
 def policy_fitter(objective: Objective, params: GovernorParams, clocks: Sequence[float]) -> Fitter:
     def fit(train: Sequence[WorkloadCurve]) -> Chooser:
         policy, _ = fit_policy(train, objective, params, clocks)
-        return lambda c: policy_tree.snap(policy_tree.decide(policy, c.features.as_row())[0], c.clocks)
+        return lambda c: policy_tree.snap(policy_tree.decide(policy, feature_row(c.features))[0], c.clocks)
 
     return fit
 
@@ -353,14 +373,15 @@ def repeated_splits(curves: Sequence[WorkloadCurve], inner: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class FamilyPick:
-    """One family's finalist in a selection study.
+    """One family's candidate in a selection study: its best trial, or (the winning family) its finalist.
 
     Attributes:
         family: curve, classifier, fixed or published.
-        trial: the study's trial number of the finalist.
+        trial: the study's trial number.
         inner: its score on the selection's inner split (per-workload regrets, for the paired comparison).
-        repeated: its mean regret over `repeated_splits` (what ranked the family's finalists).
-        finalists: how many distinct configurations of the family were re-scored.
+        repeated: its mean regret over `repeated_splits` (what ranked the winning family's finalists; NaN where the
+            family was not re-scored).
+        finalists: how many distinct configurations of the family were re-scored (1: none was).
     """
 
     family: str
@@ -400,9 +421,8 @@ class Selection:
             parts.append(f"{family} {_pct(pick.inner.regret)} ({100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}], {beyond} the noise)")
         head = (f"The {self.incumbent} family is preferred ({', '.join(PREFERENCE)}, in order) and a rival replaces it only where it "
                 f"wins the inner cross-validation by more than its noise (the paired 95 % interval below 0), or one fixed clock "
-                f"does no worse; each family's "
-                f"finalist is the best of its {FINALISTS} best trials by the mean over repeated splits. Inner regret: "
-                f"{self.incumbent} {_pct(inc.inner.regret)}")
+                f"does no worse; the winner's configuration is the best of its {FINALISTS} best trials by the mean over "
+                f"repeated splits. Inner regret: {self.incumbent} {_pct(inc.inner.regret)}")
         tail = f"; {'; '.join(parts)}" if parts else ""
         if self.winner == self.incumbent:
             verdict = f" The {self.winner} family won."
@@ -419,19 +439,20 @@ class Selection:
 # the published tree, learnt on another board.
 PREFERENCE = ("curve", "fixed", "classifier", "published")
 SIMPLEST = "fixed"  # reads no feature: it replaces the preferred family wherever it does no worse on the inner split
-FINALISTS = 5  # per family: its best trials by inner regret, re-scored over repeated splits
+FINALISTS = 3  # the winning family's best trials by inner regret, re-scored over repeated splits
 
 
 def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], inner: str,
                   seed: int, features: Sequence[str], known: dict[int, CVScore] | None = None) -> Selection:
     """The selection rule over a study's finished trials.
 
-    Each family's finalist is the one of its FINALISTS best trials (by inner regret, distinct configurations) with the
-    least mean regret over `repeated_splits`: one split's estimate of the best of many trials is optimistic, and the
-    family with the most trials and knobs profits most from that. The first family of PREFERENCE the study tried
-    is kept unless a rival's finalist beats it on the inner split by more than the CV's noise (the upper end of the
-    paired 95 % bootstrap interval of rival minus incumbent below 0), or the fixed clock (SIMPLEST) does no worse;
-    among such rivals the least inner regret wins (a tie: the earlier in PREFERENCE).
+    The family: each family is represented by its best trial; the first family of PREFERENCE the study tried is kept
+    unless a rival beats it on the inner split by more than the CV's noise (the upper end of the paired 95 % bootstrap
+    interval of rival minus incumbent below 0), or the fixed clock (SIMPLEST) does no worse; among such rivals the
+    least inner regret wins (a tie: the earlier in PREFERENCE). One split's estimate of the best of many trials is
+    optimistic, and the family with the most trials and knobs profits most from that: the margin guards against it.
+    The configuration: of the winning family's FINALISTS best trials (distinct configurations), the one with the least
+    mean regret over `repeated_splits`.
 
     Args:
         trials: the study's finished trials (FrozenTrial: params, value, number).
@@ -461,28 +482,25 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
 
     picks: dict[str, FamilyPick] = {}
     for family, ts in by_family.items():
-        seen: dict[GovernorParams, Any] = {}
-        for t in ts:
-            params = _params_from_trial(optuna.trial.FixedTrial(t.params), seed, features)
-            if params not in seen:
-                seen[params] = t
-            if len(seen) == FINALISTS:
-                break
-        scored = []
-        for params, t in seen.items():
-            s = inner_score(t, params)
-            if len(seen) == 1:
-                scored.append((s.regret, t.number, t, s))
-                continue
-            rest = [cross_validate(curves, objective, policy_fitter(objective, params, clocks), split, INNER_FOLDS).regret
-                    for split in splits[1:]]
-            scored.append((float(np.mean([s.regret, *rest])), t.number, t, s))
-        repeated, _, t, s = min(scored, key=lambda x: (x[0], x[1]))
-        picks[family] = FamilyPick(family, t.number, s, repeated, len(seen))
+        params = _params_from_trial(optuna.trial.FixedTrial(ts[0].params), seed, features)
+        picks[family] = FamilyPick(family, ts[0].number, inner_score(ts[0], params), math.nan, 1)
     incumbent = next(f for f in (*PREFERENCE, *sorted(picks)) if f in picks)
     inc = picks[incumbent].inner
     rivals = [f for f, p in picks.items() if f != incumbent and (p.inner.minus(inc)[2] < 0.0 or (f == SIMPLEST and p.inner.regret <= inc.regret + 1e-12))]
     winner = min(rivals, key=lambda f: (picks[f].inner.regret, PREFERENCE.index(f) if f in PREFERENCE else len(PREFERENCE))) if rivals else incumbent
+    distinct: dict[GovernorParams, Any] = {}
+    for t in by_family[winner]:
+        distinct.setdefault(_params_from_trial(optuna.trial.FixedTrial(t.params), seed, features), t)
+        if len(distinct) == FINALISTS:
+            break
+    if len(distinct) > 1:  # the winning family's finalists, ranked over repeated splits
+        scored = []
+        for params, t in distinct.items():
+            s = inner_score(t, params)
+            rest = [cross_validate(curves, objective, policy_fitter(objective, params, clocks), split, INNER_FOLDS).regret for split in splits[1:]]
+            scored.append((float(np.mean([s.regret, *rest])), t.number, s))
+        repeated, number, s = min(scored, key=lambda x: (x[0], x[1]))
+        picks[winner] = FamilyPick(winner, number, s, repeated, len(distinct))
     return Selection(picks, incumbent, winner)
 
 
