@@ -439,7 +439,7 @@ class Selection:
 # the published tree, learnt on another board.
 PREFERENCE = ("curve", "fixed", "classifier", "published")
 SIMPLEST = "fixed"  # reads no feature: it replaces the preferred family wherever it does no worse on the inner split
-FINALISTS = 3  # the winning family's best trials by inner regret, re-scored over repeated splits
+FINALISTS = 5  # the winning family's best trials by inner regret, re-scored over repeated splits
 
 
 def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], inner: str,
