@@ -155,12 +155,15 @@ def fit_configuration_tree(table: ConfigurationTable, depths: Sequence[int] = DE
 def nested_regret(table: ConfigurationTable, kinds: Sequence[str] = ("tree", "forest")) -> tuple[np.ndarray, np.ndarray]:
     """Held-out regret of the governor and of the fixed configuration, per workload: each group held out in turn,
     the governor's hyper-parameters (and kind, among `kinds`) chosen on the other groups only (by their own held-out
-    groups).
+    groups; where only one group is left to choose on, the fixed configuration).
 
     Returns:
         (the governor's regret per workload, the fixed configuration's).
     """
-    governor = _held_out(table, lambda t: fit_configuration_tree(t, kinds=kinds))
+    def select(t: ConfigurationTable) -> ConfigurationTree:  # one group left: nothing to hold out, the fixed configuration
+        return fit_configuration_tree(t, kinds=kinds) if len(set(t.groups)) >= 2 else fixed_configuration(t)
+
+    governor = _held_out(table, select)
     fixed = _held_out(table, fixed_configuration)
     return governor, fixed
 
@@ -268,7 +271,7 @@ class ConfigurationResult:
              "n_features_used": float(len(policy_tree.features_used(policy["tree"]))),
              "n_configurations": float(len(self.governor.settings))}
         for name, regrets in (("tree", self.version_regret), ("search", self.governor_regret), ("ffg", self.fixed_regret)):
-            lo, hi = _ci(regrets)
+            lo, hi = ci(regrets)
             m.update({f"{name}_outer_regret": float(np.mean(regrets)), f"{name}_outer_regret_ci_low": lo,
                       f"{name}_outer_regret_ci_high": hi, f"{name}_outer_regret_max": float(np.max(regrets))})
         mean, lo, hi = _paired(self.version_regret, self.fixed_regret)
@@ -301,7 +304,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.3f} %"
 
 
-def _ci(values: np.ndarray) -> tuple[float, float]:
+def ci(values: np.ndarray) -> tuple[float, float]:
+    """The bootstrap 95 % interval of the mean over workloads (`search.bootstrap_ci`)."""
     from dvfs_mlops.model.governor.search import bootstrap_ci
 
     return bootstrap_ci(list(map(float, values)))
@@ -310,7 +314,7 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
 def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     """(mean, 95 % low, 95 % high) of a - b, a paired bootstrap over workloads."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    lo, hi = _ci(d)
+    lo, hi = ci(d)
     return float(d.mean()), lo, hi
 
 
