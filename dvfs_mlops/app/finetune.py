@@ -96,7 +96,7 @@ def plan_decision(device: Device, board: Board, job: Job, options: LaunchOptions
             say(describe_device(device))
         return measure_gpu_util(device, board, job, options.probe_steps, options.observe)
 
-    decision = decide(board, options, job.workload.features, measure, say)
+    decision = decide(board, options, job.workload.features, measure, say, device)
     if decision.refines_without_governor:  # refine's start says nothing of the saving
         return decision
     return dataclasses.replace(decision, expected_saving=_expected_saving(job, device, float(decision.freq_mhz)))

@@ -80,10 +80,10 @@ class GovernorPolicy:
         table = list(frequencies or [])
         if self.objective:
             try:
-                return self.governor.decide(features, table, self.objective)[0]
+                return self.governor.decide(features, table, self.objective).freq_mhz
             except DvfsError as e:  # a classifier trained for one objective refuses another
                 logger.debug("%s decides for its own objective, not %s: %s", self.name, self.objective, e)
-        return self.governor.decide(features, table)[0]
+        return self.governor.decide(features, table).freq_mhz
 
 
 @dataclasses.dataclass(frozen=True)
