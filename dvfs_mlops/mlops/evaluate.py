@@ -460,6 +460,11 @@ def _column_of(joint: JointDataset, gpu: float, cpu: float | None, emc: float | 
                                                     abs(settings[j].gpu_mhz - g)))
 
 
+def _constant(column: int) -> Callable[[int], int | None]:
+    """A fixed policy: the same column for every row."""
+    return lambda _row: column
+
+
 def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Objective,
                     say: Callable[[str], None]) -> tuple[dict[str, Callable[[int], int | None]], dict[str, str]]:
     """Each policy as a function of a workload's row -> its column (None: maxn), and the clocks each decides."""
@@ -483,11 +488,14 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
             out[name], decides[name] = (lambda i: _best(costs[i], joint.slowdown[i], gpu_cols)), "gpu"
         elif name in ("ffg", "fixed-configuration"):
             column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every)
-            out[name], decides[name] = (lambda i, j=column: j), "gpu" if name == "ffg" else knobs
+            out[name], decides[name] = _constant(column), "gpu" if name == "ffg" else knobs
         elif name == "paper-mlg":
             tree = paper_tree()
-            out[name] = lambda i, t=tree: _column_of(joint, float(t.choose(joint.features[i], tables["gpu_mhz"])), None, None)
-            decides[name] = "gpu"
+
+            def published(i: int, t: Any = tree) -> int:
+                return _column_of(joint, float(t.choose(joint.features[i], tables["gpu_mhz"])), None, None)
+
+            out[name], decides[name] = published, "gpu"
         else:  # production or a models:/ URI
             try:
                 governor = load_governor(board=joint.board) if name == "production" and joint.board is not None \
