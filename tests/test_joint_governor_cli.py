@@ -85,6 +85,7 @@ def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
     assert r.returncode == 0, r.stderr[-2000:]
     decision = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])["decision"]
     assert decision["governor"]["version"] == 1 and decision["cpu_mhz"] in (729.6, 2201.6)
+    assert decision["expected_saving_vs_maxn"] is not None  # the twin's estimate at the configuration, on the joint energy
     c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     run = c.search_runs([c.get_experiment_by_name("dvfs-finetune").experiment_id], max_results=1)[0]
     assert float(run.data.params["cpu_freq_mhz"]) == decision["cpu_mhz"] and float(run.data.params["freq_mhz"]) == decision["freq_mhz"]
