@@ -167,3 +167,18 @@ def test_a_joint_sweep_is_read_as_a_table_and_one_with_holes_or_of_the_gpu_alone
         joint_dataset_from_points(SweepPoints(alone, "sweep-c", "sim-orin", True, board))
     with pytest.raises(DvfsError, match="1 task\\(s\\) \\(sst2\\); sweep at least two training tasks"):
         train_configurations(ok.table)
+
+
+def test_the_production_comparison_gate_is_not_applicable_between_gpu_only_and_joint_versions():
+    from types import SimpleNamespace
+
+    from dvfs_mlops.mlops.registry import _gate
+
+    gate = {"name": "regret-no-worse-than-production", "metric": "tree_outer_regret", "compare_to": "production", "tolerance": 0.0}
+    joint_v = SimpleNamespace(version="4", tags={"knobs": "gpu,cpu,emc", "family": "configurations"})
+    gpu_v = SimpleNamespace(version="3", tags={"family": "curve"})
+    other = _gate(gate, gate["name"], "tree_outer_regret", 0.001, {}, joint_v, gpu_v, {"tree_outer_regret": 0.0005}, "jetson-agx-orin-64gb")
+    assert other.passed is None and "this version decides gpu,cpu,emc, jetson-agx-orin-64gb's production v3 gpu" in other.detail
+    same = _gate(gate, gate["name"], "tree_outer_regret", 0.001, {}, gpu_v, SimpleNamespace(version="2", tags={}),
+                 {"tree_outer_regret": 0.0005}, "jetson-agx-orin-64gb")
+    assert same.passed is False  # two GPU-only versions are compared as before

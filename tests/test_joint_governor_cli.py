@@ -56,6 +56,8 @@ def test_train_on_a_joint_sweep_registers_a_governor_of_configurations_with_its_
         assert shown.returncode == 2 and shown.stderr.count("\n") <= 6 and "fix it or pass --force" in shown.stderr
         shown = run_cli("registry", "promote", "1", "--force", env=env)
     assert shown.returncode == 0 and "production -> v1" in shown.stdout, shown.stderr[-2000:]
+    listed = run_cli("registry", "list", env=env)
+    assert "(decides gpu,cpu, on energy_joint_expected_j)" in listed.stdout, listed.stdout
 
 
 def test_its_pyfunc_returns_a_configuration_without_dvfs_mlops(trained):

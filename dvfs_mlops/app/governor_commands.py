@@ -140,7 +140,7 @@ def evaluate(request: EvaluateRequest, say: Callable[[str], None] = _quiet) -> E
 
 def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
     """`registry list`: one line per version (board family, aliases, objective, profile, sweep, held-out regret or what
-    it was calibrated from), or a hint when none."""
+    it was calibrated from; a governor of configurations' clocks and energy metric), or a hint when none."""
     if not versions:
         return ["no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`"]
     lines = []
@@ -151,6 +151,8 @@ def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
                       + (f", regret {100 * m['calibration_regret']:.2f}% on its workloads" if "calibration_regret" in m else ""))
         else:
             regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
+        if tags.get(schema.TAG_VERSION_KNOBS, "gpu") != "gpu":  # a governor of configurations: against the joint oracle
+            regret += f" (decides {tags[schema.TAG_VERSION_KNOBS]}, on {tags.get(schema.TAG_VERSION_ENERGY_METRIC) or 'its energy'})"
         aliases = ",".join(sorted(v["aliases"])) or "-"
         lines.append(f"v{v['version']:<3} {v.get('family', '?'):<24} {aliases:<20} {tags.get(schema.TAG_OBJECTIVE, '?'):<8} "
                      f"{tags.get(schema.TAG_VERSION_PROFILE, '?'):<22} sweep {tags.get('sweep_id') or '-':<18} {regret}")
