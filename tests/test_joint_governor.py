@@ -162,6 +162,9 @@ def test_a_joint_sweep_is_read_as_a_table_and_one_with_holes_or_of_the_gpu_alone
     with pytest.raises(DvfsError) as e:
         joint_dataset_from_points(SweepPoints(_frame(True), "sweep-b", "sim-orin", True, board))
     assert "\n" not in str(e.value) and "bert-mini/sst2 (1 of 2 configurations missing)" in str(e.value)
+    blind = _frame(False).drop(columns=["metrics.gpu_util_pct"])  # a replayed grid without the utilisation column
+    with pytest.raises(DvfsError, match="2 workload\\(s\\) without the GPU utilisation at maxn the governor decides on"):
+        joint_dataset_from_points(SweepPoints(blind, "sweep-d", "sim-orin", True, board))
     alone = _frame(False).drop(columns=["params.cpu_freq_mhz"])
     with pytest.raises(DvfsError, match="tunes the GPU clock alone; a governor of configurations learns from a sweep of configurations"):
         joint_dataset_from_points(SweepPoints(alone, "sweep-c", "sim-orin", True, board))

@@ -120,7 +120,8 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
 
     Raises:
         DvfsError: not a joint sweep; a workload without maxn or without every configuration of the table (one line
-            naming them: a governor of configurations learns from the whole grid); no cost metric logged everywhere.
+            naming them: a governor of configurations learns from the whole grid), or without the GPU utilisation at
+            maxn (a replayed grid without that column); no cost metric logged everywhere.
     """
     if not points.joint:
         raise DvfsError(f"sweep {points.label} tunes the GPU clock alone; a governor of configurations learns from a sweep "
@@ -162,6 +163,11 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
         shown = ", ".join(holes[:6]) + (f" and {len(holes) - 6} more" if len(holes) > 6 else "")
         raise DvfsError(f"sweep {points.label}: {len(holes)} workload(s) did not measure every configuration of its table: {shown}; "
                         "a governor of configurations learns from the whole grid: resume the sweep (--sweep-id, --strategy grid)")
+    no_util = [n for n, f in zip(names, feats) if f.gpu_util_pct is None or math.isnan(f.gpu_util_pct)]
+    if no_util:
+        raise DvfsError(f"sweep {points.label}: {len(no_util)} workload(s) without the GPU utilisation at maxn the governor decides on "
+                        f"({', '.join(no_util[:6])}{' ...' if len(no_util) > 6 else ''}); a replayed grid needs a gpu_util_pct "
+                        "column (% at the top setting): add it and sweep again")
     tuned = ("gpu", *(k for k, col in (("cpu", CPU), ("emc", EMC)) if col in pinned and pinned[col].notna().any()))
     rails_col = fields.column("energy_rails" if metric == "energy_j" else "energy_joint_rails")
     rails = str(pinned[rails_col].dropna().iloc[0]) if rails_col in pinned and pinned[rails_col].notna().any() else ""
