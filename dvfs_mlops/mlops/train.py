@@ -160,7 +160,7 @@ def train_configuration_governor(points: SweepPoints, request: TrainRequest, run
     r = request
     if parse_objective(r.objective).name != "energy":
         raise DvfsError(f"a governor of configurations learns energy (objective {r.objective!r} asked); its leaves apply edp and "
-                        "max-slowdown:X at decision time (finetune --objective, evaluate --objective): train with --objective energy")
+                        "max-slowdown:X at decision time (the pyfunc's objective param, evaluate --objective): train with --objective energy")
     joint = joint_dataset_from_points(points)
     train = joint.split("train")
     label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.board.backend == "replay" else ""
