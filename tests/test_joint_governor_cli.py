@@ -1,4 +1,4 @@
-"""A governor of configurations end to end on the twin (SIMULATED): one tiny joint grid sweep (`--steps 0`, 3 tasks x
+"""A governor of configurations end to end on the twin (SIMULATED): one tiny joint grid sweep (`--steps 0`, 2 tasks x
 2 GPU x 2 CPU clocks) per module; `train` on it registers a version with its tags and gates, `registry promote` moves
 production to it, its pyfunc loaded by MLflow returns a configuration without importing dvfs_mlops, `finetune` and
 `DvfsCallback` pin the whole configuration on the twin, `evaluate --json` puts GPU-only and joint policies side by side,
@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-SWEEP = ["sweep", "--device", "sim", "--models", "bert-tiny", "--tasks", "sst2,mrpc,rte", "--steps", "0", "--profile-steps", "5",
+SWEEP = ["sweep", "--device", "sim", "--models", "bert-tiny", "--tasks", "sst2,mrpc", "--steps", "0", "--profile-steps", "5",
          "--claims", "none", "--knobs", "gpu,cpu", "--freqs", "612,1300.5", "--cpu-freqs", "729.6,2201.6", "--train-size", "16",
          "--dev-size", "16"]
 
