@@ -76,6 +76,11 @@ def test_its_pyfunc_returns_a_configuration_without_dvfs_mlops(trained):
     (row,) = json.loads(p.stdout.strip().splitlines()[-1])
     assert row["freq_mhz"] in (612.0, 1300.5) and row["cpu_mhz"] in (729.6, 2201.6) and row["emc_mhz"] is None
     assert row["decision_path"].endswith(f"-> GPU {row['freq_mhz']:g} / CPU {row['cpu_mhz']:g} MHz")
+    import mlflow
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    outputs = {c.name: c.required for c in mlflow.models.get_model_info("models:/dvfs-governor/1").signature.outputs.inputs}
+    assert outputs == {"freq_mhz": True, "decision_path": True, "cpu_mhz": False, "emc_mhz": False}  # null for a GPU-only one
 
 
 def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
