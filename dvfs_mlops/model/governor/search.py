@@ -9,7 +9,7 @@ the measured curves elsewhere. Optuna searches the families and their hyper-para
 (judged against the truth: the twin's expected curve where logged, else the mean over repeats), and `choose_family`
 picks from its trials: one inner split's best of many trials is optimistic, most for the family with the most trials and
 knobs, so the curve family is kept unless a rival wins by more than the CV's noise (a paired bootstrap over workloads) or
-one fixed clock does no worse, and the winning family's best trials are re-scored over repeated splits.
+one fixed clock does no worse than any family, and the winning family's best trials are re-scored over repeated splits.
 
 The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
 in-memory study selects on the outer fold's training workloads only, and the held-out group is then
@@ -417,11 +417,11 @@ class Selection:
             if family == self.incumbent:
                 continue
             mean, lo, hi = pick.inner.minus(inc.inner)
-            beyond = "beyond" if hi < 0 else "within"
-            parts.append(f"{family} {_pct(pick.inner.regret)} ({100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}], {beyond} the noise)")
+            how = "better beyond the noise" if hi < 0 else "worse beyond the noise" if lo > 0 else "within the noise"
+            parts.append(f"{family} {_pct(pick.inner.regret)} ({100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}], {how})")
         head = (f"The {self.incumbent} family is preferred ({', '.join(PREFERENCE)}, in order) and a rival replaces it only where it "
                 f"wins the inner cross-validation by more than its noise (the paired 95 % interval below 0), or one fixed clock "
-                f"does no worse; the winner's configuration is the best of its {FINALISTS} best trials by the mean over "
+                f"does no worse than any; the winner's configuration is the best of its {FINALISTS} best trials by the mean over "
                 f"repeated splits. Inner regret: {self.incumbent} {_pct(inc.inner.regret)}")
         tail = f"; {'; '.join(parts)}" if parts else ""
         if self.winner == self.incumbent:
@@ -429,7 +429,7 @@ class Selection:
         elif self.picks[self.winner].inner.minus(inc.inner)[2] < 0.0:
             verdict = f" The {self.winner} family won by more than the noise."
         else:
-            verdict = f" The {self.winner} family won: one clock for all, no worse than the {self.incumbent} family."
+            verdict = f" The {self.winner} family won: one clock for all, no family did better."
         return head + tail + "." + verdict
 
 
@@ -438,7 +438,7 @@ class Selection:
 # clock, whose best inner score over many trials is the most optimistic: benchmarks/results/governor_selection.md); and
 # the published tree, learnt on another board.
 PREFERENCE = ("curve", "fixed", "classifier", "published")
-SIMPLEST = "fixed"  # reads no feature: it replaces the preferred family wherever it does no worse on the inner split
+SIMPLEST = "fixed"  # reads no feature: it replaces the preferred family wherever no family does better on the inner split
 FINALISTS = 5  # the winning family's best trials by inner regret, re-scored over repeated splits
 
 
@@ -448,7 +448,7 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
 
     The family: each family is represented by its best trial; the first family of PREFERENCE the study tried is kept
     unless a rival beats it on the inner split by more than the CV's noise (the upper end of the paired 95 % bootstrap
-    interval of rival minus incumbent below 0), or the fixed clock (SIMPLEST) does no worse; among such rivals the
+    interval of rival minus incumbent below 0), or the fixed clock (SIMPLEST) does no worse than any family; among such rivals the
     least inner regret wins (a tie: the earlier in PREFERENCE). One split's estimate of the best of many trials is
     optimistic, and the family with the most trials and knobs profits most from that: the margin guards against it.
     The configuration: of the winning family's FINALISTS best trials (distinct configurations), the one with the least
@@ -486,7 +486,8 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
         picks[family] = FamilyPick(family, ts[0].number, inner_score(ts[0], params), math.nan, 1)
     incumbent = next(f for f in (*PREFERENCE, *sorted(picks)) if f in picks)
     inc = picks[incumbent].inner
-    rivals = [f for f, p in picks.items() if f != incumbent and (p.inner.minus(inc)[2] < 0.0 or (f == SIMPLEST and p.inner.regret <= inc.regret + 1e-12))]
+    least = min(p.inner.regret for p in picks.values())
+    rivals = [f for f, p in picks.items() if f != incumbent and (p.inner.minus(inc)[2] < 0.0 or (f == SIMPLEST and p.inner.regret <= least + 1e-12))]
     winner = min(rivals, key=lambda f: (picks[f].inner.regret, PREFERENCE.index(f) if f in PREFERENCE else len(PREFERENCE))) if rivals else incumbent
     distinct: dict[GovernorParams, Any] = {}
     for t in by_family[winner]:
