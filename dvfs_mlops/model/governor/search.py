@@ -443,7 +443,8 @@ FINALISTS = 5  # the winning family's best trials by inner regret, re-scored ove
 
 
 def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], inner: str,
-                  seed: int, features: Sequence[str], known: dict[int, CVScore] | None = None) -> Selection:
+                  seed: int, features: Sequence[str], known: dict[int, CVScore] | None = None,
+                  built: dict[int, GovernorParams] | None = None) -> Selection:
     """The selection rule over a study's finished trials.
 
     The family: each family is represented by its best trial; the first family of PREFERENCE the study tried is kept
@@ -463,6 +464,8 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
         seed: the trees' seed.
         features: the features the study offered (`search_features`).
         known: trial number -> its inner CVScore, where the study's objective kept it (others are recomputed).
+        built: trial number -> the configuration it was built as, where the study's objective kept it (others are
+            rebuilt from their params).
 
     Returns:
         The `Selection`.
@@ -470,7 +473,14 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
     import optuna
 
     known = dict(known or {})
+    built = dict(built or {})
     splits = repeated_splits(curves, inner)
+
+    def params_of(t: Any) -> GovernorParams:
+        if t.number not in built:
+            built[t.number] = _params_from_trial(optuna.trial.FixedTrial(t.params), seed, features)
+        return built[t.number]
+
     by_family: dict[str, list[Any]] = collections.defaultdict(list)
     for t in sorted(trials, key=lambda t: (t.value, t.number)):
         by_family[t.params["family"]].append(t)
@@ -482,8 +492,7 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
 
     picks: dict[str, FamilyPick] = {}
     for family, ts in by_family.items():
-        params = _params_from_trial(optuna.trial.FixedTrial(ts[0].params), seed, features)
-        picks[family] = FamilyPick(family, ts[0].number, inner_score(ts[0], params), math.nan, 1)
+        picks[family] = FamilyPick(family, ts[0].number, inner_score(ts[0], params_of(ts[0])), math.nan, 1)
     incumbent = next(f for f in (*PREFERENCE, *sorted(picks)) if f in picks)
     inc = picks[incumbent].inner
     least = min(p.inner.regret for p in picks.values())
@@ -491,7 +500,7 @@ def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], object
     winner = min(rivals, key=lambda f: (picks[f].inner.regret, PREFERENCE.index(f) if f in PREFERENCE else len(PREFERENCE))) if rivals else incumbent
     distinct: dict[GovernorParams, Any] = {}
     for t in by_family[winner]:
-        distinct.setdefault(_params_from_trial(optuna.trial.FixedTrial(t.params), seed, features), t)
+        distinct.setdefault(params_of(t), t)
         if len(distinct) == FINALISTS:
             break
     if len(distinct) > 1:  # the winning family's finalists, ranked over repeated splits
@@ -524,9 +533,10 @@ def select_with_reasons(curves: Sequence[WorkloadCurve], objective: Objective, c
     inner = _inner_split(curves, split)
     features = search_features(curves)
     known: dict[int, CVScore] = {}
+    built: dict[int, GovernorParams] = {}
 
     def objective_fn(trial: optuna.Trial) -> float:
-        params = _params_from_trial(trial, seed, features)
+        params = built[trial.number] = _params_from_trial(trial, seed, features)
         s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
         known[trial.number] = s
         trial.set_user_attr("accuracy", s.accuracy)
@@ -538,10 +548,11 @@ def select_with_reasons(curves: Sequence[WorkloadCurve], objective: Objective, c
             study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
     study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    selection = choose_family(done, curves, objective, clocks, inner, seed, features, known)
+    selection = choose_family(done, curves, objective, clocks, inner, seed, features, known, built)
     study.set_user_attr("selected_trial", selection.trial)
     study.set_user_attr("selection", selection.why())
-    return study_params(study, curves, seed), study, selection
+    chosen = built.get(selection.trial) or study_params(study, curves, seed)
+    return chosen, study, selection
 
 
 @dataclasses.dataclass
