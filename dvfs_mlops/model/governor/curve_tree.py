@@ -68,9 +68,12 @@ def _numeric_row(features: WorkloadFeatures) -> dict[str, float]:
 
 
 def feature_array(curves: Sequence[WorkloadCurve], columns: Sequence[str]) -> np.ndarray:
-    """`dataset.feature_matrix` as an array (rows: curves, columns: `columns` of NUMERIC_FEATURES), from each features'
-    numeric row made once."""
-    return np.asarray([[float(_numeric_row(c.features)[k]) for k in columns] for c in curves], dtype=float).reshape(len(curves), len(columns))
+    """`dataset.feature_matrix` as the float32 array sklearn's trees split on (rows: curves, columns: `columns` of
+    NUMERIC_FEATURES), from each features' numeric row made once. sklearn casts X to float32 itself when it checks
+    its input (sklearn/tree/_classes.py, BaseDecisionTree._fit), so a tree fitted on this array with
+    `check_input=False` is the tree it would fit on the float64 matrix, without the checks' cost on every fit."""
+    rows = [[float(_numeric_row(c.features)[k]) for k in columns] for c in curves]
+    return np.asarray(rows, dtype=np.float32).reshape(len(curves), len(columns))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +182,8 @@ def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], p
                                 max_features=params.max_features, random_state=params.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reg.fit(x, y)
-    leaves = reg.apply(x)
+        reg.fit(x, y, check_input=False)
+    leaves = reg.apply(x, check_input=False)
     tr = reg.tree_
 
     def node(i: int) -> dict[str, Any]:

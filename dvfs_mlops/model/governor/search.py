@@ -223,7 +223,7 @@ def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: Tree
     labels = [f"{best_clock(c, objective, params.fitted):g}" for c in curves]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf.fit(feature_array(curves, params.features), np.asarray(labels))
+        clf.fit(feature_array(curves, params.features), np.asarray(labels), check_input=False)
     return clf
 
 
