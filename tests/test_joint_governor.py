@@ -185,3 +185,60 @@ def test_the_production_comparison_gate_is_not_applicable_between_gpu_only_and_j
     same = _gate(gate, gate["name"], "tree_outer_regret", 0.001, {}, gpu_v, SimpleNamespace(version="2", tags={}),
                  {"tree_outer_regret": 0.0005}, "jetson-agx-orin-64gb")
     assert same.passed is False  # two GPU-only versions are compared as before
+
+
+def test_two_training_tasks_register_the_version_the_held_out_figures_score(joint):
+    """With two tasks every outer fold leaves one task to choose on: the inner folds hold its workloads out one by one,
+    a tie with the fixed configuration registers the fixed configuration, and the figures logged are the registered
+    version's."""
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    train = joint.split("train").table
+    two = sorted(set(train.groups))[:2]
+    table = train.subset([i for i, g in enumerate(train.groups) if g in two])
+    result = train_configurations(table)
+    assert result.floored == bool(result.governor_regret.mean() >= result.fixed_regret.mean() - 1e-12)
+    assert (result.governor.tree is None) == result.floored
+    assert "the inner folds hold one workload of the other task out" in result.description("SIMULATED", "energy_joint_expected_j")
+    # one workload per task: nothing to choose on inside a fold, the nested CV scores the fixed configuration: a tie
+    single = table.subset([table.groups.index(g) for g in two])
+    tie = train_configurations(single)
+    assert np.array_equal(tie.governor_regret, tie.fixed_regret) and tie.floored and tie.governor.kind == "fixed"
+    assert tie.governor.fixed == fixed_configuration(single).fixed
+    metrics = tie.metrics(to_policy(tie.governor, single, np.ones_like(single.cost)))
+    assert metrics["tree_outer_regret"] == pytest.approx(float(tie.fixed_regret.mean())) and metrics["floored"] == 1.0
+
+
+def _capped(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with one more maxn of bert-tiny, capped at the start, whose energy would be the least."""
+    extra = frame[(frame["params.model"] == "bert-tiny") & (frame["params.freq_mhz"] == "maxn")].copy()
+    extra["metrics.energy_joint_expected_j"] = 1.0
+    extra["tags.dvfs.cap_at_start"] = "612"
+    return pd.concat([frame, extra], ignore_index=True)
+
+
+def test_the_joint_maxn_reference_leaves_capped_runs_out_and_never_mixes_metrics():
+    board = legacy_board("sim-orin", [612.0])
+    ok = joint_dataset_from_points(SweepPoints(_capped(_frame(False)), "sweep-e", "sim-orin", True, board))
+    assert list(ok.maxn_cost) == [11.0, 11.0]  # the capped maxn (1.0) is not the reference
+    no_maxn_metric = _frame(False)
+    no_maxn_metric.loc[no_maxn_metric["params.freq_mhz"] == "maxn", "metrics.energy_joint_expected_j"] = np.nan
+    no_maxn_metric["metrics.energy_j"] = 5.0  # logged everywhere: chosen for every point, maxn included, never mixed
+    no_maxn_metric["metrics.time_s"] = 2.0
+    mixed = joint_dataset_from_points(SweepPoints(no_maxn_metric, "sweep-f", "sim-orin", True, board))
+    assert mixed.metric == "energy_j" and list(mixed.maxn_cost) == [5.0, 5.0] and list(mixed.maxn_time_s) == [2.0, 2.0]
+    with pytest.raises(DvfsError, match=r"log none of energy_joint_expected_j, energy_joint_j, energy_j .*bert-mini/sst2@maxn"):
+        joint_dataset_from_points(SweepPoints(no_maxn_metric.drop(columns=["metrics.energy_j"]), "sweep-g", "sim-orin", True, board))
+    no_time = _frame(False)
+    no_time.loc[no_time["params.freq_mhz"] == "maxn", "metrics.time_expected_s"] = np.nan  # the expected energy's time
+    with pytest.raises(DvfsError, match="log none of time_expected_s") as e:
+        joint_dataset_from_points(SweepPoints(no_time, "sweep-h", "sim-orin", True, board))
+    assert "\n" not in str(e.value)
+
+
+def test_a_table_that_is_not_a_full_grid_is_refused_in_one_line():
+    board = legacy_board("sim-orin", [612.0, 1300.5])
+    frame = _frame(False)
+    faster = frame[frame["params.cpu_freq_mhz"] == "729.6"].assign(**{"params.freq_mhz": "1300.5"})  # no 1300.5 x 2201.6
+    with pytest.raises(DvfsError, match=r"not a full grid \(1 of the GPU x CPU x EMC product missing: GPU 1300.5 / CPU 2201.6 MHz\)"):
+        joint_dataset_from_points(SweepPoints(pd.concat([frame, faster], ignore_index=True), "sweep-i", "sim-orin", True, board))
