@@ -242,3 +242,46 @@ def test_a_table_that_is_not_a_full_grid_is_refused_in_one_line():
     faster = frame[frame["params.cpu_freq_mhz"] == "729.6"].assign(**{"params.freq_mhz": "1300.5"})  # no 1300.5 x 2201.6
     with pytest.raises(DvfsError, match=r"not a full grid \(1 of the GPU x CPU x EMC product missing: GPU 1300.5 / CPU 2201.6 MHz\)"):
         joint_dataset_from_points(SweepPoints(pd.concat([frame, faster], ignore_index=True), "sweep-i", "sim-orin", True, board))
+
+
+def test_a_replay_dry_run_plays_the_whole_configuration_a_governor_of_configurations_decides(trained, tmp_path, monkeypatch):
+    """`finetune --device replay --dry-run` on a grid with CPU and EMC columns: the governor's CPU and EMC clocks are the
+    file's, kept, and the REPLAYED saving is the grid's at that configuration (not at the GPU clock's top slice)."""
+    from dvfs_mlops.app.devices import DeviceChoice, open_chosen
+    from dvfs_mlops.app.replay_decide import replay_dry_run
+    from dvfs_mlops.mlops import governor as governor_module
+    from dvfs_mlops.mlops.launch import LaunchOptions
+    from dvfs_mlops.mlops.sweep.replayed import features_of_grid
+
+    train, _, policy = trained
+    feats = train.features[0]
+    rows = ["workload,gpu_mhz,cpu_mhz,emc_mhz,time_s,energy_j,model_type,num_layers,hidden_size,num_params,avg_seq_len,gpu_util_pct"]
+    for k, s in enumerate(SETTINGS):  # every configuration's energy distinct, so the look-up says which one was played
+        rows.append(f"w,{s.gpu_mhz:g},{s.cpu_mhz:g},{s.emc_mhz:g},{1.0 + k / 100},{10.0 + k},{feats.model_type},{feats.num_layers},"
+                    f"{feats.hidden_size},{feats.num_params},{feats.avg_seq_len:g},{feats.gpu_util_pct:g}")
+    grid = tmp_path / "joint-grid.csv"
+    grid.write_text("\n".join(rows) + "\n")
+    joint_governor = Governor(GovernorRef("policy.json"), PolicyModel(policy))
+    monkeypatch.setattr(governor_module, "_for_board", lambda *_a, **_k: joint_governor)  # the registry's answer, in process
+    said: list[str] = []
+    out = replay_dry_run("w", False, DeviceChoice(backend="replay", trace=str(grid)), LaunchOptions(dry_run=True, refine=0),
+                         said.append)
+    row = features_of_grid(open_chosen(DeviceChoice(backend="replay", trace=str(grid))).grid, "w").as_row()  # type: ignore[attr-defined]
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(policy, row)
+    decision, replayed = out["decision"], out["replayed"]
+    assert (decision["freq_mhz"], decision["cpu_mhz"], decision["emc_mhz"]) == (gpu, cpu, emc)
+    assert (replayed["gpu_mhz"], replayed["cpu_mhz"], replayed["emc_mhz"]) == (gpu, cpu, emc)
+    played = SETTINGS.index(Setting(gpu, cpu, emc))
+    assert replayed["energy_j"] == 10.0 + played and replayed["top_energy_j"] == 10.0 + len(SETTINGS) - 1
+    assert not any("cannot set" in line for line in said), said
+
+
+
+def test_calibrate_refuses_a_governor_of_configurations_in_one_line(trained):
+    from dvfs_mlops.hw.board import legacy_board
+    from dvfs_mlops.model.governor.transfer import calibrate_policy
+
+    _, _, policy = trained
+    with pytest.raises(DvfsError, match="calibrate moves a GPU-only governor") as e:
+        calibrate_policy(policy, legacy_board("sim-orin-nano-8gb", [306.0, 612.0]), [])
+    assert "\n" not in str(e.value)

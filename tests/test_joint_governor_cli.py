@@ -126,6 +126,18 @@ def test_dvfs_callback_pins_the_whole_configuration_on_the_twin(trained, monkeyp
     assert float(params["cpu_freq_mhz"]) == dvfs.decision.cpu_mhz
 
 
+def test_calibrate_never_moves_a_governor_of_configurations(trained):
+    """v1 (configurations, production of its family) is neither picked as the source nor accepted as --source: one line
+    before any calibration point runs."""
+    _tmp, env, _, _ = trained
+    nano = ["calibrate", "--device", "sim", "--twin-profile", "sim-orin-nano-8gb", "--steps", "0"]
+    for args, message in (([], "no production governor of another board family"),
+                          (["--source", "1"], "dvfs-governor v1 is a governor of configurations (gpu,cpu); calibrate moves a GPU-only")):
+        r = run_cli(*nano, *args, env=env)
+        assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert "calibration point" not in r.stdout + r.stderr
+
+
 def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(trained):
     _tmp, env, sweep_id, _ = trained
     for objective in ("energy", "max-slowdown:1.5"):
