@@ -151,17 +151,34 @@ def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(trained):
         assert all(o["regret_expected"] is not None for o in out.values())
 
 
+@pytest.fixture(scope="module")
+def gpu_only_sweep(trained) -> str:
+    """A GPU-only sweep of the same store, the smallest one (what a governor of configurations is not judged on)."""
+    _tmp, env, _, _ = trained
+    s = run_cli("sweep", "--device", "sim", "--models", "bert-tiny", "--tasks", "sst2", "--steps", "0", "--profile-steps", "5",
+                "--claims", "none", "--freqs", "612", "--train-size", "16", "--dev-size", "16", env=env)
+    assert s.returncode == 0, s.stderr[-2000:]
+    return re.search(r"sweep (sweep-\w+) \(SIMULATED\): ran", s.stdout + s.stderr).group(1)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["evaluate", "--policies", "fixed-configuration"], "policy 'fixed-configuration' compares configurations: evaluate it on a joint sweep"),
+    (["evaluate", "--policies", "models:/dvfs-governor/1,maxn"], ("models:/dvfs-governor/1 is a governor of configurations (gpu,cpu) "
+     "and sweep")),
     (["train", "--objective", "edp"], "a governor of configurations learns energy (objective 'edp' asked)"),
 ])
-def test_bad_input_is_one_line(trained, args, message):
+def test_bad_input_is_one_line(trained, gpu_only_sweep, args, message):
     _tmp, env, sweep_id, _ = trained
-    if args[0] == "evaluate":  # a GPU-only sweep of the same workloads, the smallest one
-        s = run_cli("sweep", "--device", "sim", "--models", "bert-tiny", "--tasks", "sst2", "--steps", "0", "--profile-steps", "5",
-                    "--claims", "none", "--freqs", "612", "--train-size", "16", "--dev-size", "16", env=env)
-        assert s.returncode == 0, s.stderr[-2000:]
-        sweep_id = re.search(r"sweep (sweep-\w+) \(SIMULATED\): ran", s.stdout + s.stderr).group(1)
+    if args[0] == "evaluate":
+        sweep_id = gpu_only_sweep
     r = run_cli(*args, "--sweep-id", sweep_id, env=env)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert len([line for line in r.stderr.splitlines() if line.startswith("Error:")]) == 1
+
+
+def test_evaluate_on_a_gpu_only_sweep_skips_a_production_governor_of_configurations(trained, gpu_only_sweep):
+    _tmp, env, _, _ = trained
+    r = run_cli("evaluate", "--sweep-id", gpu_only_sweep, "--split", "all", "--policies", "production,maxn", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [o["policy"] for o in json.loads(r.stdout)] == ["maxn"]
+    assert "skipping production (v1) is a governor of configurations (gpu,cpu)" in r.stderr

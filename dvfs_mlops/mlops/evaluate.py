@@ -246,7 +246,14 @@ def check_policies(names: Sequence[str]) -> None:
 
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
+    """The GPU-only policies named (built-ins, "production", models:/ URIs) for a GPU-only sweep's dataset.
+
+    Raises:
+        DvfsError: an unknown name, no training workloads for FFG, a models:/ URI that does not load, or one that names
+            a governor of configurations (evaluate it on a joint sweep: "production" of that kind is skipped, said).
+    """
     from dvfs_mlops.mlops.governor import load_governor
+    from dvfs_mlops.mlops.registry import version_knobs
 
     policies: dict[str, Any] = {}
     for name in names:
@@ -271,6 +278,14 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
                     continue
                 raise
             label = name if name != "production" else f"production (v{governor.ref.version})"
+            knobs = version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+            if knobs != "gpu":  # its CPU and memory clocks have no curve here: judging its GPU clock alone says nothing true
+                refusal = (f"{label} is a governor of configurations ({knobs}) and sweep {dataset.sweep_id} tunes the GPU clock "
+                           "alone: evaluate it on a joint sweep (dvfs-mlops sweep --knobs gpu,cpu,emc --strategy grid)")
+                if name == "production":
+                    say(f"skipping {refusal}")
+                    continue
+                raise DvfsError(refusal)
             policies[label] = GovernorPolicy(governor, label, objective.name)
         else:
             raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
