@@ -285,3 +285,30 @@ def test_calibrate_refuses_a_governor_of_configurations_in_one_line(trained):
     with pytest.raises(DvfsError, match="calibrate moves a GPU-only governor") as e:
         calibrate_policy(policy, legacy_board("sim-orin-nano-8gb", [306.0, 612.0]), [])
     assert "\n" not in str(e.value)
+
+
+def test_joint_regret_is_on_the_measured_energy_and_expected_on_the_expected_and_the_table_says_which(joint):
+    """On the twin a joint sweep logs both energies: `regret` is against the oracle of the measured one (energy_joint_j),
+    `regret_expected` against the expected one's; the text names the energy metric and each policy's knobs."""
+    import dataclasses
+
+    from dvfs_mlops.mlops.evaluate import format_table
+
+    rng = np.random.default_rng(0)
+    noisy = joint.table.cost * rng.uniform(0.85, 1.15, joint.table.cost.shape)  # a measured draw around the expected
+    measured = dataclasses.replace(joint, table=dataclasses.replace(joint.table, cost=noisy), metric="energy_joint_j")
+    both = dataclasses.replace(joint, measured=measured)
+    report = evaluate_joint(both, ["fixed-configuration", "oracle", "maxn"], parse_objective("energy"))
+    out = {o["policy"]: o for o in report.to_json()}
+    assert out["joint oracle"]["regret_expected"] == 0.0 and out["joint oracle"]["regret"] > 0  # the expected oracle, measured
+    rows = [r for r in report.rows if r.policy == "joint oracle"]
+    data = both.split("eval")
+    for i, r in enumerate(rows):
+        j = [s.label() for s in data.table.settings].index(r.freq)
+        assert r.regret_vs_oracle == pytest.approx(data.measured.table.cost[i, j] / data.measured.table.cost[i].min() - 1)
+    text = format_table(report)
+    assert "energy metric: energy_joint_expected_j" in text and "against the measured oracle on energy_joint_j" in text
+    assert text.splitlines()[2].endswith("knobs") and any(line.endswith("gpu,cpu,emc") for line in text.splitlines())
+    alone = {o["policy"]: o for o in evaluate_joint(joint, ["oracle"], parse_objective("energy")).to_json()}
+    assert alone["joint oracle"]["regret"] is None  # no measured energy: no measured regret, said so
+    assert "not measured" in format_table(evaluate_joint(joint, ["oracle"], parse_objective("energy")))

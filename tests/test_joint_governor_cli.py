@@ -148,7 +148,9 @@ def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(trained):
         assert {o["energy_metric"] for o in out.values()} == {"energy_joint_expected_j"}
         assert out["production (v1)"]["knobs"] == "gpu,cpu" and out["gpu-oracle"]["knobs"] == "gpu"
         assert out["joint oracle"]["regret_expected"] == 0.0 <= out["gpu-oracle"]["regret_expected"]
-        assert all(o["regret_expected"] is not None for o in out.values())
+        assert all(o["regret_expected"] is not None and o["regret"] is not None for o in out.values())  # measured: energy_joint_j
+    text = run_cli("evaluate", "--sweep-id", sweep_id, "--split", "all", env=env).stdout
+    assert "energy metric: energy_joint_expected_j" in text and "against the measured oracle on energy_joint_j" in text, text
 
 
 @pytest.fixture(scope="module")

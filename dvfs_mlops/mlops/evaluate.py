@@ -129,7 +129,8 @@ class PolicySummary:
 
     def as_json(self, simulated: bool) -> dict[str, Any]:
         """The `evaluate --json` object: all fractions."""
-        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": self.mean_regret,
+        regret = None if math.isnan(self.mean_regret) else self.mean_regret  # a joint table without a measured energy
+        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": regret,
                 "regret_expected": self.mean_regret_expected, "regret_ci": list(self.regret_ci) if self.regret_ci else None,
                 "saving_small": self.mean_saving_small, "saving_big": self.mean_saving_big, "max_saving": self.max_saving,
                 "worst_saving": self.worst_saving, "simulated": simulated}
@@ -148,6 +149,7 @@ class EvalReport:
     replayed: bool = False  # the sweep looked its points up in a measured grid (`--device replay`)
     energy_metric: str = ""  # a joint sweep's: the energy every policy is judged on (energy_joint_expected_j ...)
     knobs: dict[str, str] = dataclasses.field(default_factory=dict)  # a joint sweep's: the clocks each policy decides
+    regret_metric: str = ""  # a joint sweep's: the measured energy `regret` is on ('' where none: only `expected`)
 
     @property
     def label(self) -> str:
@@ -294,7 +296,7 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
 
 def format_table(report: EvalReport) -> str:
     def pct(x: float | None) -> str:
-        return "   -  " if x is None else f"{100 * x:6.2f}%"
+        return "   -  " if x is None or math.isnan(x) else f"{100 * x:6.2f}%"
 
     label = report.label
     expected = any(s.mean_regret_expected is not None for s in report.summaries)
@@ -307,9 +309,18 @@ def format_table(report: EvalReport) -> str:
                      f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8} {pct(s.mean_regret_expected):>8} "
                      f"{ci:>16}  {s.max_saving_workload} / {s.worst_workload}")
     truth = "the expected (noise-free) curve" if expected else "the mean over repeats"
-    lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
-                 + (", expected = against the expected oracle" if expected else "")
-                 + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
+    if report.energy_metric:  # a joint sweep: the energy every policy is judged on, and the clocks each decides
+        lines = [*lines[:1], f"energy metric: {report.energy_metric}",
+                 lines[1] + "  knobs", *(line + f"  {report.knobs.get(s.policy, '-')}" for line, s in zip(lines[2:], report.summaries))]
+        on = (f"against the measured oracle on {report.regret_metric}" if report.regret_metric else
+              "not measured (the sweep logged the expected energy only)")
+        lines.append(f"saving = 1 - E/E(maxn) on {report.energy_metric}; regret = cost/cost(oracle) - 1 {on}"
+                     + (f", expected = against the expected oracle on {report.energy_metric}" if expected else "")
+                     + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
+    else:
+        lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
+                     + (", expected = against the expected oracle" if expected else "")
+                     + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
     if report.run_id:
         lines.append(f"logged run {report.run_id} in {report.experiment or schema.EVALUATE_EXPERIMENT}")
     return "\n".join(lines)
@@ -553,6 +564,10 @@ def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objecti
     choosers, decides = _joint_choosers(joint, names, objective, say)
     costs = joint_costs(objective, data.table.cost, data.slowdown)
     expected = data.metric.endswith("_expected_j")
+    # regret against the measured oracle on the measured table where the sweep logged one (the twin's energy_joint_j),
+    # against the expected oracle on the expected table (`regret_expected`), as the GPU-only evaluate does
+    measured = data.measured if expected else data
+    measured_costs = None if measured is None else joint_costs(objective, measured.table.cost, measured.slowdown)
     rows: list[PolicyRow] = []
     for i, workload in enumerate(data.table.workloads):
         row = joint.table.workloads.index(workload)
@@ -565,7 +580,13 @@ def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objecti
             else:
                 label, energy, time, cost = data.table.settings[j].label(), float(data.table.cost[i, j]), float(data.time_s[i, j]), float(costs[i, j])
             regret = _joint_regret(costs[i], data.slowdown[i], data.table.cost[i], cost, energy)
-            rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, regret,
+            on_measured = math.nan
+            if measured is not None and measured_costs is not None:
+                m_energy, m_cost = ((float(measured.maxn_cost[i]),) * 2 if j is None else
+                                    (float(measured.table.cost[i, j]), float(measured_costs[i, j])))
+                on_measured = _joint_regret(measured_costs[i], measured.slowdown[i], measured.table.cost[i], m_cost, m_energy)
+            rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, on_measured,
                                   data.features[i].num_params, regret if expected else None))
     return EvalReport(joint.sweep_id, split, objective.name, joint.simulated, rows, summarise(rows, list(choosers)),
-                      replayed=joint.board is not None and joint.board.backend == "replay", energy_metric=joint.metric, knobs=decides)
+                      replayed=joint.board is not None and joint.board.backend == "replay", energy_metric=joint.metric, knobs=decides,
+                      regret_metric="" if measured is None else measured.metric)

@@ -58,6 +58,8 @@ class JointDataset:
         rails: the rails the cost sums (param energy_joint_rails, else energy_rails; '' where not logged).
         tuned: the clocks the sweep tuned ("gpu", "cpu", "emc" among them).
         sweep_id, device_profile, simulated, board: the sweep's.
+        measured: where `metric` is the twin's expected energy, the same table on the measured (noisy) joint energy
+            `energy_joint_j` and `time_s` (what a measured oracle is judged on); None where not logged.
     """
 
     table: ConfigurationTable
@@ -73,6 +75,7 @@ class JointDataset:
     device_profile: str
     simulated: bool
     board: Board | None = None
+    measured: JointDataset | None = None
 
     def split(self, name: str) -> JointDataset:
         """The workloads of one split (train, eval; all: every one)."""
@@ -81,7 +84,8 @@ class JointDataset:
         rows = [i for i, s in enumerate(self.splits) if s == name]
         return dataclasses.replace(self, table=self.table.subset(rows), time_s=self.time_s[rows], maxn_time_s=self.maxn_time_s[rows],
                                    maxn_cost=self.maxn_cost[rows], features=tuple(self.features[i] for i in rows),
-                                   splits=tuple(self.splits[i] for i in rows))
+                                   splits=tuple(self.splits[i] for i in rows),
+                                   measured=None if self.measured is None else self.measured.split(name))
 
     @property
     def slowdown(self) -> np.ndarray:
@@ -160,8 +164,18 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
     capped = f"tags.{schema.TAG_CAP_AT_START}"
     if capped in df:  # maxn under a cap found at the start is another clock than the reference (as `dataset` reads it)
         df = df[~((df[FREQ] == "maxn") & df[capped].notna())]
-    pinned = df[df[FREQ] != "maxn"]
     metric = _first_logged(df, COST_METRICS, points.label)
+    dataset = _table(points, df, metric)
+    measured_column = fields.column("energy_joint_j", METRIC)
+    if metric.endswith("_expected_j") and measured_column in df and df[measured_column].notna().all():
+        # the twin: the measured joint energy beside the expected (what the measured oracle is judged on)
+        dataset = dataclasses.replace(dataset, measured=_table(points, df, "energy_joint_j"))
+    return dataset
+
+
+def _table(points: SweepPoints, df: pd.DataFrame, metric: str) -> JointDataset:
+    """The `JointDataset` of the sweep's point runs (`df`, capped maxn left out) on one cost metric and its time metric."""
+    pinned = df[df[FREQ] != "maxn"]
     time_metric = _time_metric(metric)
     _first_logged(df, (time_metric,), points.label)
     cost_col, time_col = fields.column(metric, METRIC), fields.column(time_metric, METRIC)
