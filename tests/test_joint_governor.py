@@ -312,3 +312,17 @@ def test_joint_regret_is_on_the_measured_energy_and_expected_on_the_expected_and
     alone = {o["policy"]: o for o in evaluate_joint(joint, ["oracle"], parse_objective("energy")).to_json()}
     assert alone["joint oracle"]["regret"] is None  # no measured energy: no measured regret, said so
     assert "not measured" in format_table(evaluate_joint(joint, ["oracle"], parse_objective("energy")))
+
+
+def test_the_decision_path_names_the_clocks_pinned_after_snapping_and_dropping(trained):
+    train, _, policy = trained
+    governor = Governor(GovernorRef("policy.json"), PolicyModel(policy))
+    features = train.features[0]
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(policy, features.as_row())
+    choice = governor.decide(features, [gpu + 1.0], cpu_frequencies=[cpu + 10.0], emc_frequencies=[emc - 1.0])
+    assert choice.path.endswith(f"-> {Setting(gpu + 1.0, cpu + 10.0, emc - 1.0).label()}"), choice.path
+    kept = applicable(choice, {"cpu_mhz": [], "emc_mhz": [emc - 1.0]}, "nvml", False, "v3", lambda _m: None)
+    assert kept.path.endswith(f"-> GPU {gpu + 1.0:g} / EMC {emc - 1.0:g} MHz"), kept.path
+    assert kept.path.rpartition(" -> ")[0] == choice.path.rpartition(" -> ")[0]  # the splits unchanged
+    none = applicable(choice, {"cpu_mhz": [], "emc_mhz": []}, "nvml", False, "v3", lambda _m: None)
+    assert none.path.endswith(f"-> {gpu + 1.0:g} MHz")
