@@ -41,7 +41,8 @@ def test_train_on_a_joint_sweep_registers_a_governor_of_configurations_with_its_
     from mlflow.tracking import MlflowClient
 
     _tmp, env, sweep_id, out = trained
-    assert "held-out regret against the joint oracle" in out and "registered dvfs-governor v1" in out
+    assert "held-out regret against the joint oracle on energy_joint_expected_j, the twin's expected values, SIMULATED" in out
+    assert "registered dvfs-governor v1" in out
     c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     v = c.get_model_version("dvfs-governor", "1")
     assert {k: v.tags[k] for k in ("family", "knobs", "energy_metric", "energy_rails", "dvfs.simulated", "sweep_id")} == {
@@ -50,6 +51,18 @@ def test_train_on_a_joint_sweep_registers_a_governor_of_configurations_with_its_
     assert "configuration" in v.description and "held out (nested CV, one task out" in v.description
     metrics = c.get_run(v.run_id).data.metrics
     assert {"tree_outer_regret", "tree_minus_ffg_outer_regret_ci_low", "ffg_outer_regret", "n_features_used"} <= set(metrics)
+    # one workload per task: no inner fold has two workloads to choose on, so the nested CV scores the fixed configuration
+    # (a tie), and that is what is registered: the figures the gates read are the registered version's
+    assert metrics["floored"] == 1.0 and metrics["tree_outer_regret"] == metrics["search_outer_regret"] == metrics["ffg_outer_regret"]
+    assert "so the fixed configuration is registered" in v.description
+    import mlflow
+
+    from dvfs_mlops.mlops.governor import load_governor
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    policy = load_governor("models:/dvfs-governor/1").model.policy
+    assert "feature" not in policy["tree"]  # one leaf: the fixed configuration
+    assert (policy["simulated"], policy["device_profile"], policy["n_workloads"]) == (True, "sim-orin", 2)
     shown = run_cli("registry", "promote", "1", env=env)  # the gates read the same figures as a GPU-only version's
     assert "gate" in shown.stdout + shown.stderr and "beats-ffg" in shown.stdout + shown.stderr
     if shown.returncode != 0:  # two training tasks leave the inner CV one group: whether it passes is the data's call
@@ -168,6 +181,7 @@ def gpu_only_sweep(trained) -> str:
     (["evaluate", "--policies", "models:/dvfs-governor/1,maxn"], ("models:/dvfs-governor/1 is a governor of configurations (gpu,cpu) "
      "and sweep")),
     (["train", "--objective", "edp"], "a governor of configurations learns energy (objective 'edp' asked)"),
+    (["train", "--trials", "5", "--cv-split", "workload"], "--trials 5, --cv-split workload would be ignored: drop them"),
 ])
 def test_bad_input_is_one_line(trained, gpu_only_sweep, args, message):
     _tmp, env, sweep_id, _ = trained
