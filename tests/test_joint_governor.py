@@ -326,3 +326,26 @@ def test_the_decision_path_names_the_clocks_pinned_after_snapping_and_dropping(t
     assert kept.path.rpartition(" -> ")[0] == choice.path.rpartition(" -> ")[0]  # the splits unchanged
     none = applicable(choice, {"cpu_mhz": [], "emc_mhz": []}, "nvml", False, "v3", lambda _m: None)
     assert none.path.endswith(f"-> {gpu + 1.0:g} MHz")
+
+
+def test_ties_go_to_the_faster_configuration_in_the_tree_its_policy_and_the_fixed_configuration(joint):
+    """Every configuration at the lowest CPU clock costs exactly what the next CPU clock costs: the fitted tree, the
+    fixed configuration and the shipped policy all pick the faster one, and the policy decides as the tree on every
+    workload (held-out ones included)."""
+    import dataclasses
+
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    cost = joint.table.cost.copy()
+    for j, s in enumerate(SETTINGS):
+        if s.cpu_mhz == CPU[0]:
+            cost[:, j] = cost[:, SETTINGS.index(Setting(s.gpu_mhz, CPU[1], s.emc_mhz))]
+    tied = dataclasses.replace(joint, table=dataclasses.replace(joint.table, cost=cost))
+    train = tied.split("train")
+    result = train_configurations(train.table)
+    for governor in (result.searched, fixed_configuration(train.table)):
+        policy = json.loads(json.dumps(to_policy(governor, train.table, train.slowdown)))
+        picks = governor.pick(tied.table.features)
+        assert all(p.cpu_mhz != CPU[0] for p in picks)
+        for f, pick in zip(tied.features, picks):
+            assert Setting(*policy_tree.decide_configuration(policy, f.as_row())[0]) == pick

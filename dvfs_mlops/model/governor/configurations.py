@@ -93,19 +93,28 @@ class ConfigurationTree:
     kind: str = "fixed"
 
     def pick_index(self, features: np.ndarray) -> np.ndarray:
-        """Each row's configuration column: the least of its leaf's mean normalised cost."""
+        """Each row's configuration column: the least of its leaf's mean normalised cost (`least`: ties to the faster)."""
         if self.tree is None:
             return np.full(len(features), self.fixed)
-        return np.asarray(self.tree.predict(features)).argmin(axis=1)
+        return least(np.asarray(self.tree.predict(features)), self.settings)
 
     def pick(self, features: np.ndarray) -> list[Setting]:
         """Each row's configuration."""
         return [self.settings[i] for i in self.pick_index(features)]
 
 
+def least(values: np.ndarray, settings: Sequence[Setting]) -> np.ndarray:
+    """Each row's column of least value, ties to the faster configuration (the higher GPU clock, then CPU, then EMC):
+    the rule `policy_tree` decides by, so a policy.json picks what the fitted tree picks."""
+    order = np.array(sorted(range(len(settings)), key=lambda j: (-settings[j].gpu_mhz, -(settings[j].cpu_mhz or 0.0),
+                                                                  -(settings[j].emc_mhz or 0.0))))
+    return order[np.asarray(values)[:, order].argmin(axis=1)]
+
+
 def fixed_configuration(table: ConfigurationTable) -> ConfigurationTree:
-    """FFG's joint analogue: the one configuration of least mean normalised cost over the table's workloads."""
-    return ConfigurationTree(table.settings, None, int(table.normalised.mean(axis=0).argmin()))
+    """FFG's joint analogue: the one configuration of least mean normalised cost over the table's workloads (ties: the
+    faster, `least`)."""
+    return ConfigurationTree(table.settings, None, int(least(table.normalised.mean(axis=0)[None, :], table.settings)[0]))
 
 
 def _tree(table: ConfigurationTable, depth: int, min_leaf: int, kind: str = "tree", seed: int = 0) -> ConfigurationTree:
@@ -213,10 +222,11 @@ def to_policy(governor: ConfigurationTree, table: ConfigurationTable, slowdown: 
         raise DvfsError(f"slowdown is {slowdown.shape}, the table's cost {table.cost.shape}")
     norm = table.normalised
 
-    def leaf(rows: np.ndarray) -> dict[str, Any]:
-        return {"energy": [round(float(v), 6) for v in norm[rows].mean(axis=0)],
-                "time": [round(float(v), 6) for v in slowdown[rows].mean(axis=0)],
-                "time_hi": [round(float(v), 6) for v in slowdown[rows].max(axis=0)], "samples": int(len(rows))}
+    def leaf(rows: np.ndarray, energy: np.ndarray | None = None) -> dict[str, Any]:
+        # unrounded, and a tree's leaf its own stored curve: the policy then decides exactly as `pick_index` predicts
+        return {"energy": [float(v) for v in (norm[rows].mean(axis=0) if energy is None else energy)],
+                "time": [float(v) for v in slowdown[rows].mean(axis=0)],
+                "time_hi": [float(v) for v in slowdown[rows].max(axis=0)], "samples": int(len(rows))}
 
     if governor.tree is None:
         tree: dict[str, Any] = leaf(np.arange(len(table.workloads)))
@@ -226,7 +236,7 @@ def to_policy(governor: ConfigurationTree, table: ConfigurationTable, slowdown: 
 
         def node(i: int) -> dict[str, Any]:
             if t.children_left[i] == -1:
-                return leaf(np.flatnonzero(reached == i))
+                return leaf(np.flatnonzero(reached == i), np.asarray(t.value[i])[:, 0])
             return {"feature": table.feature_names[int(t.feature[i])], "threshold": float(t.threshold[i]),
                     "left": node(int(t.children_left[i])), "right": node(int(t.children_right[i]))}
 
