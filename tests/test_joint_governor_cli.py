@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dvfs_mlops.model.governor import policy_tree
 from tests.conftest import run_cli
 
 SWEEP = ["sweep", "--device", "sim", "--models", "bert-tiny", "--tasks", "sst2,mrpc", "--steps", "0", "--profile-steps", "5",
@@ -55,12 +56,7 @@ def test_train_on_a_joint_sweep_registers_a_governor_of_configurations_with_its_
     # (a tie), and that is what is registered: the figures the gates read are the registered version's
     assert metrics["floored"] == 1.0 and metrics["tree_outer_regret"] == metrics["search_outer_regret"] == metrics["ffg_outer_regret"]
     assert "so the fixed configuration is registered" in v.description
-    import mlflow
-
-    from dvfs_mlops.mlops.governor import load_governor
-
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    policy = load_governor("models:/dvfs-governor/1").model.policy
+    policy = _registered_policy(env)
     assert "feature" not in policy["tree"]  # one leaf: the fixed configuration
     assert (policy["simulated"], policy["device_profile"], policy["n_workloads"]) == (True, "sim-orin", 2)
     shown = run_cli("registry", "promote", "1", env=env)  # the gates read the same figures as a GPU-only version's
@@ -96,6 +92,16 @@ def test_its_pyfunc_returns_a_configuration_without_dvfs_mlops(trained):
     assert outputs == {"freq_mhz": True, "decision_path": True, "cpu_mhz": False, "emc_mhz": False}  # null for a GPU-only one
 
 
+def _registered_policy(env: dict[str, str]) -> dict:
+    """v1's policy.json, as the launcher reads it."""
+    import mlflow
+
+    from dvfs_mlops.mlops.governor import load_governor
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    return load_governor("models:/dvfs-governor/1").model.policy
+
+
 def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
     from mlflow.tracking import MlflowClient
 
@@ -104,8 +110,12 @@ def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
                 "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     decision = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])["decision"]
-    assert decision["governor"]["version"] == 1 and decision["cpu_mhz"] in (729.6, 2201.6)
-    assert decision["expected_saving_vs_maxn"] is not None  # the twin's estimate at the configuration, on the joint energy
+    assert decision["governor"]["version"] == 1
+    policy = _registered_policy(env)
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(policy, decision["features"])  # what v1 decides on these features
+    assert (decision["freq_mhz"], decision["cpu_mhz"], decision.get("emc_mhz")) == (gpu, cpu, emc) and cpu in (729.6, 2201.6)
+    assert decision["path"].endswith(f"-> GPU {gpu:g} / CPU {cpu:g} MHz")
+    assert 0.0 < decision["expected_saving_vs_maxn"] < 1.0  # the twin's estimate at the configuration, on the joint energy
     c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     run = c.search_runs([c.get_experiment_by_name("dvfs-finetune").experiment_id], max_results=1)[0]
     assert float(run.data.params["cpu_freq_mhz"]) == decision["cpu_mhz"] and float(run.data.params["freq_mhz"]) == decision["freq_mhz"]
@@ -134,7 +144,9 @@ def test_dvfs_callback_pins_the_whole_configuration_on_the_twin(trained, monkeyp
                                                   announce=lambda _line: None) as dvfs:
         Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=train_split, data_collator=collate,
                 callbacks=[dvfs]).train()
-    assert dvfs.decision.cpu_mhz in (729.6, 2201.6) and dvfs.decision.governor.version == 1
+    assert dvfs.decision.governor.version == 1
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(_registered_policy(env), dvfs.decision.features.as_row())
+    assert (dvfs.decision.freq_mhz, dvfs.decision.cpu_mhz, dvfs.decision.emc_mhz) == (gpu, cpu, emc) and cpu in (729.6, 2201.6)
     params = mlflow.tracking.MlflowClient().get_run(run.info.run_id).data.params
     assert float(params["cpu_freq_mhz"]) == dvfs.decision.cpu_mhz
 
