@@ -349,3 +349,24 @@ def test_ties_go_to_the_faster_configuration_in_the_tree_its_policy_and_the_fixe
         assert all(p.cpu_mhz != CPU[0] for p in picks)
         for f, pick in zip(tied.features, picks):
             assert Setting(*policy_tree.decide_configuration(policy, f.as_row())[0]) == pick
+
+
+def test_a_gpu_only_governor_is_judged_beside_joint_ones_with_the_cpu_and_memory_clocks_at_their_tops(joint, monkeypatch):
+    """A GPU-only curve governor (a models:/ version, here its policy in process) on a joint sweep: each workload's row
+    is its GPU clock with the CPU and EMC clocks at their tops, the configuration a GPU-only governor runs."""
+    from dvfs_mlops.mlops import governor as governor_module
+
+    curve = {"format": policy_tree.FORMAT, "family": "curve", "objective": "energy", "clocks_mhz": list(GPU),
+             "tree": {"feature": "num_layers", "threshold": 3,
+                      "left": {"energy": [1.3, 1.0, 1.1, 1.2], "time": [2.5, 1.5, 1.2, 1.0], "time_hi": [2.6, 1.6, 1.2, 1.0], "samples": 2},
+                      "right": {"energy": [1.4, 1.2, 1.0, 1.1], "time": [2.5, 1.5, 1.2, 1.0], "time_hi": [2.6, 1.6, 1.2, 1.0], "samples": 2}}}
+    gpu_only = Governor(GovernorRef("models:/dvfs-governor/2"), PolicyModel(curve))
+    monkeypatch.setattr(governor_module, "load_governor", lambda *_a, **_k: gpu_only)  # the registry's answer, in process
+    report = evaluate_joint(joint, ["models:/dvfs-governor/2", "oracle"], parse_objective("energy"))
+    assert report.knobs["models:/dvfs-governor/2"] == "gpu"
+    data = joint.split("eval")
+    rows = [r for r in report.rows if r.policy == "models:/dvfs-governor/2"]
+    assert len(rows) == len(data.table.workloads)
+    for f, r in zip(data.features, rows):
+        gpu = policy_tree.decide(curve, f.as_row())[0]
+        assert r.freq == Setting(gpu, CPU[-1], EMC[-1]).label()
