@@ -176,6 +176,14 @@ def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(trained):
         assert all(o["regret_expected"] is not None and o["regret"] is not None for o in out.values())  # measured: energy_joint_j
     text = run_cli("evaluate", "--sweep-id", sweep_id, "--split", "all", env=env).stdout
     assert "energy metric: energy_joint_expected_j" in text and "against the measured oracle on energy_joint_j" in text, text
+    from mlflow.tracking import MlflowClient
+
+    from dvfs_mlops.mlops.schema import EVALUATE_EXPERIMENT
+
+    c = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    logged = c.search_runs([c.get_experiment_by_name(EVALUATE_EXPERIMENT).experiment_id], max_results=1)[0].data.metrics
+    assert {"oracle_mean_saving", "gpu-oracle_mean_regret_expected", "fixed-configuration_mean_regret"} <= set(logged)
+    assert not any(k.startswith("joint_") for k in logged)  # the joint oracle is keyed as the policy asked: oracle
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,7 @@ BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
 # On a joint sweep: the default side by side, and the policies that exist only there.
 JOINT_POLICIES = ("production", "gpu-oracle", "ffg", "fixed-configuration", "oracle", "maxn")
 JOINT_ONLY = ("gpu-oracle", "fixed-configuration")
+JOINT_ORACLE = "joint oracle"  # the label of the policy "oracle" on a joint sweep (its MLflow keys are oracle_*)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +391,7 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIME
 
     if not log:
         return compare()
-    replayed = points.board.backend == "replay"
+    replayed = points.replayed
     tags = {schema.TAG_SWEEP: points.label, schema.TAG_SIMULATED: str(points.simulated).lower(),
             **({schema.TAG_DEVICE: "replay"} if replayed else {})}
     with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {points.label} {split}", tags=tags) as run:
@@ -408,9 +409,11 @@ def _summary_metrics(summaries: Sequence[PolicySummary]) -> dict[str, float | No
     known `_mean_regret_expected`, `_regret_ci_low`/`_high`, `_mean_saving_small`/`_big`."""
     metrics: dict[str, float | None] = {}
     for s in summaries:
-        key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+        # the joint oracle is the policy asked as "oracle": its keys are oracle_*, as the GPU-only oracle's
+        key = "oracle" if s.policy == JOINT_ORACLE else s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+        regret = None if math.isnan(s.mean_regret) else s.mean_regret  # a joint table without a measured energy
         metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
-                        f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret,
+                        f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": regret,
                         f"{key}_mean_regret_expected": s.mean_regret_expected, f"{key}_mean_saving_small": s.mean_saving_small,
                         f"{key}_mean_saving_big": s.mean_saving_big})
         if s.regret_ci is not None:
@@ -462,7 +465,7 @@ def _joint_regret(costs: np.ndarray, slowdown: np.ndarray, energy: np.ndarray, c
 
 def _fixed_column(costs: np.ndarray, columns: Sequence[int]) -> int:
     """FFG's rule over `columns`: the least mean normalised cost over the rows (an infeasible cost charged twice the
-    row's worst feasible one; a row with none feasible judged by its first finite values)."""
+    row's worst feasible one; a row with none feasible among `columns` left out; ties: the later, faster column)."""
     totals = np.zeros(len(columns))
     for row in costs:
         sub = row[list(columns)]
@@ -509,7 +512,7 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
         if name == "maxn":
             out[name], decides[name] = (lambda i: None), "none"
         elif name == "oracle":
-            out["joint oracle"], decides["joint oracle"] = (lambda i: _best(costs[i], joint.slowdown[i], every)), knobs
+            out[JOINT_ORACLE], decides[JOINT_ORACLE] = (lambda i: _best(costs[i], joint.slowdown[i], every)), knobs
         elif name == "gpu-oracle":
             out[name], decides[name] = (lambda i: _best(costs[i], joint.slowdown[i], gpu_cols)), "gpu"
         elif name in ("ffg", "fixed-configuration"):
@@ -588,5 +591,5 @@ def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objecti
             rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, on_measured,
                                   data.features[i].num_params, regret if expected else None))
     return EvalReport(joint.sweep_id, split, objective.name, joint.simulated, rows, summarise(rows, list(choosers)),
-                      replayed=joint.board is not None and joint.board.backend == "replay", energy_metric=joint.metric, knobs=decides,
+                      replayed=joint.replayed, energy_metric=joint.metric, knobs=decides,
                       regret_metric="" if measured is None else measured.metric)

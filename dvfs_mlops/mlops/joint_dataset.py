@@ -26,7 +26,16 @@ import numpy as np
 from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops import fields, schema
-from dvfs_mlops.mlops.dataset import FREQ, SPLIT, SweepPoints, _model_task, features_of, read_sweep_points, warn_unheld_clocks
+from dvfs_mlops.mlops.dataset import (
+    FREQ,
+    SPLIT,
+    SweepPoints,
+    features_of,
+    is_replayed,
+    model_task,
+    read_sweep_points,
+    warn_unheld_clocks,
+)
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.configurations import ConfigurationTable
 from dvfs_mlops.model.workload import METRIC, NUMERIC_FEATURES, WorkloadFeatures, split_variant
@@ -76,6 +85,11 @@ class JointDataset:
     simulated: bool
     board: Board | None = None
     measured: JointDataset | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """The sweep played a measured grid (a replay device's board): REPLAYED."""
+        return is_replayed(self)
 
     def split(self, name: str) -> JointDataset:
         """The workloads of one split (train, eval; all: every one)."""
@@ -138,10 +152,11 @@ def _time_metric(cost_metric: str) -> str:
 
 def _missing_product(settings: Sequence[Setting]) -> list[Setting]:
     """The configurations of the product of the settings' GPU, CPU and EMC clocks that are not among them."""
-    axes = [sorted({s.gpu_mhz for s in settings}), sorted({s.cpu_mhz for s in settings}, key=lambda v: v or 0.0),
-            sorted({s.emc_mhz for s in settings}, key=lambda v: v or 0.0)]
+    gpus = sorted({s.gpu_mhz for s in settings})
+    cpus = sorted({s.cpu_mhz for s in settings}, key=lambda v: v or 0.0)
+    emcs = sorted({s.emc_mhz for s in settings}, key=lambda v: v or 0.0)
     present = set(settings)
-    return [s for s in itertools.starmap(Setting, itertools.product(*axes)) if s not in present]
+    return [s for s in itertools.starmap(Setting, itertools.product(gpus, cpus, emcs)) if s not in present]
 
 
 def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
@@ -157,7 +172,7 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
                         "of configurations (dvfs-mlops sweep --knobs gpu,cpu,emc --strategy grid)")
     df = points.frame.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"
-    df["_workload"] = _model_task(df)
+    df["_workload"] = model_task(df)
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, points.label)

@@ -166,7 +166,7 @@ def train_configuration_governor(points: SweepPoints, request: TrainRequest, run
                         "max-slowdown:X at decision time (the pyfunc's objective param, evaluate --objective): train with --objective energy")
     joint = joint_dataset_from_points(points)
     train = joint.split("train")
-    label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.board.backend == "replay" else ""
+    label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.replayed else ""
     knobs = ",".join(joint.tuned)
     say(f"training a governor of configurations on sweep {joint.sweep_id}{label}: {len(train.table.workloads)} training workloads, "
         f"{len(joint.table.settings)} configurations ({knobs}), energy {joint.metric} on {joint.rails or 'its rails'}")
