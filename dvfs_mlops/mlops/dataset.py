@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from dvfs_mlops.mlops.joint_dataset import JointDataset
-
 log = logging.getLogger(__name__)
 
 MODEL, TASK, FREQ, SPLIT, PROFILE = (fields.column(n) for n in ("model", "task", "freq_mhz", "split", "device_profile"))
@@ -99,9 +97,10 @@ def _maxn_mean(m: pd.DataFrame, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def is_replayed(dataset: GovernorDataset | SweepPoints | JointDataset) -> bool:
-    """The dataset's (or sweep points') sweep played a measured grid (its board is a replay device's): REPLAYED."""
-    board = dataset.board
+def is_replayed(dataset: Any) -> bool:
+    """The sweep of a dataset (`GovernorDataset`, `SweepPoints`, `joint_dataset.JointDataset`: anything with its
+    `board`) played a measured grid (its board is a replay device's): what it says is REPLAYED."""
+    board = getattr(dataset, "board", None)
     return board is not None and board.backend == "replay"
 
 
