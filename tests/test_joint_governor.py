@@ -370,3 +370,12 @@ def test_a_gpu_only_governor_is_judged_beside_joint_ones_with_the_cpu_and_memory
     for f, r in zip(data.features, rows):
         gpu = policy_tree.decide(curve, f.as_row())[0]
         assert r.freq == Setting(gpu, CPU[-1], EMC[-1]).label()
+
+
+def test_evaluate_fits_the_fixed_configuration_that_training_registers(joint):
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    train = joint.split("train").table
+    registered = fixed_configuration(train)
+    report = evaluate_joint(joint, ["fixed-configuration"], parse_objective("energy"))
+    assert {r.freq for r in report.rows} == {registered.settings[registered.fixed].label()}

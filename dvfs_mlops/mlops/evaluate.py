@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dvfs_mlops.clocks import MAXN, freq_label
+from dvfs_mlops.clocks import MAXN, Setting, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.mlops import lifecycle, schema
 from dvfs_mlops.mlops.dataset import dataset_from_frame, is_replayed, read_sweep_points
@@ -463,17 +463,12 @@ def _joint_regret(costs: np.ndarray, slowdown: np.ndarray, energy: np.ndarray, c
     return float(c / oracle - 1.0)
 
 
-def _fixed_column(costs: np.ndarray, columns: Sequence[int]) -> int:
-    """FFG's rule over `columns`: the least mean normalised cost over the rows (an infeasible cost charged twice the
-    row's worst feasible one; a row with none feasible among `columns` left out; ties: the later, faster column)."""
-    totals = np.zeros(len(columns))
-    for row in costs:
-        sub = row[list(columns)]
-        finite = sub[np.isfinite(sub)]
-        if not len(finite):
-            continue
-        totals += np.where(np.isfinite(sub), sub, 2 * finite.max()) / finite.min()
-    return list(columns)[min(range(len(columns)), key=lambda i: (totals[i], -i))]
+def _fixed_column(costs: np.ndarray, columns: Sequence[int], settings: Sequence[Setting]) -> int:
+    """FFG's joint rule (`configurations.fixed_column`) over `columns` of the table."""
+    from dvfs_mlops.model.governor.configurations import fixed_column
+
+    cols = list(columns)
+    return cols[fixed_column(costs[:, cols], [settings[j] for j in cols])]
 
 
 def _column_of(joint: JointDataset, gpu: float, cpu: float | None, emc: float | None) -> int:
@@ -516,7 +511,8 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
         elif name == "gpu-oracle":
             out[name], decides[name] = (lambda i: _best(costs[i], joint.slowdown[i], gpu_cols)), "gpu"
         elif name in ("ffg", "fixed-configuration"):
-            column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every)
+            column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every,
+                                   joint.table.settings)
             out[name], decides[name] = _constant(column), "gpu" if name == "ffg" else knobs
         elif name == "paper-mlg":
             tree = paper_tree()
