@@ -28,6 +28,9 @@ Figures (all against the expected oracle, mean over workloads, bootstrap 95 % in
   rest from each workload's curve fit): its held-out regret against the full grid's. Target: within 0.05
   points (DVFS_BENCH_ADAPTIVE=0 skips it).
 
+Why a selection picks a family (per-family inner estimates against their held-out regret, over seeds; writes
+benchmarks/results/governor_selection.md): python -m benchmarks.governor_quality selection [PROFILES [SEEDS [TRIALS]]].
+
 usage: python -m benchmarks governor   (DVFS_BENCH_TWIN_PROFILES: a comma-separated subset of the built-in profiles,
 default all; DVFS_BENCH_TRIALS, default 60; DVFS_BENCH_OUTER_TRIALS, default 15; DVFS_BENCH_SWEEP_REPEATS (runs per sweep point), default 1;
 DVFS_BENCH_GOVERNOR_SEEDS, default 1; DVFS_BENCH_ADAPTIVE, default 1; DVFS_BENCH_ABLATION, default 1)
@@ -356,7 +359,74 @@ def _adaptive_rows(ds: Any, grid_regret: float, trials: int, outer: int) -> list
             (f"{name}: adaptive-sweep governor minus full-grid governor (held-out regret)", f"{100 * gap:+.3f} points", "<= 0.05 points")]
 
 
+def _trial_held_out(study: Any, seed: int, features: Any, clocks: list[float], train: list[Any], held: list[Any], number: int) -> float:
+    """A study's trial refit on the training workloads, its regret on the held-out ones (energy, expected oracle)."""
+    import optuna
+
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.search import _params_from_trial, policy_fitter, score
+
+    energy = parse_objective("energy")
+    params = _params_from_trial(optuna.trial.FixedTrial(study.trials[number].params), seed, features)
+    choose = policy_fitter(energy, params, clocks)(train)
+    return score(held, {c.workload: choose(c) for c in held}, energy).regret
+
+
+def selection_table(profiles: list[str], seeds: int, trials: int) -> str:
+    """Why a selection picks a family: per profile and family, over `seeds` selection studies on the 36 training
+    workloads, the inner-CV regret of the family's best trial (what the study's best trial is chosen by) against that
+    trial's held-out-task regret (expected oracle), and the same for the family's finalist (`choose_family`: ranked over
+    repeated splits); then per seed what the study's best trial and `choose_family` register, held out."""
+    import collections
+    import functools
+
+    from dvfs_mlops.model.governor.dataset import with_fitted_curves
+    from dvfs_mlops.model.governor.objectives import parse_objective
+    from dvfs_mlops.model.governor.search import choose_split, search_features, select_with_reasons
+
+    energy = parse_objective("energy")
+    lines = [(f"SIMULATED paper preset; {trials} trials per selection study, seeds 0..{seeds - 1}; regrets in %; held out: "
+              "the 72 eval-task workloads against the twin's expected oracle"), "",
+             "| profile | family | trials | best trial: inner -> held out | chosen trial: inner, repeated splits -> held out |",
+             "|---|---|---|---|---|"]
+    picks_lines = ["", "| profile | seed | study's best trial (family, held out) | choose_family (family, held out) |", "|---|---|---|---|"]
+    for profile in profiles:
+        ds = paper_dataset(profile)
+        train = with_fitted_curves(ds.split("train")).curves
+        held = ds.split("eval").curves
+        features = search_features(train)
+        per: dict[str, list[tuple[float, ...]]] = collections.defaultdict(list)
+        for seed in range(seeds):
+            _, study, sel = select_with_reasons(train, energy, ds.frequencies, choose_split(train), trials, seed)
+            held_out = functools.partial(_trial_held_out, study, seed, features, ds.frequencies, train, held)
+
+            done = [t for t in study.trials if t.value is not None]
+            for family, pick in sel.picks.items():
+                best = min((t for t in done if t.params["family"] == family), key=lambda t: (t.value, t.number))
+                n = sum(t.params["family"] == family for t in done)
+                per[family].append((n, best.value, held_out(best.number), pick.inner.regret, pick.repeated, held_out(pick.trial)))
+            top = study.best_trial
+            picks_lines.append(f"| {profile} | {seed} | {top.params['family']}, {100 * held_out(top.number):.3f} | "
+                               f"{sel.winner}, {100 * held_out(sel.trial):.3f} |")
+        for family, rows in sorted(per.items()):
+            m = [statistics.mean(r[i] for r in rows) for i in range(6)]
+            rescored = [r[4] for r in rows if r[4] == r[4]]  # the seeds where the family won and was re-scored
+            repeated = f"{100 * statistics.mean(rescored):.3f} ({len(rescored)} of {len(rows)} seeds)" if rescored else "-"
+            lines.append(f"| {profile} | {family} | {m[0]:.0f} | {100 * m[1]:.3f} -> {100 * m[2]:.3f} | "
+                         f"{100 * m[3]:.3f}, {repeated} -> {100 * m[5]:.3f} |")
+    return "\n".join(lines + picks_lines) + "\n"
+
+
 if __name__ == "__main__":
-    for m, v, t in run():
-        print(f"{m}: {v} (target {t})")
-    print((RESULTS / "governor_table.md").read_text())
+    import sys
+
+    if sys.argv[1:2] == ["selection"]:  # python -m benchmarks.governor_quality selection [PROFILES [SEEDS [TRIALS]]]
+        names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["sim-orin-nx-16gb", "sim-orin-measured"]
+        text = selection_table(names, int(sys.argv[3]) if len(sys.argv) > 3 else 4, int(sys.argv[4]) if len(sys.argv) > 4 else 60)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "governor_selection.md").write_text(text)
+        print(text)
+    else:
+        for m, v, t in run():
+            print(f"{m}: {v} (target {t})")
+        print((RESULTS / "governor_table.md").read_text())

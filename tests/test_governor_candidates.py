@@ -45,12 +45,20 @@ def misleading() -> list[WorkloadCurve]:
     return out
 
 
-def test_ffg_is_the_floor_where_the_search_does_worse_held_out():
-    res = run_search(GovernorDataset(misleading(), F, "sw", "sim-orin", False), E, trials=6, outer_trials=6, outer_splits=())
+def one_rule_per_task() -> list[WorkloadCurve]:
+    """Every workload of a task wants the same clock: 510 MHz on the two short-sequence tasks, 1300.5 on the long one.
+    With all three tasks a tree splitting on the sequence length beats one clock on two tasks held out of three; with
+    two, each inner fold learns from one task, where a tree is one clock: the procedure, held out, is FFG's clock."""
+    return [wl(f"m{i}", task, layers, seq, [10.0, 11.0, 10.6] if seq < 40 else [10.6, 11.0, 10.0])
+            for task, seq in (("sst2", 20.0), ("mrpc", 30.0), ("qnli", 60.0)) for i, layers in enumerate((2, 4, 12, 24))]
+
+
+def test_ffg_is_the_floor_where_the_search_does_no_better_held_out():
+    res = run_search(GovernorDataset(one_rule_per_task(), F, "sw", "sim-orin", False), E, trials=6, outer_trials=6, outer_splits=())
     held = res.heldout
-    assert res.split == "task" and held.governor.regret > held.ffg.regret  # the search's trees, held out: worse than one clock
+    assert res.split == "task" and held.governor.regret >= held.ffg.regret > 0.0  # held out: no better than one clock
     assert res.floored and isinstance(res.best_params, FixedParams) and not isinstance(res.search_params, FixedParams)
-    clock = FixedPolicy.fit(misleading(), E).freq_mhz
+    clock = FixedPolicy.fit(one_rule_per_task(), E).freq_mhz
     assert res.family == "fixed" and res.policy.policy["tree"] == {"freq_mhz": clock, "samples": 12} and res.classifier is None
     m = res.metrics()
     assert m["tree_outer_regret"] == m["ffg_outer_regret"] == held.ffg.regret and m["search_outer_regret"] == held.governor.regret

@@ -17,20 +17,63 @@ energy, edp and max-slowdown:X.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dvfs_mlops.model.governor.dataset import WorkloadCurve, feature_matrix
+from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.governor.policy_tree import FORMAT
-from dvfs_mlops.model.workload import NUMERIC_FEATURES
+from dvfs_mlops.model.workload import NUMERIC_FEATURES, WorkloadFeatures
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+_KEPT: dict[int, dict[Hashable, Any]] = {}
+
+
+def kept(curve: WorkloadCurve, key: Hashable, make: Callable[[], Any]) -> Any:
+    """`make()`, made once per workload curve (by identity; forgotten when the curve is) and `key`: a governor search
+    asks the same of each workload (its normalised curve, its best clock, its regret at each clock) thousands of times.
+    The curves are read, never changed, while a search runs."""
+    memo = _KEPT.get(id(curve))
+    if memo is None:
+        memo = _KEPT[id(curve)] = {}
+        weakref.finalize(curve, _KEPT.pop, id(curve), None)
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
+def best_clock(curve: WorkloadCurve, objective: Objective, fitted: bool) -> float:
+    """`curve.label(objective, fitted)`, kept."""
+    return float(kept(curve, ("label", objective, fitted), lambda: curve.label(objective, fitted)))
+
+
+@functools.lru_cache(maxsize=16384)
+def feature_row(features: WorkloadFeatures) -> dict[str, Any]:
+    """`features.as_row()`, made once per features (read it, never change it): a governor search decides for the same
+    workloads thousands of times, and `dataclasses.asdict` was a fifth of its time."""
+    return features.as_row()
+
+
+@functools.lru_cache(maxsize=16384)
+def _numeric_row(features: WorkloadFeatures) -> dict[str, float]:
+    return features.numeric_row()
+
+
+def feature_array(curves: Sequence[WorkloadCurve], columns: Sequence[str]) -> np.ndarray:
+    """`dataset.feature_matrix` as the float32 array sklearn's trees split on (rows: curves, columns: `columns` of
+    NUMERIC_FEATURES), from each features' numeric row made once. sklearn casts X to float32 itself when it checks
+    its input (sklearn/tree/_classes.py, BaseDecisionTree._fit), so a tree fitted on this array with
+    `check_input=False` is the tree it would fit on the float64 matrix, without the checks' cost on every fit."""
+    rows = [[float(_numeric_row(c.features)[k]) for k in columns] for c in curves]
+    return np.asarray(rows, dtype=np.float32).reshape(len(curves), len(columns))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,17 +90,28 @@ class CurveParams:
     grow_on: str = "curve"  # what the splits explain: the normalised curves, or each workload's best clock
 
 
+def _curve_rows(curve: WorkloadCurve, clocks: tuple[float, ...], fitted: bool) -> np.ndarray:
+    """One workload's rows of `curve_matrix` and their `_filled` copies: [E/E_min, T/T_maxn, filled E, filled T]."""
+    ne, nt = curve.normalised(fitted=fitted)
+    rows = np.full((4, len(clocks)), np.nan)
+    for j, f in enumerate(clocks):
+        if f in ne:
+            rows[0, j], rows[1, j] = ne[f], nt[f]
+    rows[2:] = _filled(rows[:2], clocks)
+    return rows
+
+
+def _matrices(curves: Sequence[WorkloadCurve], clocks: Sequence[float], fitted: bool) -> np.ndarray:
+    """Every workload's `_curve_rows`, kept per workload: shape (4, workloads, clocks)."""
+    key = tuple(float(f) for f in clocks)
+    return np.stack([kept(c, ("rows", key, fitted), lambda c=c: _curve_rows(c, key, fitted)) for c in curves], axis=1)  # type: ignore[misc]
+
+
 def curve_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float], fitted: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(E/E_min, T/T_maxn) per workload x clock, measured or (`fitted`) the curve model's; NaN where a workload did not
     measure the clock."""
-    e = np.full((len(curves), len(clocks)), np.nan)
-    t = np.full((len(curves), len(clocks)), np.nan)
-    for i, c in enumerate(curves):
-        ne, nt = c.normalised(fitted=fitted)
-        for j, f in enumerate(clocks):
-            if f in ne:
-                e[i, j], t[i, j] = ne[f], nt[f]
-    return e, t
+    m = _matrices(curves, clocks, fitted)
+    return m[0].copy(), m[1].copy()
 
 
 def _filled(m: np.ndarray, clocks: Sequence[float]) -> np.ndarray:
@@ -72,18 +126,19 @@ def _filled(m: np.ndarray, clocks: Sequence[float]) -> np.ndarray:
 
 
 def _leaf(e: np.ndarray, t: np.ndarray, ef: np.ndarray, tf: np.ndarray, idx: np.ndarray) -> dict[str, Any]:
+    """A leaf of the workloads `idx`: per clock the mean of the measured (or fitted) values where any workload has one,
+    else of the filled ones; the largest time ratio likewise."""
     def col_mean(m: np.ndarray, fill: np.ndarray) -> list[float]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            v = np.nanmean(m[idx], axis=0)
-        return [round(float(a if not math.isnan(a) else b), 6) for a, b in zip(v, fill[idx].mean(axis=0))]
+        rows = m[idx]
+        seen = ~np.isnan(rows)
+        n = seen.sum(axis=0)
+        v = np.where(n > 0, np.where(seen, rows, 0.0).sum(axis=0) / np.maximum(n, 1), fill[idx].mean(axis=0))
+        return [round(float(a), 6) for a in v]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        hi = np.nanmax(t[idx], axis=0)
-    hi_fill = tf[idx].max(axis=0)
-    return {"energy": col_mean(e, ef), "time": col_mean(t, tf),
-            "time_hi": [round(float(a if not math.isnan(a) else b), 6) for a, b in zip(hi, hi_fill)], "samples": int(len(idx))}
+    rows = t[idx]
+    seen = ~np.isnan(rows)
+    hi = np.where(seen.any(axis=0), np.where(seen, rows, -np.inf).max(axis=0), tf[idx].max(axis=0))
+    return {"energy": col_mean(e, ef), "time": col_mean(t, tf), "time_hi": [round(float(a), 6) for a in hi], "samples": int(len(idx))}
 
 
 GROW_ON = ("curve", "best-clock")
@@ -95,7 +150,7 @@ def best_clock_matrix(curves: Sequence[WorkloadCurve], clocks: Sequence[float], 
     out = np.zeros((len(curves), len(clocks)))
     index = {float(f): j for j, f in enumerate(clocks)}
     for i, c in enumerate(curves):
-        out[i, index[float(c.label(objective, fitted))]] = 1.0
+        out[i, index[best_clock(c, objective, fitted)]] = 1.0
     return out
 
 
@@ -109,14 +164,13 @@ def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], p
     if params.grow_on not in GROW_ON:
         raise ValueError(f"grow_on {params.grow_on!r}; valid: {', '.join(GROW_ON)}")
     clocks = [float(f) for f in clocks]
-    e, t = curve_matrix(curves, clocks, params.fitted)
-    ef, tf = _filled(e, clocks), _filled(t, clocks)
+    e, t, ef, tf = _matrices(curves, clocks, params.fitted)
     meta = {"format": FORMAT, "family": "curve", "clocks_mhz": clocks, **(metadata or {})}
     if params.max_depth == 0 or len(curves) < 2:
         return {**meta, "tree": _leaf(e, t, ef, tf, np.arange(len(curves)))}, None
     from sklearn.tree import DecisionTreeRegressor
 
-    x = np.asarray(feature_matrix(curves, params.features))
+    x = feature_array(curves, params.features)
     if params.grow_on == "best-clock":
         if objective is None:
             raise ValueError("grow_on='best-clock' needs the objective that says which clock is best")
@@ -128,8 +182,8 @@ def fit_curve_policy(curves: Sequence[WorkloadCurve], clocks: Sequence[float], p
                                 max_features=params.max_features, random_state=params.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reg.fit(x, y)
-    leaves = reg.apply(x)
+        reg.fit(x, y, check_input=False)
+    leaves = reg.apply(x, check_input=False)
     tr = reg.tree_
 
     def node(i: int) -> dict[str, Any]:

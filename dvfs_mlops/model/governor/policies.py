@@ -13,9 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from dvfs_mlops.clocks import MAXN, FreqRequest
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.governor import policy_tree
+from dvfs_mlops.model.governor.curve_tree import kept
 from dvfs_mlops.model.governor.dataset import WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective
 from dvfs_mlops.model.workload import WorkloadFeatures
@@ -60,24 +63,28 @@ class FixedPolicy:
 
         Normalised per workload, so the largest models do not decide it alone; measured curves (all hardware
         gives). A workload that lacks a clock is charged its nearest measured one, as evaluation does."""
-        freqs = sorted(set().union(*(c.energy_j for c in curves)))
-        totals = dict.fromkeys(freqs, 0.0)
+        freqs = tuple(sorted(set().union(*(c.energy_j for c in curves))))
+        totals = np.zeros(len(freqs))
         for c in curves:
-            costs = objective.costs(c.energy_j, c.time_s, c.maxn_time_s)
-            finite = [v for v in costs.values() if math.isfinite(v)]
-            if not finite:  # nothing feasible: judge by energy
-                costs, finite = dict(c.energy_j), list(c.energy_j.values())
-            lo, worst = min(finite), 2 * max(finite)
-            for f in freqs:
-                v = costs[c.nearest(f)]
-                totals[f] += (v if math.isfinite(v) else worst) / lo
-        return cls(min(freqs, key=lambda f: (totals[f], -f)))
+            totals += kept(c, ("ffg-costs", objective, freqs), lambda c=c: _normalised_costs(c, objective, freqs))  # type: ignore[misc]
+        return cls(min(freqs, key=lambda f: (totals[freqs.index(f)], -f)))
 
     def choose(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> FreqRequest:
         return policy_tree.snap(self.freq_mhz, frequencies)
 
     def explain(self, features: WorkloadFeatures | Mapping[str, Any], frequencies: Sequence[float] | None = None) -> str:
         return f"fixed frequency {self.choose(features, frequencies):g} MHz (FFG)"
+
+
+def _normalised_costs(curve: WorkloadCurve, objective: Objective, freqs: Sequence[float]) -> np.ndarray:
+    """The workload's cost at each of `freqs` (its nearest measured clock) over its least cost; an infeasible clock
+    costs twice the worst feasible one; nothing feasible: judged by energy."""
+    costs = objective.costs(curve.energy_j, curve.time_s, curve.maxn_time_s)
+    finite = [v for v in costs.values() if math.isfinite(v)]
+    if not finite:
+        costs, finite = dict(curve.energy_j), list(curve.energy_j.values())
+    lo, worst = min(finite), 2 * max(finite)
+    return np.asarray([(v if math.isfinite(v) else worst) / lo for v in (costs[curve.nearest(f)] for f in freqs)])
 
 
 @dataclasses.dataclass

@@ -5,8 +5,11 @@ Four families of candidate: `curve` (a regression tree whose leaves hold normali
 every workload, FFG's rule: a depth-0 governor) and `published` (the study's tree, registry/baselines/paper-mlg.json,
 as it is). The trees learn from the curve model's fits of the measured curves where the model describes the board
 (dataset.with_fitted_curves checks it), which on flat curves is what separates the best clock from the noise, and from
-the measured curves elsewhere. Optuna chooses the family and its hyper-parameters by inner cross-validation regret
-(judged against the truth: the twin's expected curve where logged, else the mean over repeats).
+the measured curves elsewhere. Optuna searches the families and their hyper-parameters by inner cross-validation regret
+(judged against the truth: the twin's expected curve where logged, else the mean over repeats), and `choose_family`
+picks from its trials: one inner split's best of many trials is optimistic, most for the family with the most trials and
+knobs, so the curve family is kept unless a rival wins by more than the CV's noise (a paired bootstrap over workloads) or
+one fixed clock does no worse than any family, and the winning family's best trials are re-scored over repeated splits.
 
 The reported score is nested: for every outer fold (leave one workload, task or model out) a fresh
 in-memory study selects on the outer fold's training workloads only, and the held-out group is then
@@ -32,13 +35,20 @@ import numpy as np
 
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.model.governor import policy_tree
-from dvfs_mlops.model.governor.curve_tree import GROW_ON, CurveParams, fit_curve_policy
+from dvfs_mlops.model.governor.curve_tree import (
+    GROW_ON,
+    CurveParams,
+    best_clock,
+    feature_array,
+    feature_row,
+    fit_curve_policy,
+    kept,
+)
 from dvfs_mlops.model.governor.dataset import (
     NUMERIC_FEATURES,
     FitCheck,
     GovernorDataset,
     WorkloadCurve,
-    feature_matrix,
     with_fitted_curves,
 )
 from dvfs_mlops.model.governor.objectives import Objective
@@ -108,9 +118,19 @@ class CVScore:
         return float(np.mean(diffs)), lo, hi
 
 
+def _truth(curve: WorkloadCurve, objective: Objective) -> tuple[float, dict[float, float]]:
+    """(the true best clock, regret at each measured clock), kept per curve."""
+    def make() -> tuple[float, dict[float, float]]:
+        return curve.true_label(objective), {f: curve.regret(f, objective) for f in curve.energy_j}
+
+    return kept(curve, ("truth", objective), make)  # type: ignore[no-any-return]
+
+
 def score(curves: Sequence[WorkloadCurve], choices: dict[str, float], objective: Objective) -> CVScore:
-    regrets = {c.workload: c.regret(choices[c.workload], objective) for c in curves}
-    hits = [c.nearest(choices[c.workload]) == c.true_label(objective) for c in curves]
+    """A policy's choices judged against the truth (`WorkloadCurve.regret`, `true_label`), per workload."""
+    truths = {c.workload: _truth(c, objective) for c in curves}
+    regrets = {c.workload: truths[c.workload][1][c.nearest(choices[c.workload])] for c in curves}
+    hits = [c.nearest(choices[c.workload]) == truths[c.workload][0] for c in curves]
     return CVScore(float(np.mean(list(regrets.values()))), float(np.mean(hits)), choices, regrets)
 
 
@@ -200,10 +220,10 @@ def published_features() -> tuple[str, ...]:
 def fit_tree(curves: Sequence[WorkloadCurve], objective: Objective, params: TreeParams) -> Any:
     clf = params.classifier()
     # clocks as class names: sklearn takes float labels such as 1300.5 for a regression target
-    labels = [f"{c.label(objective, params.fitted):g}" for c in curves]
+    labels = [f"{best_clock(c, objective, params.fitted):g}" for c in curves]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf.fit(np.asarray(feature_matrix(curves, params.features)), np.asarray(labels))
+        clf.fit(feature_array(curves, params.features), np.asarray(labels), check_input=False)
     return clf
 
 
@@ -229,7 +249,7 @@ def fit_policy(curves: Sequence[WorkloadCurve], objective: Objective, params: Go
 def policy_fitter(objective: Objective, params: GovernorParams, clocks: Sequence[float]) -> Fitter:
     def fit(train: Sequence[WorkloadCurve]) -> Chooser:
         policy, _ = fit_policy(train, objective, params, clocks)
-        return lambda c: policy_tree.snap(policy_tree.decide(policy, c.features.as_row())[0], c.clocks)
+        return lambda c: policy_tree.snap(policy_tree.decide(policy, feature_row(c.features))[0], c.clocks)
 
     return fit
 
@@ -305,11 +325,14 @@ def _params_from_trial(trial: optuna.trial.BaseTrial, seed: int, features: Seque
 
 
 def study_params(study: optuna.Study, curves: Sequence[WorkloadCurve], seed: int = 0) -> GovernorParams:
-    """The configuration of a selection study's best trial, on the curves it selected on (they decide which features
-    were offered: `search_features`)."""
+    """The configuration a selection study chose (`select`'s family rule, its trial kept in the study's user attribute
+    `selected_trial`; a study no `select` finished: its best trial), on the curves it selected on (they decide which
+    features were offered: `search_features`)."""
     import optuna
 
-    return _params_from_trial(optuna.trial.FixedTrial(study.best_trial.params), seed, search_features(curves))
+    number = study.user_attrs.get("selected_trial")
+    trial = study.best_trial if number is None else study.trials[int(number)]
+    return _params_from_trial(optuna.trial.FixedTrial(trial.params), seed, search_features(curves))
 
 
 def warm_starts(features: Sequence[str] = NUMERIC_FEATURES) -> list[dict[str, Any]]:
@@ -343,9 +366,165 @@ def _inner_split(curves: Sequence[WorkloadCurve], split: str) -> str:
     return split if len({group_of(c, split) for c in curves}) >= 2 else "workload"
 
 
+def repeated_splits(curves: Sequence[WorkloadCurve], inner: str) -> list[str]:
+    """The splits a finalist is re-scored on: the inner split first, then every other split with 2+ groups."""
+    return [inner, *(s for s in SPLITS if s != inner and len({group_of(c, s) for c in curves}) >= 2)]
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyPick:
+    """One family's candidate in a selection study: its best trial, or (the winning family) its finalist.
+
+    Attributes:
+        family: curve, classifier, fixed or published.
+        trial: the study's trial number.
+        inner: its score on the selection's inner split (per-workload regrets, for the paired comparison).
+        repeated: its mean regret over `repeated_splits` (what ranked the winning family's finalists; NaN where the
+            family was not re-scored).
+        finalists: how many distinct configurations of the family were re-scored (1: none was).
+    """
+
+    family: str
+    trial: int
+    inner: CVScore
+    repeated: float
+    finalists: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which family a selection study's trials chose, and why (`choose_family`).
+
+    Attributes:
+        picks: family -> its finalist.
+        incumbent: the family preferred before any comparison (the first of PREFERENCE the study tried).
+        winner: the family chosen: the incumbent, or a rival that beat it by more than the inner CV's noise.
+    """
+
+    picks: dict[str, FamilyPick]
+    incumbent: str
+    winner: str
+
+    @property
+    def trial(self) -> int:
+        return self.picks[self.winner].trial
+
+    def why(self) -> str:
+        """One sentence per rival: its inner regret and its paired difference to the incumbent, within the noise or not."""
+        inc = self.picks[self.incumbent]
+        parts = []
+        for family, pick in sorted(self.picks.items(), key=lambda kv: kv[1].inner.regret):
+            if family == self.incumbent:
+                continue
+            mean, lo, hi = pick.inner.minus(inc.inner)
+            how = "better beyond the noise" if hi < 0 else "worse beyond the noise" if lo > 0 else "within the noise"
+            parts.append(f"{family} {_pct(pick.inner.regret)} ({100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}], {how})")
+        head = (f"The {self.incumbent} family is preferred ({', '.join(PREFERENCE)}, in order) and a rival replaces it only where it "
+                f"wins the inner cross-validation by more than its noise (the paired 95 % interval below 0), or one fixed clock "
+                f"does no worse than any; the winner's configuration is the best of its {FINALISTS} best trials by the mean over "
+                f"repeated splits. Inner regret: {self.incumbent} {_pct(inc.inner.regret)}")
+        tail = f"; {'; '.join(parts)}" if parts else ""
+        if self.winner == self.incumbent:
+            verdict = f" The {self.winner} family won."
+        elif self.picks[self.winner].inner.minus(inc.inner)[2] < 0.0:
+            verdict = f" The {self.winner} family won by more than the noise."
+        else:
+            verdict = f" The {self.winner} family won: one clock for all, no family did better."
+        return head + tail + "." + verdict
+
+
+# The family kept unless a rival wins the inner CV by more than its noise: the curve tree learns from the curve model's
+# fits and holds whole curves in its leaves; then one clock (no feature); the classifier (hard labels of one noisy best
+# clock, whose best inner score over many trials is the most optimistic: benchmarks/results/governor_selection.md); and
+# the published tree, learnt on another board.
+PREFERENCE = ("curve", "fixed", "classifier", "published")
+SIMPLEST = "fixed"  # reads no feature: it replaces the preferred family wherever no family does better on the inner split
+FINALISTS = 5  # the winning family's best trials by inner regret, re-scored over repeated splits
+
+
+def choose_family(trials: Sequence[Any], curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], inner: str,
+                  seed: int, features: Sequence[str], known: dict[int, CVScore] | None = None,
+                  built: dict[int, GovernorParams] | None = None) -> Selection:
+    """The selection rule over a study's finished trials.
+
+    The family: each family is represented by its best trial; the first family of PREFERENCE the study tried is kept
+    unless a rival beats it on the inner split by more than the CV's noise (the upper end of the paired 95 % bootstrap
+    interval of rival minus incumbent below 0), or the fixed clock (SIMPLEST) does no worse than any family; among such rivals the
+    least inner regret wins (a tie: the earlier in PREFERENCE). One split's estimate of the best of many trials is
+    optimistic, and the family with the most trials and knobs profits most from that: the margin guards against it.
+    The configuration: of the winning family's FINALISTS best trials (distinct configurations), the one with the least
+    mean regret over `repeated_splits`.
+
+    Args:
+        trials: the study's finished trials (FrozenTrial: params, value, number).
+        curves: the workloads the study selected on.
+        objective: what a clock is scored by.
+        clocks: the sweep's clocks.
+        inner: the split of the study's inner CV.
+        seed: the trees' seed.
+        features: the features the study offered (`search_features`).
+        known: trial number -> its inner CVScore, where the study's objective kept it (others are recomputed).
+        built: trial number -> the configuration it was built as, where the study's objective kept it (others are
+            rebuilt from their params).
+
+    Returns:
+        The `Selection`.
+    """
+    import optuna
+
+    known = dict(known or {})
+    built = dict(built or {})
+    splits = repeated_splits(curves, inner)
+
+    def params_of(t: Any) -> GovernorParams:
+        if t.number not in built:
+            built[t.number] = _params_from_trial(optuna.trial.FixedTrial(t.params), seed, features)
+        return built[t.number]
+
+    by_family: dict[str, list[Any]] = collections.defaultdict(list)
+    for t in sorted(trials, key=lambda t: (t.value, t.number)):
+        by_family[t.params["family"]].append(t)
+
+    def inner_score(t: Any, params: GovernorParams) -> CVScore:
+        if t.number not in known:
+            known[t.number] = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
+        return known[t.number]
+
+    picks: dict[str, FamilyPick] = {}
+    for family, ts in by_family.items():
+        picks[family] = FamilyPick(family, ts[0].number, inner_score(ts[0], params_of(ts[0])), math.nan, 1)
+    incumbent = next(f for f in (*PREFERENCE, *sorted(picks)) if f in picks)
+    inc = picks[incumbent].inner
+    least = min(p.inner.regret for p in picks.values())
+    rivals = [f for f, p in picks.items() if f != incumbent and (p.inner.minus(inc)[2] < 0.0 or (f == SIMPLEST and p.inner.regret <= least + 1e-12))]
+    winner = min(rivals, key=lambda f: (picks[f].inner.regret, PREFERENCE.index(f) if f in PREFERENCE else len(PREFERENCE))) if rivals else incumbent
+    distinct: dict[GovernorParams, Any] = {}
+    for t in by_family[winner]:
+        distinct.setdefault(params_of(t), t)
+        if len(distinct) == FINALISTS:
+            break
+    if len(distinct) > 1:  # the winning family's finalists, ranked over repeated splits
+        scored = []
+        for params, t in distinct.items():
+            s = inner_score(t, params)
+            rest = [cross_validate(curves, objective, policy_fitter(objective, params, clocks), split, INNER_FOLDS).regret for split in splits[1:]]
+            scored.append((float(np.mean([s.regret, *rest])), t.number, s))
+        repeated, number, s = min(scored, key=lambda x: (x[0], x[1]))
+        picks[winner] = FamilyPick(winner, number, s, repeated, len(distinct))
+    return Selection(picks, incumbent, winner)
+
+
 def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int, seed: int,
            study: Any = None, callbacks: Sequence[Any] = ()) -> tuple[GovernorParams, Any]:
-    """Optuna on inner CV of `curves` only; returns the best params and the study."""
+    """Optuna on inner CV of `curves` only, then `choose_family` over its trials; returns the chosen params and the study
+    (its user attributes: `selected_trial`, and `selection`, the family rule's reasons in words)."""
+    params, study, _ = select_with_reasons(curves, objective, clocks, split, trials, seed, study, callbacks)
+    return params, study
+
+
+def select_with_reasons(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequence[float], split: str, trials: int,
+                        seed: int, study: Any = None, callbacks: Sequence[Any] = ()) -> tuple[GovernorParams, Any, Selection]:
+    """`select`, with the `Selection` that says which family won and why."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -353,10 +532,13 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     inner = _inner_split(curves, split)
     features = search_features(curves)
+    known: dict[int, CVScore] = {}
+    built: dict[int, GovernorParams] = {}
 
     def objective_fn(trial: optuna.Trial) -> float:
-        params = _params_from_trial(trial, seed, features)
+        params = built[trial.number] = _params_from_trial(trial, seed, features)
         s = cross_validate(curves, objective, policy_fitter(objective, params, clocks), inner, INNER_FOLDS)
+        known[trial.number] = s
         trial.set_user_attr("accuracy", s.accuracy)
         trial.set_user_attr("family", family_of(params))
         return s.regret
@@ -365,7 +547,12 @@ def select(curves: Sequence[WorkloadCurve], objective: Objective, clocks: Sequen
         for warm in warm_starts(features):
             study.enqueue_trial(warm, skip_if_exists=True)  # two processes joining one new study enqueue them once
     study.optimize(objective_fn, n_trials=trials, callbacks=list(callbacks), gc_after_trial=False)
-    return study_params(study, curves, seed), study
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    selection = choose_family(done, curves, objective, clocks, inner, seed, features, known, built)
+    study.set_user_attr("selected_trial", selection.trial)
+    study.set_user_attr("selection", selection.why())
+    chosen = built.get(selection.trial) or study_params(study, curves, seed)
+    return chosen, study, selection
 
 
 @dataclasses.dataclass
@@ -421,7 +608,7 @@ class SearchResult:
     """What `run_search` found: the registered configuration, its refit policy and the scores.
 
     Attributes:
-        best_params: the configuration registered: the selection study's best (`search_params`), or FFG's fixed
+        best_params: the configuration registered: the selection study's choice (`search_params`), or FFG's fixed
             clock where the search's held-out regret was not below FFG's (`floored`).
         tree: the registered configuration on the selection folds (inner: optimistic, for reference only).
         ffg: the fixed-frequency governor on the same folds.
@@ -437,10 +624,11 @@ class SearchResult:
             paired 95 % interval of search minus FFG is below 0), on `split`.
         study_name: the selection study's name.
         expected_truth: regrets are against the twin's expected curves (else the mean over repeats).
-        search_params: the selection study's best configuration (None: the same as `best_params`).
+        search_params: the selection study's choice (`choose_family`; None: the same as `best_params`).
         trials: the selection study's trials.
         fit_check: whether the curve model describes the training curves (`dataset.check_fit`); the trees learnt from
             its fits where it does.
+        selection: which family the selection study's trials chose and why (`choose_family`).
         family: (property) curve, classifier, fixed or published.
         floored: (property) FFG's clock replaced the search's choice.
         heldout: (property) the nested score of `split`, None where it has fewer than two groups.
@@ -462,6 +650,7 @@ class SearchResult:
     search_params: GovernorParams | None = None
     trials: int = 0
     fit_check: FitCheck | None = None
+    selection: Selection | None = None
 
     @property
     def family(self) -> str:
@@ -543,6 +732,8 @@ class SearchResult:
         truth = "the twin's expected curves, SIMULATED" if self.expected_truth else "the mean over repeats"
         lines = [self._what()]
         searched = f"{self.trials} Optuna trials over {', '.join(FAMILIES)} candidates, chosen by inner cross-validation"
+        if self.selection is not None:
+            lines.append(f"Which family: {self.selection.why()}")
         ns = self.heldout
         if ns is None:
             lines.append(f"Chosen among {searched}; too few {self.split} groups for a held-out figure.")
@@ -750,7 +941,7 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
             on_trial(TrialRecord(name, trial.number, dict(trial.params), float(trial.value),
                                  float(trial.user_attrs.get("accuracy", math.nan))))
 
-    searched, study = select(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
+    searched, study, selection = select_with_reasons(curves, objective, freqs, split, trials, seed, study=study, callbacks=[log_trial])
     inner = _inner_split(curves, split)
     n_outer = trials if outer_trials is None else outer_trials
     nested = {}
@@ -778,6 +969,7 @@ def run_search(dataset: GovernorDataset, objective: Objective, trials: int = 60,
     policy, est = fit_policy(curves, objective, best, freqs, metadata)
     result = SearchResult(best, tree_score, ffg, paper, TreePolicy(policy), est, study, len(curves), split, nested,
                           features_matter, name, all(c.has_expected for c in curves), searched,
-                          len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))), fitted.fit_check)
+                          len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))), fitted.fit_check,
+                          selection)
     result.policy.policy["description"] = result.description()
     return result
