@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the shared smoke sweep
 # that test_registry and test_loop_again copy later.
 SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_faults.py", "test_decision_speed.py", "test_loop_again.py",
-                      "test_packaging.py", "test_fleet_tracking.py", "test_lifecycle.py", "test_quiet_output.py", "test_registry.py",
+                      "test_packaging.py", "test_fleet_tracking.py", "test_lifecycle.py", "test_registry.py",
                       "test_ui_browser.py", "test_multigpu.py", "test_instruct.py", "test_server.py", "test_bad_input.py",
                       "test_hub_offline.py", "test_models.py", "test_launcher.py", "test_adaptive_sweep.py", "test_kernelfs.py",
                       "test_twin.py", "test_jetson.py", "test_tasks.py", "test_hardware_path.py", "test_refine.py", "test_lora.py")
