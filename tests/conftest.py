@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import atexit
 import fcntl
 import functools
 import json
@@ -21,6 +20,8 @@ from testkit.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 pytest_plugins = ["testkit.skips"]  # the closing line of a run: what was skipped, and the command that enables it
 
 REPO = Path(__file__).resolve().parents[1]
+RUN_DIR_ENV = "DVFS_TEST_RUN_DIR"  # run_dir(): set by the run's first process, inherited by its workers and commands
+_RUN_DIR_MADE = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,6 +33,36 @@ def pytest_configure(config: pytest.Config) -> None:
     the caller exported is kept."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    if RUN_DIR_ENV not in os.environ:  # the first process of the run (xdist's controller): its workers inherit it
+        os.environ[RUN_DIR_ENV] = tempfile.mkdtemp(prefix="dvfs-tests-")
+        config.stash[_RUN_DIR_MADE] = Path(os.environ[RUN_DIR_ENV])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_RUN_DIR_MADE, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(RUN_DIR_ENV, None)
+
+
+def run_dir() -> Path:
+    """A folder shared by every process of this test run (all xdist workers), for what is made once and then only
+    read or added to by content key: the step traces, the migrated store template. Gone when the run ends."""
+    return Path(os.environ[RUN_DIR_ENV])
+
+
+def _made_once(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `run_dir()/name`, filled by `make(folder)` in the first process of the run that asks (the others
+    wait on a file lock, then use it; a `make` that failed is tried again by the next one)."""
+    target, done = run_dir() / name, run_dir() / f"{name}.done"
+    with open(run_dir() / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            make(target)
+            done.touch()
+    return target
 
 
 # The modules that take longest (summed seconds of a whole `make test` run, `--durations=0`), heaviest first. `make test`
@@ -69,8 +100,14 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 @pytest.fixture(scope="session")
 def trace_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Step traces are shared by the whole run (capturing one costs ~0.1-1 s)."""
-    return Path(os.environ.get("DVFS_TEST_TRACE_CACHE") or tmp_path_factory.mktemp("traces"))
+    """Step traces are shared by the whole run, every xdist worker and the commands they start (capturing one costs
+    ~0.1-1 s of CPU; the twin's calibration alone captures 39). TraceCache writes each entry atomically under its
+    content key, so two processes capturing the same trace at once leave one whole file."""
+    if os.environ.get("DVFS_TEST_TRACE_CACHE"):
+        return Path(os.environ["DVFS_TEST_TRACE_CACHE"])
+    folder = run_dir() / "traces"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -157,16 +194,16 @@ def _mlflow_follows_the_environment() -> Iterator[None]:
 
 @functools.cache
 def migrated_store_template() -> Path:
-    """An empty MLflow SQLite store, its schema already migrated, made once per test process: creating one costs
-    ~2.5 s of CPU (MLflow's migrations; 8-13 s on a loaded machine), copying this one ~0.05 s. Made by a fresh process
-    in its own folder, so nothing of it (the Default experiment's artifact location included) points at the checkout;
-    the folder goes when the process ends."""
-    folder = Path(tempfile.mkdtemp(prefix="dvfs-store-template-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    db = folder / "mlflow.db"
-    code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
-    subprocess.run([sys.executable, "-c", code, f"sqlite:///{db}"], cwd=folder, check=True, capture_output=True, timeout=300)
-    return db
+    """An empty MLflow SQLite store, its schema already migrated, made once per test run (`run_dir()`, shared by every
+    xdist worker): creating one costs ~2.5 s of CPU (MLflow's migrations; 8-13 s on a loaded machine) plus a fresh
+    interpreter, copying this one ~0.05 s. Made by a fresh process in its own folder, so nothing of it (the Default
+    experiment's artifact location included) points at the checkout."""
+    def make(folder: Path) -> None:
+        code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
+        subprocess.run([sys.executable, "-c", code, f"sqlite:///{folder / 'mlflow.db'}"], cwd=folder, check=True, capture_output=True,
+                       timeout=300)
+
+    return _made_once("store-template", make) / "mlflow.db"
 
 
 @pytest.fixture(scope="session")
