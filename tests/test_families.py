@@ -102,7 +102,7 @@ def _board(family: str, profile: str = "sim-x"):
 def test_load_governor_resolves_the_boards_family(old_store, monkeypatch):
     _tmp, env, _c = old_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
-    from dvfs_mlops.mlops.governor import NoGovernorForBoard, OtherBoardGovernor, governor_for_board, load_governor
+    from dvfs_mlops.mlops.governor import Choice, NoGovernorForBoard, OtherBoardGovernor, governor_for_board, load_governor
     from dvfs_mlops.mlops.launch import Decision
 
     run_cli("registry", "list", env=env)  # migrated
@@ -120,7 +120,7 @@ def test_load_governor_resolves_the_boards_family(old_store, monkeypatch):
     assert other.ref.family in ("jetson-agx-orin-64gb", NVML)
     said: list[str] = []
     none = governor_for_board(_board("jetson-orin-nano-8gb"), say=said.append)
-    assert none.governor is None and none.decide({}, _board("jetson-orin-nano-8gb")) == (816.0, "refine")
+    assert none.governor is None and none.decide({}, _board("jetson-orin-nano-8gb")) == Choice(816.0, "refine")
     plan = Decision.of(none)
     assert "refining from the curve model" in none.note and plan.tags()["decision.reason"] == none.note
     assert plan.refine_budget(None, 0) == 30 and plan.refine_budget(50, 0) == 50

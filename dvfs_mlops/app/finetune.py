@@ -36,13 +36,20 @@ log = logging.getLogger(__name__)
 def twin_curve(job: Job, device: Device) -> Any:
     """The twin's view of this job: per-step estimates for the median padded length of its batches (on the sim
     device's own profile when `device` is the twin, else on the default one)."""
+    twin, trace = _twin_and_trace(job, device)
+    return twin.curve(trace)
+
+
+def _twin_and_trace(job: Job, device: Device) -> tuple[Any, Any]:
+    """(the twin: the sim device's own profile when `device` is the twin, else the default one; the job's step trace
+    for the median padded length of its batches)."""
     from dvfs_mlops.hw.sim import SimDevice
 
     w, cfg = job.workload, job.config
     batches = plan_batches(w.n_train, max(1, num_steps(cfg, w.n_train)), cfg.batch_size, cfg.seed)
     lengths = sorted(padded_length([w.train_lengths[i] for i in b]) for b in batches)
     trace = w.trace_provider(cfg.batch_size, cfg.trace_dtype)(lengths[len(lengths) // 2])
-    return SimDevice(params=getattr(device, "params", None) if device.simulated else None).curve(trace)
+    return SimDevice(params=getattr(device, "params", None) if device.simulated else None), trace
 
 
 def measure_gpu_util(device: Device, board: Board, job: Job, probe_steps: int, observe: bool = False) -> tuple[float, str]:
@@ -96,15 +103,21 @@ def plan_decision(device: Device, board: Board, job: Job, options: LaunchOptions
             say(describe_device(device))
         return measure_gpu_util(device, board, job, options.probe_steps, options.observe)
 
-    decision = decide(board, options, job.workload.features, measure, say)
+    decision = decide(board, options, job.workload.features, measure, say, device)
     if decision.refines_without_governor:  # refine's start says nothing of the saving
         return decision
-    return dataclasses.replace(decision, expected_saving=_expected_saving(job, device, float(decision.freq_mhz)))
+    return dataclasses.replace(decision, expected_saving=_expected_saving(job, device, decision))
 
 
-def _expected_saving(job: Job, device: Device, freq: float) -> float | None:
-    """The twin's estimate of the saving at `freq` against maxn; None where the twin cannot trace the job."""
+def _expected_saving(job: Job, device: Device, decision: Decision) -> float | None:
+    """The twin's estimate of the saving at the decided clock against maxn (for a configuration, on the joint energy of
+    the rails every clock feeds); None where the twin cannot trace the job."""
+    freq = float(decision.freq_mhz)
     try:
+        if decision.knob_clocks():
+            twin, trace = _twin_and_trace(job, device)
+            at, top = twin.expected(trace, decision.setting), twin.expected(trace)
+            return 1.0 - at.energy_joint_expected_j / top.energy_joint_expected_j
         curve, maxn = twin_curve(job, device)
         nearest = min(curve, key=lambda f: abs(f - freq))
         return 1.0 - curve[nearest].energy_j / maxn.energy_j
@@ -146,8 +159,9 @@ def run_finetune(device: Device, board: Board, job: Job, options: LaunchOptions,
         decision = plan_decision(device, board, job, options, say).with_knobs_at_top(tables)
         _say_all(say, decision.lines())
         run.log_batch(tags={**decision.tags(), schema.TAG_RUN_NAME: f"{job.workload.name}@{decision.freq_mhz:g}"})
-        observing = f"observing on {board.backend}{_sim(board)} (clocks left as found; would pin {decision.freq_mhz:g} MHz)"
-        say(f"{observing if options.observe else f'pinning {decision.freq_mhz:g} MHz on {board.backend}{_sim(board)}'}, "
+        pinned = decision.setting.label() if decision.setting is not None else f"{decision.freq_mhz:g} MHz"  # GPU [/ CPU / EMC]
+        observing = f"observing on {board.backend}{_sim(board)} (clocks left as found; would pin {pinned})"
+        say(f"{observing if options.observe else f'pinning {pinned} on {board.backend}{_sim(board)}'}, "
             f"fine-tuning on {job.torch_device} ...")
         launch = Launch(device, board, decision, refine=refine_budget(decision, options, board, say), observe=options.observe,
                         label="finetune", say=say, knobs=tables)

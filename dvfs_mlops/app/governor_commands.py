@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dvfs_mlops.mlops.evaluate import EvalReport, EvaluateRequest
     from dvfs_mlops.mlops.registry import RegistryConfig
     from dvfs_mlops.mlops.train import TrainOutcome, TrainRequest
+    from dvfs_mlops.model.governor.configurations import ConfigurationResult
     from dvfs_mlops.model.governor.search import CVScore
 
 
@@ -32,9 +33,12 @@ class TrainReport:
 
     def lines(self) -> list[str]:
         """The held-out regret table (governor, FFG, paper-mlg per split), the chosen tree, the version made."""
+        from dvfs_mlops.model.governor.configurations import ConfigurationResult
         from dvfs_mlops.model.governor.policy_tree import features_used, tree_depth
 
-        out, r = self.outcome, self.outcome.result
+        r = self.outcome.result
+        if isinstance(r, ConfigurationResult):
+            return [*_configuration_lines(r), *self._version_lines()]
         truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
         lines = [f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):",
                  f"{'split':<16} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}"]
@@ -46,12 +50,32 @@ class TrainReport:
         used = sorted(features_used(tree))
         lines.append(f"best governor: {r.family} tree, depth {tree_depth(tree)}, splits on {', '.join(used) or 'nothing (one clock for all)'} "
                      f"(offered: {', '.join(r.best_params.features)})")
+        return lines + self._version_lines()
+
+    def _version_lines(self) -> list[str]:
+        out = self.outcome
         if out.version is not None:
-            lines.append(f"registered dvfs-governor v{out.version} (run {out.run_id} in {out.experiment}); promote it with: "
-                         f"dvfs-mlops registry promote {out.version}")
-        else:
-            lines.append(f"logged {out.model_uri} (not registered)")
-        return lines
+            return [(f"registered dvfs-governor v{out.version} (run {out.run_id} in {out.experiment}); promote it with: "
+                     f"dvfs-mlops registry promote {out.version}")]
+        return [f"logged {out.model_uri} (not registered)"]
+
+
+def _configuration_lines(r: ConfigurationResult) -> list[str]:
+    """A governor of configurations' held-out regret (the tree, the fixed configuration) and what it is."""
+    import numpy as np
+
+    from dvfs_mlops.model.governor.configurations import ci
+
+    def cell(regrets: Any) -> str:
+        lo, hi = ci(regrets)
+        return f"{100 * float(np.mean(regrets)):6.2f}% [{100 * lo:5.2f},{100 * hi:5.2f}]"
+
+    g = r.governor
+    what = (f"a tree of depth {g.depth} (min leaf {g.min_leaf}) over {len(g.settings)} configurations" if g.tree is not None
+            else f"one fixed configuration, {g.settings[g.fixed].label()}" + (" (the floor: the tree did worse held out)" if r.floored else ""))
+    return [f"held-out regret against the joint oracle (nested CV, one task out, {r.n_groups} folds; mean [95% CI] over workloads):",
+            f"{'governor of configurations':<28} {cell(r.governor_regret):>22}", f"{'fixed configuration':<28} {cell(r.fixed_regret):>22}",
+            f"registered governor: {what}"]
 
 
 def _cell(score: CVScore) -> str:
@@ -116,7 +140,7 @@ def evaluate(request: EvaluateRequest, say: Callable[[str], None] = _quiet) -> E
 
 def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
     """`registry list`: one line per version (board family, aliases, objective, profile, sweep, held-out regret or what
-    it was calibrated from), or a hint when none."""
+    it was calibrated from; a governor of configurations' clocks and energy metric), or a hint when none."""
     if not versions:
         return ["no governor versions yet: run `dvfs-mlops train` or `dvfs-mlops registry bootstrap`"]
     lines = []
@@ -127,6 +151,8 @@ def version_lines(versions: Sequence[dict[str, Any]]) -> list[str]:
                       + (f", regret {100 * m['calibration_regret']:.2f}% on its workloads" if "calibration_regret" in m else ""))
         else:
             regret = f"held-out regret {100 * m['tree_outer_regret']:.2f}%" if "tree_outer_regret" in m else "no CV figures"
+        if tags.get(schema.TAG_VERSION_KNOBS, "gpu") != "gpu":  # a governor of configurations: against the joint oracle
+            regret += f" (decides {tags[schema.TAG_VERSION_KNOBS]}, on {tags.get(schema.TAG_VERSION_ENERGY_METRIC) or 'its energy'})"
         aliases = ",".join(sorted(v["aliases"])) or "-"
         lines.append(f"v{v['version']:<3} {v.get('family', '?'):<24} {aliases:<20} {tags.get(schema.TAG_OBJECTIVE, '?'):<8} "
                      f"{tags.get(schema.TAG_VERSION_PROFILE, '?'):<22} sweep {tags.get('sweep_id') or '-':<18} {regret}")

@@ -150,4 +150,4 @@ def adaptive_start(board: Board, say: Callable[[str], None]) -> Callable[[Any], 
         say(f"adaptive sweep: no production governor ({str(e).splitlines()[0][:120]}); each workload starts at the middle of the table")
         return None
     say(f"adaptive sweep: each workload starts at the clock of {governor.ref.name} v{governor.ref.version}")
-    return lambda features: governor.decide(features, board.frequencies_mhz)[0]
+    return lambda features: governor.decide(features, board.frequencies_mhz).freq_mhz

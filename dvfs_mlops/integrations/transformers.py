@@ -139,7 +139,7 @@ class DvfsCallback(TrainerCallback):
             if self.freq_override is not None:
                 pct, source = util()
                 return dataclasses.replace(Decision.at(self.freq_override), features=feats.with_gpu_util(pct), util_source=source)
-            return decide(typing.cast("Board", self.board), self.options, feats, util, self.announce)  # set on train begin
+            return decide(typing.cast("Board", self.board), self.options, feats, util, self.announce, self.device)  # set on train begin
 
         return ranks.decide_once(self._group, make)
 

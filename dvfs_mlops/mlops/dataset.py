@@ -6,6 +6,7 @@ features come back as `WorkloadFeatures` field by field, and `run_record` reads 
 its writer logged."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -30,6 +31,7 @@ ENERGY, TIME, UTIL = (fields.column(n, METRIC) for n in ("energy_j", "time_s", "
 ENERGY_EXPECTED, TIME_EXPECTED = fields.column("energy_expected_j", METRIC), fields.column("time_expected_s", METRIC)
 EVAL_METRICS = tuple(fields.column(n, METRIC) for n in ("eval_accuracy", "eval_pearson"))  # a workload's accuracy by clock
 # What must agree between sweeps that measured the same workload for their energies to be averaged.
+KNOB_COLUMNS = tuple(fields.column(n) for n in ("cpu_freq_mhz", "emc_freq_mhz"))  # a configuration's clocks beside freq_mhz
 COMPARABLE = tuple(fields.column(n) for n in ("steps", "profile_steps", "batch_size", "precision")) + tuple(k.column for k in fields.KNOBS)
 
 
@@ -185,15 +187,44 @@ def dataset_from_frame(df: pd.DataFrame, sweep_id: str = "", device_profile: str
     return GovernorDataset(curves, freqs, sweep_id, device_profile, simulated, repeats, board)
 
 
-def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, *, sweeps_filter: str = "",
-                       mix_profiles: bool = False, split: str = "train", say: Callable[[str], None] | None = None) -> GovernorDataset:
-    """The dataset of one sweep or several (`sweep_id` "a,b,..."; or every sweep of the experiment with point runs
+@dataclasses.dataclass(frozen=True)
+class SweepPoints:
+    """The FINISHED point runs of one sweep or several, checked to make one dataset: what `load_sweep_dataset` (the
+    GPU-only governor's curves) and `joint_dataset.load_joint_dataset` (a configuration table) read from.
+
+    Attributes:
+        frame: the point runs (`mlflow.search_runs`' columns: params.*, metrics.*, tags.*).
+        label: the sweep id, or "a,b,..." for several.
+        device_profile: their device profile(s), "+"-joined.
+        simulated: every point was measured on the twin.
+        board: the sweeps' board record (`_one_board`).
+    """
+
+    frame: pd.DataFrame
+    label: str
+    device_profile: str
+    simulated: bool
+    board: Board
+
+    @property
+    def joint(self) -> bool:
+        """A sweep of configurations (`--knobs gpu,cpu...`): its points pinned a CPU or memory clock with the GPU's."""
+        return any(k in self.frame and self.frame[k].notna().any() for k in KNOB_COLUMNS)
+
+
+def read_sweep_points(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, *, sweeps_filter: str = "",
+                      mix_profiles: bool = False, split: str = "train", say: Callable[[str], None] | None = None) -> SweepPoints:
+    """The point runs of one sweep or several (`sweep_id` "a,b,..."; or every sweep of the experiment with point runs
     matching the MLflow filter `sweeps_filter`); default the newest sweep of the experiment with workloads of `split`
     (`queries.newest_sweep`: never a calibration's), said through `say`.
 
     Several sweeps are one dataset (a fleet's boards, each with its own sweep): a workload measured by several is
     averaged over them, as repeats are, so its sweeps must agree on steps, batch size and precision. Sweeps of
-    different device profiles are refused unless `mix_profiles`: one board's clock table is not another's."""
+    different device profiles are refused unless `mix_profiles`: one board's clock table is not another's.
+
+    Raises:
+        DvfsError: no such experiment or sweep, a bad filter, mixed profiles or power modes, incomparable jobs.
+    """
     from dvfs_mlops.mlops.queries import find_sweep_ids, newest_sweep, sweeps_frame
 
     c = tracking.check_reachable()
@@ -231,7 +262,15 @@ def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPE
     if len(ids) > 1:
         _check_comparable(df)
     simulated = bool((df[f"tags.{schema.TAG_SIMULATED}"].astype(str) == "true").all())
-    return dataset_from_frame(df, label, "+".join(profiles), simulated, _one_board(c, [exp.experiment_id], ids, df))
+    return SweepPoints(df, label, "+".join(profiles), simulated, _one_board(c, [exp.experiment_id], ids, df))
+
+
+def load_sweep_dataset(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIMENT, *, sweeps_filter: str = "",
+                       mix_profiles: bool = False, split: str = "train", say: Callable[[str], None] | None = None) -> GovernorDataset:
+    """The GPU-only governor's dataset of one sweep or several (`read_sweep_points`, the same arguments): one
+    `WorkloadCurve` per workload (`dataset_from_frame`)."""
+    points = read_sweep_points(sweep_id, experiment, sweeps_filter=sweeps_filter, mix_profiles=mix_profiles, split=split, say=say)
+    return dataset_from_frame(points.frame, points.label, points.device_profile, points.simulated, points.board)
 
 
 def _one_board(c: MlflowClient, experiment_ids: list[str], sweep_ids: list[str], df: pd.DataFrame) -> Board:

@@ -6,11 +6,19 @@ Savings are against MAXN (1 - E/E_maxn, on the truth), regret against the oracle
 objective: `regret` against the measured (mean-over-repeats) oracle, `regret_expected` against the
 expected one (twin only), each with a bootstrap 95 % interval over workloads. Means overall and by
 size (<= 70M, > 70M parameters), the largest saving and the worst case.
+
+A joint sweep (`sweep --knobs gpu,cpu[,emc] --strategy grid`) is judged on its configuration table
+(`joint_dataset`): GPU-only and joint policies side by side on the same named energy metric (the joint
+rails, expected where the twin logged it) at the same objective, each regret against the joint oracle
+(`evaluate_joint`). Its policies (`JOINT_POLICIES`): the GPU-only oracle (the best GPU clock with the CPU
+and memory clocks at their tops), FFG (one GPU clock, CPU and EMC at top), the fixed configuration (FFG's
+joint analogue), the joint oracle, maxn, and governors (a GPU-only one runs CPU and EMC at their tops).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,8 +29,9 @@ import numpy as np
 from dvfs_mlops.clocks import MAXN, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.mlops import lifecycle, schema
-from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
+from dvfs_mlops.mlops.dataset import dataset_from_frame, is_replayed, read_sweep_points
 from dvfs_mlops.mlops.governor import Governor
+from dvfs_mlops.mlops.joint_dataset import JointDataset, joint_dataset_from_points
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.dataset import GovernorDataset, WorkloadCurve
 from dvfs_mlops.model.governor.objectives import Objective, parse_objective
@@ -43,6 +52,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
+# On a joint sweep: the default side by side, and the policies that exist only there.
+JOINT_POLICIES = ("production", "gpu-oracle", "ffg", "fixed-configuration", "oracle", "maxn")
+JOINT_ONLY = ("gpu-oracle", "fixed-configuration")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +92,10 @@ class GovernorPolicy:
         table = list(frequencies or [])
         if self.objective:
             try:
-                return self.governor.decide(features, table, self.objective)[0]
+                return self.governor.decide(features, table, self.objective).freq_mhz
             except DvfsError as e:  # a classifier trained for one objective refuses another
                 logger.debug("%s decides for its own objective, not %s: %s", self.name, self.objective, e)
-        return self.governor.decide(features, table)[0]
+        return self.governor.decide(features, table).freq_mhz
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +146,8 @@ class EvalReport:
     run_id: str | None = None
     experiment: str = ""  # the run's experiment (under `mlflow run`: the one MLflow chose)
     replayed: bool = False  # the sweep looked its points up in a measured grid (`--device replay`)
+    energy_metric: str = ""  # a joint sweep's: the energy every policy is judged on (energy_joint_expected_j ...)
+    knobs: dict[str, str] = dataclasses.field(default_factory=dict)  # a joint sweep's: the clocks each policy decides
 
     @property
     def label(self) -> str:
@@ -141,8 +155,10 @@ class EvalReport:
         return " (SIMULATED)" if self.simulated else " (REPLAYED)" if self.replayed else ""
 
     def to_json(self) -> list[dict[str, Any]]:
-        """`evaluate --json`: one object per policy."""
-        return [s.as_json(self.simulated) for s in self.summaries]
+        """`evaluate --json`: one object per policy (on a joint sweep with the energy metric and the clocks it decides)."""
+        joint = {"energy_metric": self.energy_metric} if self.energy_metric else {}
+        return [{**s.as_json(self.simulated), **joint, **({"knobs": self.knobs[s.policy]} if s.policy in self.knobs else {})}
+                for s in self.summaries]
 
     def to_dict(self) -> dict[str, Any]:
         return {"sweep_id": self.sweep_id, "split": self.split, "objective": self.objective, "simulated": self.simulated,
@@ -224,8 +240,8 @@ def check_policies(names: Sequence[str]) -> None:
         UnknownNameError: a name that is neither (the message lists the valid ones).
     """
     for name in names:
-        if name not in BUILTIN and not name.startswith("models:/"):
-            raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
+        if name not in BUILTIN and name not in JOINT_ONLY and not name.startswith("models:/"):
+            raise unknown("policy", name, [*BUILTIN, *JOINT_ONLY, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
 
 
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
@@ -331,14 +347,30 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIME
     """
     obj = parse_objective(objective)
     check_policies(policies)
-    dataset = load_sweep_dataset(sweep_id, experiment, split=split, say=say)  # the input: refused before any run is made
-    if not log:
+    points = read_sweep_points(sweep_id, experiment, split=split, say=say)  # the input: refused before any run is made
+    joint = joint_dataset_from_points(points) if points.joint else None
+    dataset = None if points.joint else dataset_from_frame(points.frame, points.label, points.device_profile, points.simulated, points.board)
+    if joint is not None and list(policies) == list(BUILTIN):
+        policies = list(JOINT_POLICIES)
+    only = [p for p in policies if p in JOINT_ONLY]
+    if joint is None and only:
+        raise DvfsError(f"policy {only[0]!r} compares configurations: evaluate it on a joint sweep (sweep --knobs gpu,cpu,emc)")
+
+    def compare() -> EvalReport:
+        if joint is not None:
+            return evaluate_joint(joint, policies, obj, split, say)
+        assert dataset is not None
         return evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
-    tags = {schema.TAG_SWEEP: dataset.sweep_id, schema.TAG_SIMULATED: str(dataset.simulated).lower(),
-            **({schema.TAG_DEVICE: "replay"} if is_replayed(dataset) else {})}
-    with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {dataset.sweep_id} {split}", tags=tags) as run:
-        run.log_batch(params={"sweep_id": dataset.sweep_id, "split": split, "objective": obj.name, "policies": ",".join(policies)})
-        report = evaluate_dataset(dataset, build_policies(policies, dataset, obj, say), obj, split)
+
+    if not log:
+        return compare()
+    replayed = points.board.backend == "replay"
+    tags = {schema.TAG_SWEEP: points.label, schema.TAG_SIMULATED: str(points.simulated).lower(),
+            **({schema.TAG_DEVICE: "replay"} if replayed else {})}
+    with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {points.label} {split}", tags=tags) as run:
+        run.log_batch(params={"sweep_id": points.label, "split": split, "objective": obj.name, "policies": ",".join(policies),
+                              **({"energy_metric": joint.metric, "knobs": ",".join(joint.tuned)} if joint is not None else {})})
+        report = compare()
         run.log_batch(metrics=_summary_metrics(report.summaries))
         _log_tables(run, report)
         report.run_id, report.experiment = run.run_id, run.experiment_name
@@ -369,3 +401,156 @@ def _log_tables(run: lifecycle.OwnedRun, report: EvalReport) -> None:
         pd.DataFrame([dataclasses.asdict(s) for s in report.summaries]).to_csv(Path(tmp) / "summary.csv", index=False)
         savings_chart(report, Path(tmp) / "savings.png")
         run.client.log_artifacts(run.run_id, tmp)
+
+
+def joint_costs(objective: Objective, cost: np.ndarray, slowdown: np.ndarray) -> np.ndarray:
+    """Each configuration's cost under `objective` (rows x columns): energy; energy x time (edp); or, for
+    max-slowdown:X, energy where the slowdown against maxn is at most X, else infinite (as `Objective.costs`)."""
+    if objective.kind == "energy":
+        return cost
+    if objective.kind == "edp":
+        return cost * slowdown
+    return np.where(slowdown <= objective.max_slowdown * (1 + 1e-9), cost, np.inf)  # type: ignore[operator]
+
+
+def _best(costs: np.ndarray, slowdown: np.ndarray, columns: Sequence[int]) -> int:
+    """The least-cost column among `columns` (ties: the later, faster one); none feasible: the fastest (`Objective.best`)."""
+    cols = list(columns)
+    feasible = [j for j in cols if np.isfinite(costs[j])]
+    if not feasible:
+        return min(cols, key=lambda j: (slowdown[j], -j))
+    return min(feasible, key=lambda j: (costs[j], -j))
+
+
+def _joint_regret(costs: np.ndarray, slowdown: np.ndarray, energy: np.ndarray, chosen: float, chosen_energy: float) -> float:
+    """cost(chosen)/cost(joint oracle) - 1 for one workload; an infeasible choice is charged the worst feasible cost,
+    x2 (`Objective.regret`)."""
+    best = _best(costs, slowdown, range(len(costs)))
+    oracle, c = costs[best], chosen
+    if not math.isfinite(c):
+        finite = costs[np.isfinite(costs)]
+        c = 2 * float(finite.max()) if len(finite) else chosen_energy
+        oracle = oracle if math.isfinite(oracle) else energy[best]
+    return float(c / oracle - 1.0)
+
+
+def _fixed_column(costs: np.ndarray, columns: Sequence[int]) -> int:
+    """FFG's rule over `columns`: the least mean normalised cost over the rows (an infeasible cost charged twice the
+    row's worst feasible one; a row with none feasible judged by its first finite values)."""
+    totals = np.zeros(len(columns))
+    for row in costs:
+        sub = row[list(columns)]
+        finite = sub[np.isfinite(sub)]
+        if not len(finite):
+            continue
+        totals += np.where(np.isfinite(sub), sub, 2 * finite.max()) / finite.min()
+    return list(columns)[min(range(len(columns)), key=lambda i: (totals[i], -i))]
+
+
+def _column_of(joint: JointDataset, gpu: float, cpu: float | None, emc: float | None) -> int:
+    """The table's column nearest to a configuration (a clock not decided: its top, as a GPU-only governor leaves it)."""
+    from dvfs_mlops.model.governor.policy_tree import snap
+
+    settings = joint.table.settings
+    top = settings[joint.top]
+    g = snap(gpu, sorted({s.gpu_mhz for s in settings}))
+    c = top.cpu_mhz if cpu is None or top.cpu_mhz is None else snap(cpu, sorted({s.cpu_mhz for s in settings if s.cpu_mhz is not None}))
+    e = top.emc_mhz if emc is None or top.emc_mhz is None else snap(emc, sorted({s.emc_mhz for s in settings if s.emc_mhz is not None}))
+    return min(range(len(settings)), key=lambda j: (settings[j].gpu_mhz != g, settings[j].cpu_mhz != c, settings[j].emc_mhz != e,
+                                                    abs(settings[j].gpu_mhz - g)))
+
+
+def _constant(column: int) -> Callable[[int], int | None]:
+    """A fixed policy: the same column for every row."""
+    return lambda _row: column
+
+
+def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Objective,
+                    say: Callable[[str], None]) -> tuple[dict[str, Callable[[int], int | None]], dict[str, str]]:
+    """Each policy as a function of a workload's row -> its column (None: maxn), and the clocks each decides."""
+    from dvfs_mlops.mlops.governor import load_governor
+
+    train = joint.split("train")
+    if not train.table.workloads and any(n in ("ffg", "fixed-configuration") for n in names):
+        raise DvfsError(f"sweep {joint.sweep_id} has no training workloads to fit FFG and the fixed configuration on")
+    costs = joint_costs(objective, joint.table.cost, joint.slowdown)
+    gpu_cols, every = joint.gpu_only_columns(), range(len(joint.table.settings))
+    tables = {k: sorted({getattr(s, k) for s in joint.table.settings if getattr(s, k) is not None}) for k in ("gpu_mhz", "cpu_mhz", "emc_mhz")}
+    knobs = ",".join(joint.tuned)
+    out: dict[str, Callable[[int], int | None]] = {}
+    decides: dict[str, str] = {}
+    for name in names:
+        if name == "maxn":
+            out[name], decides[name] = (lambda i: None), "none"
+        elif name == "oracle":
+            out["joint oracle"], decides["joint oracle"] = (lambda i: _best(costs[i], joint.slowdown[i], every)), knobs
+        elif name == "gpu-oracle":
+            out[name], decides[name] = (lambda i: _best(costs[i], joint.slowdown[i], gpu_cols)), "gpu"
+        elif name in ("ffg", "fixed-configuration"):
+            column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every)
+            out[name], decides[name] = _constant(column), "gpu" if name == "ffg" else knobs
+        elif name == "paper-mlg":
+            tree = paper_tree()
+
+            def published(i: int, t: Any = tree) -> int:
+                return _column_of(joint, float(t.choose(joint.features[i], tables["gpu_mhz"])), None, None)
+
+            out[name], decides[name] = published, "gpu"
+        else:  # production or a models:/ URI
+            try:
+                governor = load_governor(board=joint.board) if name == "production" and joint.board is not None \
+                    else load_governor(None if name == "production" else name)
+            except DvfsError as e:
+                if name == "production":
+                    say(f"skipping 'production': {e}")
+                    continue
+                raise
+            from dvfs_mlops.mlops.registry import version_knobs
+
+            label = name if name != "production" else f"production (v{governor.ref.version})"
+
+            def choose(i: int, g: Any = governor) -> int:
+                try:
+                    c = g.decide(joint.features[i], tables["gpu_mhz"], objective.name, cpu_frequencies=tables["cpu_mhz"] or None,
+                                 emc_frequencies=tables["emc_mhz"] or None)
+                except DvfsError:  # a classifier trained for one objective decides for its own
+                    c = g.decide(joint.features[i], tables["gpu_mhz"], cpu_frequencies=tables["cpu_mhz"] or None,
+                                 emc_frequencies=tables["emc_mhz"] or None)
+                return _column_of(joint, c.freq_mhz, c.cpu_mhz, c.emc_mhz)
+
+            out[label], decides[label] = choose, version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+    return out, decides
+
+
+def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objective, split: str = "eval",
+                   say: Callable[[str], None] = logger.info) -> EvalReport:
+    """GPU-only and joint policies side by side on a joint sweep's configuration table (no MLflow run): each workload's
+    cost (the table's energy metric) at each policy's configuration, its saving against maxn and its regret against the
+    joint oracle under `objective`. Regret is `regret_expected` too where the metric is the twin's expected energy.
+
+    Raises:
+        DvfsError: no workloads of `split`, no training workloads for FFG or the fixed configuration, a governor that
+            cannot load or decide.
+    """
+    data = joint.split(split)
+    if not data.table.workloads:
+        raise DvfsError(f"sweep {joint.sweep_id} has no {split!r} workloads to evaluate (or use --split train)")
+    choosers, decides = _joint_choosers(joint, names, objective, say)
+    costs = joint_costs(objective, data.table.cost, data.slowdown)
+    expected = data.metric.endswith("_expected_j")
+    rows: list[PolicyRow] = []
+    for i, workload in enumerate(data.table.workloads):
+        row = joint.table.workloads.index(workload)
+        maxn_cost = float(data.maxn_cost[i])
+        for name, choose in choosers.items():
+            j = choose(row)
+            if j is None:
+                label, energy, time = MAXN, maxn_cost, float(data.maxn_time_s[i])
+                cost = energy  # maxn is its own slowdown reference: feasible under max-slowdown, and x1 under edp
+            else:
+                label, energy, time, cost = data.table.settings[j].label(), float(data.table.cost[i, j]), float(data.time_s[i, j]), float(costs[i, j])
+            regret = _joint_regret(costs[i], data.slowdown[i], data.table.cost[i], cost, energy)
+            rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, regret,
+                                  data.features[i].num_params, regret if expected else None))
+    return EvalReport(joint.sweep_id, split, objective.name, joint.simulated, rows, summarise(rows, list(choosers)),
+                      replayed=joint.board is not None and joint.board.backend == "replay", energy_metric=joint.metric, knobs=decides)

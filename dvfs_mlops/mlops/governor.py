@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -140,6 +141,36 @@ class PolicyModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class Choice:
+    """What a governor decided for a workload: the GPU clock and, from a governor of configurations, the CPU and memory
+    clocks with it (None from a GPU-only governor: they are left as the device has them).
+
+    Attributes:
+        freq_mhz: the GPU clock (MHz), snapped to the board's table.
+        path: the decision path ("num_layers=12 > 7 -> 816 MHz"), or "refine" where no governor decided.
+        cpu_mhz: the CPU clock (MHz), snapped to the table the caller gave; None: not decided.
+        emc_mhz: the memory (EMC) clock (MHz), likewise.
+    """
+
+    freq_mhz: float
+    path: str
+    cpu_mhz: float | None = None
+    emc_mhz: float | None = None
+
+
+def _clock(out: pd.DataFrame, column: str, table: Sequence[float] | None) -> float | None:
+    """A decided CPU or memory clock from the model's output (absent or null: None), snapped to `table` where given."""
+    from dvfs_mlops.model.governor.policy_tree import snap
+
+    if column not in out:
+        return None
+    value = out[column].iloc[0]
+    if value is None or math.isnan(float(value)):  # None, or NaN where pandas made the column float
+        return None
+    return snap(float(value), table)
+
+
+@dataclasses.dataclass(frozen=True)
 class Governor:
     """A loaded governor: `ref` says which, `model` decides (a `PolicyModel`, or the MLflow pyfunc)."""
 
@@ -147,13 +178,18 @@ class Governor:
     model: Any
 
     def decide(self, features: WorkloadFeatures | dict[str, Any], frequencies: Sequence[float],
-               objective: str | None = None) -> tuple[float, str]:
-        """(clock in MHz, the decision path) for a workload on a clock table.
+               objective: str | None = None, *, cpu_frequencies: Sequence[float] | None = None,
+               emc_frequencies: Sequence[float] | None = None) -> Choice:
+        """The `Choice` for a workload on a clock table: the GPU clock, and a governor of configurations' CPU and memory
+        clocks (each snapped to its table where one is given: a governor trained on other tables picks the nearest).
 
         Args:
             features: the workload's features (`gpu_util_pct` measured at maxn).
             frequencies: the board's clock table; the choice is snapped to it.
-            objective: energy, edp or max-slowdown:X for a curve governor (None: the one it was trained for).
+            objective: energy, edp or max-slowdown:X for a curve governor or one of configurations (None: the one it
+                was trained for).
+            cpu_frequencies: the device's CPU clocks (None: a decided CPU clock is given as the governor's).
+            emc_frequencies: the device's memory clocks, likewise.
 
         Raises:
             DvfsError: the model could not decide (named with its URI).
@@ -167,7 +203,7 @@ class Governor:
         except Exception as e:  # noqa: BLE001
             raise DvfsError(f"governor {self.ref.uri} could not decide for these features ({str(e).splitlines()[0][:200]})") from None
         path = str(out["decision_path"].iloc[0]) if "decision_path" in out else f"{out['freq_mhz'].iloc[0]:g} MHz"
-        return float(out["freq_mhz"].iloc[0]), path
+        return Choice(float(out["freq_mhz"].iloc[0]), path, _clock(out, "cpu_mhz", cpu_frequencies), _clock(out, "emc_mhz", emc_frequencies))
 
     def check_board(self, board: Board, strict: bool, say: Callable[[str], None]) -> None:
         """A governor trained for another device profile: an error with `strict`, else a warning where that profile is
@@ -211,15 +247,18 @@ class BoardGovernor:
         """The governor's reference; an empty one (uri '') where none decides."""
         return self.governor.ref if self.governor is not None else GovernorRef("")
 
-    def decide(self, features: WorkloadFeatures | dict[str, Any], board: Board, objective: str | None = None) -> tuple[float, str]:
-        """(clock in MHz, decision path): the governor's, or refine's start and the path `refine`.
+    def decide(self, features: WorkloadFeatures | dict[str, Any], board: Board, objective: str | None = None, *,
+               cpu_frequencies: Sequence[float] | None = None, emc_frequencies: Sequence[float] | None = None) -> Choice:
+        """The governor's `Choice` (`Governor.decide`, on the board's clock table and the CPU and memory tables given),
+        or refine's start and the path `refine`.
 
         Raises:
             DvfsError: the governor could not decide.
         """
         if self.governor is None:
-            return refine_start_mhz(board), "refine"
-        return self.governor.decide(features, board.frequencies_mhz, objective)
+            return Choice(refine_start_mhz(board), "refine")
+        return self.governor.decide(features, board.frequencies_mhz, objective, cpu_frequencies=cpu_frequencies,
+                                    emc_frequencies=emc_frequencies)
 
 
 def refine_start_mhz(board: Board) -> float:

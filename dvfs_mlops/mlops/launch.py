@@ -23,7 +23,7 @@ from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.job.finetune import StepWindows, num_steps
 from dvfs_mlops.job.run import run_job
 from dvfs_mlops.mlops import schema
-from dvfs_mlops.mlops.governor import GovernorRef
+from dvfs_mlops.mlops.governor import Choice, GovernorRef
 
 if TYPE_CHECKING:
     from dvfs_mlops.hw.board import Board
@@ -160,10 +160,14 @@ class Decision:
     emc_mhz: float | None = None
 
     @classmethod
-    def of(cls, chosen: BoardGovernor) -> Decision:
-        """What `governor.governor_for_board` resolved, before it decides (maxn until `decide` fills the clock in)."""
-        return cls(MAXN, "", chosen.ref, family=chosen.family, reason=chosen.note if chosen.governor is None else "",
+    def of(cls, chosen: BoardGovernor, choice: Choice | None = None) -> Decision:
+        """What `governor.governor_for_board` resolved, and what it decided (`Choice`: the GPU clock, and a governor of
+        configurations' CPU and memory clocks); without `choice`, before it decides (maxn until `decide` fills it in)."""
+        plan = cls(MAXN, "", chosen.ref, family=chosen.family, reason=chosen.note if chosen.governor is None else "",
                    other_board=chosen.other_board)
+        if choice is None:
+            return plan
+        return dataclasses.replace(plan, freq_mhz=choice.freq_mhz, path=choice.path, cpu_mhz=choice.cpu_mhz, emc_mhz=choice.emc_mhz)
 
     @classmethod
     def at(cls, freq: FreqRequest, why: str = "", *, cpu_mhz: float | None = None, emc_mhz: float | None = None) -> Decision:
@@ -253,11 +257,14 @@ class Decision:
 
 
 def decide(board: Board, options: LaunchOptions, features: WorkloadFeatures, measure_util: Callable[[], tuple[float | None, str]],
-           say: Callable[[str], None]) -> Decision:
+           say: Callable[[str], None], device: Device | None = None) -> Decision:
     """Resolve what decides on this board, measure the workload's utilisation, decide.
 
     A missing store or governor URI is an error before the device is used; no governor of the family is one line
-    (`say`), then refine picks the clock (its budget checked here, before any clock is touched).
+    (`say`), then refine picks the clock (its budget checked here, before any clock is touched). A governor of
+    configurations decides the CPU and memory clocks too, each snapped to the device's table; one the device cannot
+    set (NVML's CPU clock), or any under `observe`, is left as it is, in one line (`applicable`), and the GPU clock is
+    applied.
 
     Args:
         board: the board.
@@ -265,6 +272,8 @@ def decide(board: Board, options: LaunchOptions, features: WorkloadFeatures, mea
         features: the workload's features (`gpu_util_pct` is filled from `measure_util`).
         measure_util: measures `gpu_util_pct` at maxn: (percent or None, how it was obtained).
         say: where the notes go.
+        device: the open device (its CPU and memory clock tables); None: a governor's CPU and memory clocks are not
+            applied (said in one line).
 
     Returns:
         The `Decision`.
@@ -283,8 +292,40 @@ def decide(board: Board, options: LaunchOptions, features: WorkloadFeatures, mea
         plan.refine_budget(options.refine, default_refine(board))  # no governor and --refine 0: refused here
     util, source = measure_util()
     feats = features.with_gpu_util(util)
-    freq, path = chosen.decide(feats, board)
-    return dataclasses.replace(plan, freq_mhz=freq, path=path, features=feats, util_source=source)
+    tables = device_knob_tables(device)
+    choice = chosen.decide(feats, board, cpu_frequencies=tables.get("cpu_mhz") or None, emc_frequencies=tables.get("emc_mhz") or None)
+    choice = applicable(choice, tables, device.name if device is not None else "", options.observe, chosen.ref.label, say)
+    return dataclasses.replace(Decision.of(chosen, choice), features=feats, util_source=source)
+
+
+def device_knob_tables(device: Device | None) -> dict[str, list[float]]:
+    """The CPU and memory clock tables of the device ({"cpu_mhz": [...], "emc_mhz": [...]}; [] where it has none)."""
+    from dvfs_mlops.hw.device import KNOBS, knob_table
+
+    return {k: sorted(knob_table(device, k)) if device is not None else [] for k in KNOBS}
+
+
+def applicable(choice: Choice, tables: Mapping[str, Sequence[float]], backend: str, observe: bool, governor: str,
+               say: Callable[[str], None]) -> Choice:
+    """The choice with each CPU or memory clock the job cannot pin left alone (None), said in one line: the device has
+    no table for it (NVML's CPU clock), or `observe` pins nothing. The GPU clock is applied either way."""
+    from dvfs_mlops.hw.device import KNOBS
+
+    dropped = {}
+    for knob in KNOBS:
+        value = getattr(choice, knob)
+        if value is None:
+            continue
+        if observe or not tables.get(knob):
+            dropped[knob] = value
+    if not dropped:
+        return choice
+    shown = " and ".join(f"{KNOBS[k][0]} {v:g} MHz" for k, v in dropped.items())
+    why = "--observe pins nothing" if observe else f"the {backend or 'device'} backend cannot set {'it' if len(dropped) == 1 else 'them'}"
+    say(f"governor {governor} chose the {shown} with {choice.freq_mhz:g} MHz; {why}, so "
+        f"{'it stays' if len(dropped) == 1 else 'they stay'} as found and the GPU clock is applied")
+    return dataclasses.replace(choice, cpu_mhz=None if "cpu_mhz" in dropped else choice.cpu_mhz,
+                               emc_mhz=None if "emc_mhz" in dropped else choice.emc_mhz)
 
 
 def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say: Callable[[str], None],

@@ -28,6 +28,7 @@ EARLIER_CODE_SHA256 = frozenset({
 # ... and of earlier releases of policy_tree.py that decide exactly as this one.
 EARLIER_TREE_SHA256 = frozenset({
     "a549c01532c98738ef4a3e17080ee78028995435aff5089cc436f2f796774ea6",  # with a copy of the feature list it did not use
+    "5c05e706d8c1eb8a9d3d6b5265fd92203f940b0faa09ea66535b8ee9fccd8c05",  # before policies of configurations (GPU clock only)
 })
 
 
@@ -58,15 +59,17 @@ def input_example() -> list[dict[str, Any]]:
 
 def signature(default_objective: str = "energy") -> Any:
     """The pyfunc's signature: one input column per feature (`WorkloadFeatures`, typed as declared; a feature with a
-    default is optional: a row without it means that default, `policy_tree.feature_value`), the decision's columns,
-    and the params `frequencies` and `objective`."""
+    default is optional: a row without it means that default, `policy_tree.feature_value`), the decision's columns
+    (freq_mhz, decision_path; cpu_mhz and emc_mhz, optional: null for a GPU-only governor, the CPU and memory clocks of
+    a governor of configurations), and the params `frequencies` and `objective`."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     types = feature_types()
     inputs = Schema([ColSpec(_COLUMN_TYPES[types[f.name]], f.name, required=f.default is dataclasses.MISSING)
                      for f in dataclasses.fields(WorkloadFeatures)])
-    outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path")])
+    outputs = Schema([ColSpec("double", "freq_mhz"), ColSpec("string", "decision_path"),
+                      ColSpec("double", "cpu_mhz", required=False), ColSpec("double", "emc_mhz", required=False)])
     params = ParamSchema([ParamSpec("frequencies", "double", default=[], shape=(-1,)),
                           ParamSpec("objective", "string", default=default_objective)])
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
@@ -76,7 +79,7 @@ def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Decis
     """policy.json, tree.txt and tree.png in `out`; returns the artifact map for log_model."""
     paths = {"policy": out / "policy.json", "tree_txt": out / "tree.txt", "tree_png": out / "tree.png"}
     paths["policy"].write_text(json.dumps(policy, indent=2, sort_keys=True))
-    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names, policy.get("clocks_mhz")))
+    paths["tree_txt"].write_text(tree_text(policy["tree"], classifier, feature_names, policy.get("clocks_mhz"), policy.get("configurations")))
     plot_tree_png(policy, paths["tree_png"], classifier, feature_names)
     if policy.get("family") == "curve":  # the leaves' curves: what the governor believes, leaf by leaf
         from dvfs_mlops.model.governor.curve_tree import leaf_curves_plot
@@ -86,8 +89,12 @@ def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Decis
     return {k: str(v) for k, v in paths.items()}
 
 
+def _configuration(c: list[float | None]) -> str:
+    return " / ".join(f"{k} {v:g}" for k, v in zip(("GPU", "CPU", "EMC"), c) if v is not None) + " MHz"
+
+
 def tree_text(node: Mapping[str, Any], classifier: DecisionTreeClassifier | None = None, feature_names: list[str] | None = None,
-              policy_clocks: list[float] | None = None) -> str:
+              policy_clocks: list[float] | None = None, policy_configurations: list[list[float | None]] | None = None) -> str:
     if classifier is not None and hasattr(classifier, "classes_"):
         from sklearn.tree import export_text
 
@@ -98,6 +105,11 @@ def tree_text(node: Mapping[str, Any], classifier: DecisionTreeClassifier | None
         pad = "|   " * depth + "|--- "
         if "freq_mhz" in n:
             lines.append(f"{pad}freq_mhz: {n['freq_mhz']:g}")
+            return
+        if "feature" not in n and policy_configurations is not None:  # a leaf of configurations: what energy picks
+            i = min(range(len(n["energy"])), key=lambda j: n["energy"][j])
+            lines.append(f"{pad}configuration (n={n.get('samples', '?')}) {_configuration(policy_configurations[i])}: "
+                         f"E/Emin {n['energy'][i]:.3f}, T/Tmaxn {n['time'][i]:.2f}")
             return
         if "feature" not in n:  # a curve leaf: its curve, and what the energy objective picks from it
             clocks = policy_clocks or []
@@ -127,7 +139,8 @@ def plot_tree_png(policy: Mapping[str, Any], path: Path, classifier: DecisionTre
                   filled=True, ax=ax, fontsize=8, impurity=False)
     else:
         ax.axis("off")
-        ax.text(0.01, 0.99, tree_text(policy["tree"], policy_clocks=policy.get("clocks_mhz")), family="monospace", va="top",
+        ax.text(0.01, 0.99, tree_text(policy["tree"], policy_clocks=policy.get("clocks_mhz"), policy_configurations=policy.get("configurations")),
+                family="monospace", va="top",
                 fontsize=10 if policy.get("family") != "curve" else 6)
     ax.set_title(f"governor {policy.get('name', '')}: objective {policy.get('objective', 'energy')}")
     fig.tight_layout()

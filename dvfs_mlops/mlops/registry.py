@@ -112,6 +112,12 @@ def version_family(tags: Mapping[str, str], default: str = LEGACY_FAMILY) -> str
     return "+".join(families) if families else default
 
 
+def version_knobs(tags: Mapping[str, str]) -> str:
+    """The clocks a version decides: "gpu" (a GPU-only governor, and every version from before configurations), or
+    "gpu,cpu,emc" ... for a governor of configurations (its tag `knobs`)."""
+    return str(tags.get(schema.TAG_VERSION_KNOBS) or "gpu")
+
+
 def version_kind(tags: Mapping[str, str]) -> str:
     """baseline (the published tree), calibrated (`dvfs-mlops calibrate`) or trained (`dvfs-mlops train`)."""
     if tags.get(schema.TAG_BASELINE) == "true":
@@ -312,6 +318,10 @@ def _gate(gate: dict[str, Any], name: str, metric: str, value: float, cand: dict
     if gate.get("compare_to") == "production":
         if prod_m is None or metric not in prod_m:
             return GateResult(name, None, f"no production version of {family} to compare with")
+        knobs, prod_knobs = version_knobs(candidate.tags), version_knobs(prod.tags)
+        if knobs != prod_knobs:  # a governor of configurations' regret is against the joint oracle, a GPU-only one's not
+            return GateResult(name, None, f"not applicable: this version decides {knobs}, {family}'s production v{prod.version} "
+                                          f"{prod_knobs} (regrets against different oracles; `dvfs-mlops evaluate` compares them)")
         limit = prod_m[metric] + float(gate.get("tolerance", 0.0))
         return GateResult(name, value <= limit + 1e-12,
                           f"{metric} {value:.4f} vs {family}'s production v{prod.version} {prod_m[metric]:.4f} (+{gate.get('tolerance', 0.0)})")

@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dvfs_mlops.mlops import lifecycle, schema, tracking
-from dvfs_mlops.mlops.dataset import is_replayed, load_sweep_dataset
+from dvfs_mlops.mlops.dataset import dataset_from_frame, is_replayed, read_sweep_points
 from dvfs_mlops.model.governor.dataset import board_power_prior
 from dvfs_mlops.model.governor.objectives import parse_objective
 from dvfs_mlops.model.governor.search import SearchResult, TrialRecord, importance_plot, run_search
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
-    
+
+    from dvfs_mlops.mlops.dataset import SweepPoints
+    from dvfs_mlops.mlops.joint_dataset import JointDataset
+    from dvfs_mlops.mlops.lifecycle import OwnedRun
+    from dvfs_mlops.mlops.registry import RegistryConfig
+    from dvfs_mlops.model.governor.configurations import ConfigurationResult
     from dvfs_mlops.model.governor.dataset import GovernorDataset
 
 log = logging.getLogger(__name__)
@@ -24,9 +29,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TrainOutcome:
-    """What `train_governor` made: the search's result, its run (and the run's experiment), the version, the model."""
+    """What `train_governor` made: the search's result (a `ConfigurationResult` for a joint sweep's governor of
+    configurations), its run (and the run's experiment), the version, the model."""
 
-    result: SearchResult
+    result: SearchResult | ConfigurationResult
     run_id: str
     version: int | None
     model_uri: str
@@ -68,6 +74,9 @@ class TrainRequest:
 def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info) -> TrainOutcome:
     """Train a governor on a sweep (or a fleet's sweeps), log it as a pyfunc and register it as a new version.
 
+    A sweep of the GPU clock trains a governor of GPU clocks (Optuna's search over curve and classifier trees); a joint
+    sweep (`--knobs gpu,cpu[,emc] --strategy grid`) a governor of configurations (`train_configuration_governor`).
+
     Args:
         request: what to train on and how (`TrainRequest`).
         say: where progress lines go.
@@ -86,9 +95,11 @@ def train_governor(request: TrainRequest, say: Callable[[str], None] = log.info)
     cfg = load_config()
     c = tracking.check_reachable()
     with lifecycle.owned_run(schema.GOVERNOR_EXPERIMENT, name=f"governor {obj.name}", client=c, fluent=True) as run:
-        dataset = load_sweep_dataset(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
-                                     say=say)
-        refuse_joint_sweeps(c, r.experiment, dataset.sweep_id.split(","))
+        points = read_sweep_points(r.sweep_id or None, r.experiment, sweeps_filter=r.sweeps_filter, mix_profiles=r.mix_profiles,
+                                   say=say)
+        if points.joint:
+            return train_configuration_governor(points, r, run, cfg, say)
+        dataset = dataset_from_frame(points.frame, points.label, points.device_profile, points.simulated, points.board)
         label = " (SIMULATED sweep)" if dataset.simulated else " (REPLAYED sweep)" if is_replayed(dataset) else ""
         n_sweeps = len(dataset.sweep_id.split(","))
         say(f"training on {'sweep' if n_sweeps == 1 else f'{n_sweeps} sweeps'} {dataset.sweep_id}{label}: {len(dataset.split('train'))} training workloads, "
@@ -130,27 +141,55 @@ def describe(c: MlflowClient, run_id: str, description: str, registered_name: st
         c.update_model_version(registered_name, str(version), description=description)
 
 
-def refuse_joint_sweeps(c: MlflowClient, experiment: str, sweep_ids: list[str]) -> None:
-    """A governor of GPU clocks learns from sweeps of the GPU clock alone: a sweep that tuned the CPU or memory clock
-    too (`sweep --knobs gpu,cpu...`: its definition names `tuned`) holds several configurations per GPU clock.
+def train_configuration_governor(points: SweepPoints, request: TrainRequest, run: OwnedRun, cfg: RegistryConfig,
+                                 say: Callable[[str], None] = log.info) -> TrainOutcome:
+    """A governor of configurations from a joint grid sweep, in the training run `run`: its configuration table
+    (`joint_dataset`), nested CV with the fixed configuration as the floor (`configurations.train_configurations`),
+    logged as the same pyfunc as a GPU-only governor (its policy.json of configurations) and registered with its tags
+    (knobs, the energy metric and its rails, SIMULATED where the twin measured) and description.
 
     Raises:
-        DvfsError: one of `sweep_ids` is such a sweep (one line naming it).
+        DvfsError: an objective other than energy (the tree learns energy; edp and max-slowdown:X are applied by its
+            leaves at decision time), a workload without every configuration, fewer than two training tasks.
     """
     from dvfs_mlops.errors import DvfsError
+    from dvfs_mlops.mlops.joint_dataset import joint_dataset_from_points
+    from dvfs_mlops.mlops.pyfunc import log_governor
+    from dvfs_mlops.model.governor.configurations import FAMILY, to_policy, train_configurations
 
-    exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        return
-    for sweep_id in sweep_ids:
-        where = f"tags.`{schema.TAG_SWEEP}` = '{sweep_id}' and params.sweep_definition LIKE '%\"tuned\"%'"
-        if c.search_runs([exp.experiment_id], filter_string=where, max_results=1):
-            raise DvfsError(f"sweep {sweep_id} tunes the CPU or memory clock too (--knobs), and `dvfs-mlops train` learns GPU clocks "
-                            "from sweeps of the GPU clock alone; train on a --knobs gpu sweep (a governor of configurations is "
-                            "benchmarks/governor_joint.py's, not registered yet)")
+    r = request
+    if parse_objective(r.objective).name != "energy":
+        raise DvfsError(f"a governor of configurations learns energy (objective {r.objective!r} asked); its leaves apply edp and "
+                        "max-slowdown:X at decision time (the pyfunc's objective param, evaluate --objective): train with --objective energy")
+    joint = joint_dataset_from_points(points)
+    train = joint.split("train")
+    label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.board.backend == "replay" else ""
+    knobs = ",".join(joint.tuned)
+    say(f"training a governor of configurations on sweep {joint.sweep_id}{label}: {len(train.table.workloads)} training workloads, "
+        f"{len(joint.table.settings)} configurations ({knobs}), energy {joint.metric} on {joint.rails or 'its rails'}")
+    result = train_configurations(train.table)
+    truth = "the twin's expected values, SIMULATED" if joint.metric.endswith("_expected_j") else "the mean over repeats"
+    policy = to_policy(result.governor, train.table, train.slowdown, name=cfg.name, knobs=knobs, energy_metric=joint.metric,
+                       energy_rails=joint.rails, sweep_id=joint.sweep_id)
+    family = dataset_family(joint)
+    tags = {schema.TAG_OBJECTIVE: "energy", schema.TAG_VERSION_PROFILE: joint.device_profile, schema.TAG_VERSION_SWEEP: joint.sweep_id[:4900],
+            schema.TAG_N_WORKLOADS: str(len(train.table.workloads)), schema.TAG_SIMULATED: str(joint.simulated).lower(),
+            schema.TAG_BOARD_FAMILY: family, schema.TAG_FAMILY: FAMILY, schema.TAG_CV_SPLIT: "task",
+            schema.TAG_VERSION_KNOBS: knobs, schema.TAG_VERSION_ENERGY_METRIC: joint.metric, schema.TAG_VERSION_ENERGY_RAILS: joint.rails}
+    g = result.governor
+    run.log_batch(tags={**tags, schema.TAG_RUN_NAME: f"governor {_short(joint.sweep_id)} configurations"},
+                  params={"best_family": FAMILY, "best_kind": g.kind, "best_depth": g.depth, "best_min_leaf": g.min_leaf,
+                          "n_configurations": len(g.settings)})
+    info = log_governor(policy, registered_name=cfg.name if r.register else None, metrics=result.metrics(policy), tags=tags,
+                        version_tags=tags)
+    version = int(info.registered_model_version) if r.register and info.registered_model_version else None
+    description = result.description(truth, joint.metric)
+    describe(run.client, run.run_id, description, cfg.name, version)
+    say(description.split("\n\n")[1])
+    return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
 
 
-def dataset_family(dataset: GovernorDataset) -> str:
+def dataset_family(dataset: GovernorDataset | JointDataset) -> str:
     """The board family a dataset's sweeps measured (their board record's; a record-less sweep's from its profile)."""
     from dvfs_mlops.mlops.registry import version_family
 

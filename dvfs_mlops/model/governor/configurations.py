@@ -152,14 +152,18 @@ def fit_configuration_tree(table: ConfigurationTable, depths: Sequence[int] = DE
     return fixed_configuration(table) if best[1] == 0 else _tree(table, best[1], best[2], best[3])
 
 
-def nested_regret(table: ConfigurationTable) -> tuple[np.ndarray, np.ndarray]:
+def nested_regret(table: ConfigurationTable, kinds: Sequence[str] = ("tree", "forest")) -> tuple[np.ndarray, np.ndarray]:
     """Held-out regret of the governor and of the fixed configuration, per workload: each group held out in turn,
-    the governor's hyper-parameters chosen on the other groups only (by their own held-out groups).
+    the governor's hyper-parameters (and kind, among `kinds`) chosen on the other groups only (by their own held-out
+    groups; where only one group is left to choose on, the fixed configuration).
 
     Returns:
         (the governor's regret per workload, the fixed configuration's).
     """
-    governor = _held_out(table, fit_configuration_tree)
+    def select(t: ConfigurationTable) -> ConfigurationTree:  # one group left: nothing to hold out, the fixed configuration
+        return fit_configuration_tree(t, kinds=kinds) if len(set(t.groups)) >= 2 else fixed_configuration(t)
+
+    governor = _held_out(table, select)
     fixed = _held_out(table, fixed_configuration)
     return governor, fixed
 
@@ -167,3 +171,167 @@ def nested_regret(table: ConfigurationTable) -> tuple[np.ndarray, np.ndarray]:
 def summary(values: np.ndarray) -> tuple[float, float]:
     """(mean, max) of a regret array."""
     return float(np.mean(values)), float(np.max(values)) if len(values) else math.nan
+
+
+FAMILY = "configurations"  # the policy.json family of a governor of configurations (`policy_tree`)
+
+
+def to_policy(governor: ConfigurationTree, table: ConfigurationTable, slowdown: np.ndarray, objective: str = "energy",
+              **meta: Any) -> dict[str, Any]:
+    """The governor as a policy.json of configurations (`policy_tree`): its tree's threshold splits on the table's
+    feature names, each leaf the curve of its training workloads over every configuration (mean normalised cost
+    `energy`, mean time over maxn `time`, the leaf's largest such time `time_hi`), so the objective (energy, edp,
+    max-slowdown:X) is applied at decision time as for a GPU curve policy. A fixed configuration is one leaf over every
+    workload (its least mean cost is that configuration).
+
+    Args:
+        governor: a fitted tree or the fixed configuration (`fit_configuration_tree`, `fixed_configuration`).
+        table: the table it was fitted on (its feature names are what the policy splits on: `policy_tree.feature_value`'s).
+        slowdown: each workload's time at each configuration over its maxn time (rows x columns).
+        objective: the objective the policy applies unless told.
+        meta: more top-level keys (name, knobs, energy metric ...).
+
+    Raises:
+        DvfsError: a forest (it has no single tree of threshold splits), or a slowdown of another shape than the cost.
+    """
+    from dvfs_mlops.model.governor.policy_tree import FORMAT
+
+    if governor.kind == "forest":
+        raise DvfsError("a forest of configurations has no policy.json form (one tree of threshold splits); fit kinds=('tree',)")
+    if slowdown.shape != table.cost.shape:
+        raise DvfsError(f"slowdown is {slowdown.shape}, the table's cost {table.cost.shape}")
+    norm = table.normalised
+
+    def leaf(rows: np.ndarray) -> dict[str, Any]:
+        return {"energy": [round(float(v), 6) for v in norm[rows].mean(axis=0)],
+                "time": [round(float(v), 6) for v in slowdown[rows].mean(axis=0)],
+                "time_hi": [round(float(v), 6) for v in slowdown[rows].max(axis=0)], "samples": int(len(rows))}
+
+    if governor.tree is None:
+        tree: dict[str, Any] = leaf(np.arange(len(table.workloads)))
+    else:
+        t = governor.tree.tree_
+        reached = governor.tree.apply(table.features)
+
+        def node(i: int) -> dict[str, Any]:
+            if t.children_left[i] == -1:
+                return leaf(np.flatnonzero(reached == i))
+            return {"feature": table.feature_names[int(t.feature[i])], "threshold": float(t.threshold[i]),
+                    "left": node(int(t.children_left[i])), "right": node(int(t.children_right[i]))}
+
+        tree = node(0)
+    return {"format": FORMAT, "family": FAMILY, "objective": objective, **meta, "tree": tree,
+            "configurations": [[s.gpu_mhz, s.cpu_mhz, s.emc_mhz] for s in governor.settings]}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigurationResult:
+    """What training a governor of configurations found: the version to register, and its held-out figures.
+
+    Attributes:
+        governor: what is registered: the tree chosen on every training workload, or the fixed configuration where the
+            tree did worse held out (`floored`).
+        searched: the tree chosen on every training workload (what the nested CV scored as "search").
+        fixed: the fixed configuration fitted on every training workload (the floor).
+        governor_regret: each training workload's held-out regret under the nested CV's tree (fitted without its group).
+        fixed_regret: each training workload's held-out regret under the fixed configuration fitted without its group.
+        workloads: the training workloads (the regrets' order).
+        n_groups: the groups held out (tasks).
+        floored: the fixed configuration replaced the tree.
+    """
+
+    governor: ConfigurationTree
+    searched: ConfigurationTree
+    fixed: ConfigurationTree
+    governor_regret: np.ndarray
+    fixed_regret: np.ndarray
+    workloads: tuple[str, ...]
+    n_groups: int
+    floored: bool
+
+    @property
+    def version_regret(self) -> np.ndarray:
+        """The registered version's held-out regret per workload (the fixed configuration's where floored)."""
+        return self.fixed_regret if self.floored else self.governor_regret
+
+    @property
+    def features_matter(self) -> bool:
+        """The tree beats the fixed configuration held out by more than the CV's noise (the paired interval's top < 0)."""
+        return _paired(self.governor_regret, self.fixed_regret)[2] < 0
+
+    def metrics(self, policy: dict[str, Any]) -> dict[str, float]:
+        """What the training run logs and the registry's gates read (fractions), named as the GPU-only search's
+        (`search.SearchResult.metrics`): `tree_outer_*` the version's held-out figures, `search_outer_*` the tree's,
+        `ffg_outer_*` the fixed configuration's, `tree_minus_ffg_outer_regret` with its paired 95 % interval."""
+        from dvfs_mlops.model.governor import policy_tree
+
+        m = {"n_workloads": float(len(self.workloads)), "n_outer_groups": float(self.n_groups),
+             "features_matter": float(self.features_matter), "floored": float(self.floored),
+             "tree_depth": float(policy_tree.tree_depth(policy["tree"])),
+             "n_features_used": float(len(policy_tree.features_used(policy["tree"]))),
+             "n_configurations": float(len(self.governor.settings))}
+        for name, regrets in (("tree", self.version_regret), ("search", self.governor_regret), ("ffg", self.fixed_regret)):
+            lo, hi = ci(regrets)
+            m.update({f"{name}_outer_regret": float(np.mean(regrets)), f"{name}_outer_regret_ci_low": lo,
+                      f"{name}_outer_regret_ci_high": hi, f"{name}_outer_regret_max": float(np.max(regrets))})
+        mean, lo, hi = _paired(self.version_regret, self.fixed_regret)
+        m.update({"tree_minus_ffg_outer_regret": mean, "tree_minus_ffg_outer_regret_ci_low": lo, "tree_minus_ffg_outer_regret_ci_high": hi})
+        return m
+
+    def description(self, truth: str, metric: str) -> str:
+        """The registered version's description: what it is, what won and why (the held-out figures)."""
+        g = self.governor
+        what = (f"A governor of configurations: a regression tree of depth {g.depth} (min leaf {g.min_leaf}) from the workload's "
+                f"features to its normalised cost ({metric}) at each of {len(g.settings)} configurations (GPU, CPU, EMC clock); "
+                "each leaf holds its workloads' mean curve, and the objective picks from it at decision time."
+                if g.tree is not None else
+                f"One fixed configuration for every workload: {g.settings[g.fixed].label()} (the least mean normalised "
+                f"{metric} over the training workloads).")
+        held = (f"held out (nested CV, one task out, {self.n_groups} folds; regret against the joint oracle on {truth}): the tree "
+                f"{_pct(float(np.mean(self.governor_regret)))}, the fixed configuration {_pct(float(np.mean(self.fixed_regret)))}")
+        searched = (f"depths {', '.join(map(str, DEPTHS))} x min leaf {', '.join(map(str, MIN_LEAVES))}, every one scored by "
+                    "leaving each task out (an exhaustive grid of 20: smaller than any Optuna study would need)")
+        why = (f"Why this one: the tree ({searched}) did worse {held}, so the fixed configuration is registered."
+               if self.floored else f"Why this one: chosen among {searched}; {held}.")
+        mean, lo, hi = _paired(self.version_regret, self.fixed_regret)
+        verdict = ("features matter here: the tree beats one fixed configuration by more than the CV's noise" if self.features_matter
+                   else "one fixed configuration does as well within the CV's noise")
+        return "\n\n".join([what, why, (f"This version minus the fixed configuration, paired over the held-out workloads: "
+                                       f"{100 * mean:+.3f} points [{100 * lo:+.3f}, {100 * hi:+.3f}]; {verdict}.")])
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3f} %"
+
+
+def ci(values: np.ndarray) -> tuple[float, float]:
+    """The bootstrap 95 % interval of the mean over workloads (`search.bootstrap_ci`)."""
+    from dvfs_mlops.model.governor.search import bootstrap_ci
+
+    return bootstrap_ci(list(map(float, values)))
+
+
+def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """(mean, 95 % low, 95 % high) of a - b, a paired bootstrap over workloads."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    lo, hi = ci(d)
+    return float(d.mean()), lo, hi
+
+
+def train_configurations(table: ConfigurationTable) -> ConfigurationResult:
+    """Train a governor of configurations for registration: a tree (a forest has no policy.json form) chosen on every
+    training workload, judged by nested CV (`nested_regret`) against the fixed configuration, which replaces it where
+    the tree did worse held out.
+
+    Raises:
+        DvfsError: fewer than two groups (nothing to hold out).
+    """
+    if len(set(table.groups)) < 2:
+        raise DvfsError(f"a governor of configurations is judged by holding tasks out, and the training workloads have "
+                        f"{len(set(table.groups))} task(s) ({', '.join(sorted(set(table.groups)))}); sweep at least two training tasks")
+    governor_regret, fixed_regret = nested_regret(table, kinds=("tree",))
+    searched = fit_configuration_tree(table, kinds=("tree",))
+    fixed = fixed_configuration(table)
+    floored = bool(np.mean(governor_regret) > np.mean(fixed_regret) + 1e-12)
+    return ConfigurationResult(fixed if floored else searched, searched, fixed, governor_regret, fixed_regret, table.workloads,
+                               len(set(table.groups)), floored)

@@ -12,6 +12,11 @@ A curve policy (`"family": "curve"`) also has `"clocks_mhz": [...]`: its leaves 
 mean energy normalised per workload (E/E_min), the mean time against maxn (T/T_maxn) and the
 largest such time in the leaf. The objective is applied at decision time (`objective=` or the
 policy's own "objective"): energy, edp, or max-slowdown:X (least energy whose `time_hi` <= X).
+
+A policy of configurations (`"family": "configurations"`) has `"configurations": [[gpu, cpu, emc], ...]`
+(MHz; null where a clock is not part of them) where a curve policy has `clocks_mhz`, and curve
+leaves over those configurations, applied the same way. Its decisions carry the CPU and memory
+clocks too (`decide_configuration`; `decide_rows`' cpu_mhz and emc_mhz, null for a GPU-only policy).
 """
 from __future__ import annotations
 
@@ -58,28 +63,74 @@ def parse_objective(text: str) -> tuple[str, float | None]:
     raise ValueError(f"unknown objective {text!r}; valid: energy, edp, max-slowdown:X (X >= 1)")
 
 
-def leaf_choice(policy: Mapping[str, Any], leaf: Mapping[str, Any], objective: str | None = None) -> tuple[float, str]:
-    """The clock a curve leaf picks under `objective`, and the leaf's figures at that clock."""
+def configurations(policy: Mapping[str, Any]) -> list[tuple[float, float | None, float | None]] | None:
+    """A policy of configurations' (GPU, CPU, EMC) columns; None for a GPU-only policy."""
+    if "configurations" not in policy:
+        return None
+    return [(float(c[0]), *(None if v is None else float(v) for v in c[1:3])) for c in policy["configurations"]]  # type: ignore[misc]
+
+
+def _configuration_label(c: Sequence[float | None]) -> str:
+    return " / ".join(f"{n} {v:g}" for n, v in zip(("GPU", "CPU", "EMC"), c) if v is not None) + " MHz"
+
+
+def _leaf_index(policy: Mapping[str, Any], leaf: Mapping[str, Any], objective: str | None,
+                columns: Sequence[Any]) -> int:
+    """The column a curve leaf picks under `objective` (ties: the higher clocks)."""
     kind, x = parse_objective(objective or policy.get("objective", "energy"))
-    clocks = [float(f) for f in policy["clocks_mhz"]]
     energy, time = leaf["energy"], leaf["time"]
     time_hi = leaf.get("time_hi", time)
+    up = [tuple(-(v or 0.0) for v in c) if isinstance(c, tuple) else (-c,) for c in columns]
+    n = len(columns)
     if kind == "edp":
         cost = [e * t for e, t in zip(energy, time)]
-        ok = list(range(len(clocks)))
+        ok = list(range(n))
     else:
         cost = list(energy)
-        ok = [i for i in range(len(clocks)) if kind == "energy" or time_hi[i] <= x * (1 + 1e-9)]  # type: ignore[operator]
-    if not ok:  # nothing meets the bound: the fastest clock is the closest
-        i = min(range(len(clocks)), key=lambda j: (time_hi[j], -clocks[j]))
-    else:
-        i = min(ok, key=lambda j: (cost[j], -clocks[j]))
-    note = f"leaf curve ({leaf.get('samples', '?')} workloads) at {clocks[i]:g} MHz: E/Emin {energy[i]:.3f}, T/Tmaxn {time[i]:.3f}"
+        ok = [i for i in range(n) if kind == "energy" or time_hi[i] <= x * (1 + 1e-9)]  # type: ignore[operator]
+    if not ok:  # nothing meets the bound: the fastest configuration is the closest
+        return min(range(n), key=lambda j: (time_hi[j], *up[j]))
+    return min(ok, key=lambda j: (cost[j], *up[j]))
+
+
+def decide_configuration(policy: Mapping[str, Any], row: Mapping[str, Any],
+                         objective: str | None = None) -> tuple[tuple[float, float | None, float | None], list[str]]:
+    """((GPU, CPU, EMC) clocks in MHz, the path through the tree): a GPU-only policy's CPU and EMC are None."""
+    table = configurations(policy)
+    if table is None:
+        freq, path = decide(policy, row, objective)
+        return (freq, None, None), path
+    node, path = _walk(policy, row)
+    i = _leaf_index(policy, node, objective, table)
+    note = (f"leaf ({node.get('samples', '?')} workloads) at {_configuration_label(table[i])}: E/Emin {node['energy'][i]:.3f}, "
+            f"T/Tmaxn {node['time'][i]:.3f}")
+    return table[i], [*path, note]
+
+
+def leaf_choice(policy: Mapping[str, Any], leaf: Mapping[str, Any], objective: str | None = None) -> tuple[float, str]:
+    """The clock a curve leaf picks under `objective`, and the leaf's figures at that clock."""
+    clocks = [float(f) for f in policy["clocks_mhz"]]
+    i = _leaf_index(policy, leaf, objective, clocks)
+    note = (f"leaf curve ({leaf.get('samples', '?')} workloads) at {clocks[i]:g} MHz: E/Emin {leaf['energy'][i]:.3f}, "
+            f"T/Tmaxn {leaf['time'][i]:.3f}")
     return clocks[i], note
 
 
 def decide(policy: Mapping[str, Any], row: Mapping[str, Any], objective: str | None = None) -> tuple[float, list[str]]:
-    """(clock in MHz, the path through the tree as readable steps; a curve leaf adds its figures)."""
+    """(clock in MHz, the path through the tree as readable steps; a curve leaf adds its figures). A policy of
+    configurations gives its configuration's GPU clock (`decide_configuration` gives all three)."""
+    if "configurations" in policy:
+        (freq, _, _), path = decide_configuration(policy, row, objective)
+        return freq, path
+    node, path = _walk(policy, row)
+    if "freq_mhz" in node:
+        return float(node["freq_mhz"]), path
+    freq, note = leaf_choice(policy, node, objective)
+    return freq, [*path, note]
+
+
+def _walk(policy: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
+    """(the leaf a row reaches, the path to it as readable steps)."""
     node = policy["tree"]
     path: list[str] = []
     while "feature" in node:
@@ -93,10 +144,7 @@ def decide(policy: Mapping[str, Any], row: Mapping[str, Any], objective: str | N
         else:
             path.append(f"{shown} > {threshold:g}")
             node = node["right"]
-    if "freq_mhz" in node:
-        return float(node["freq_mhz"]), path
-    freq, note = leaf_choice(policy, node, objective)
-    return freq, [*path, note]
+    return node, path
 
 
 def snap(freq_mhz: float, table: Sequence[float] | None) -> float:
@@ -114,21 +162,28 @@ def decide_rows(policy: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
                 table: Sequence[float] | None = None, objective: str | None = None) -> dict[str, list[Any]]:
     """The governor's output columns for input rows: the pyfunc and the launcher's direct read both call this.
 
-    `objective` (energy | edp | max-slowdown:X) applies to a curve policy; a classifier policy was trained
-    for one objective and refuses another."""
-    if objective and "clocks_mhz" not in policy:
+    freq_mhz (snapped to `table`), decision_path, and cpu_mhz and emc_mhz: a policy of configurations' CPU and memory
+    clocks (None for a GPU-only policy, or where its configurations leave the clock alone).
+    `objective` (energy | edp | max-slowdown:X) applies to a curve policy or one of configurations; a classifier
+    policy was trained for one objective and refuses another."""
+    if objective and "clocks_mhz" not in policy and "configurations" not in policy:
         own = str(policy.get("objective", "energy"))
         if parse_objective(objective) != parse_objective(own):
             raise ValueError(f"this governor picks clocks for objective {own!r} only (a classifier tree); "
                              f"train a curve governor to choose {objective!r} at decision time")
     freqs: list[float] = []
     paths: list[str] = []
+    cpus: list[float | None] = []
+    emcs: list[float | None] = []
     for row in rows:
-        f, path = decide(policy, row, objective)
+        (f, cpu, emc), path = decide_configuration(policy, row, objective)
         f = snap(f, table)
         freqs.append(f)
-        paths.append(explain(path, f))
-    return {"freq_mhz": freqs, "decision_path": paths}
+        cpus.append(cpu)
+        emcs.append(emc)
+        paths.append(explain(path, f) if cpu is None and emc is None else
+                     (", ".join(path) + " -> " if path else "") + _configuration_label((f, cpu, emc)))
+    return {"freq_mhz": freqs, "decision_path": paths, "cpu_mhz": cpus, "emc_mhz": emcs}
 
 
 def tree_depth(node: Mapping[str, Any]) -> int:
