@@ -95,11 +95,13 @@ def _made_once(name: str, make: Callable[[Path], None]) -> Path:
 # runs `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first, no
 # long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the shared smoke sweep
 # that test_registry and test_loop_again copy later.
-SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_faults.py", "test_decision_speed.py", "test_loop_again.py",
-                      "test_packaging.py", "test_fleet_tracking.py", "test_lifecycle.py", "test_registry.py",
-                      "test_ui_browser.py", "test_multigpu.py", "test_instruct.py", "test_server.py", "test_bad_input.py",
-                      "test_hub_offline.py", "test_models.py", "test_launcher.py", "test_adaptive_sweep.py", "test_kernelfs.py",
-                      "test_twin.py", "test_jetson.py", "test_tasks.py", "test_hardware_path.py", "test_refine.py", "test_lora.py")
+SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_packaging.py", "test_fleet_tracking.py", "test_faults.py",
+                      "test_decision_speed.py", "test_loop_again.py", "test_lifecycle.py", "test_finetune_progress.py", "test_server.py",
+                      "test_replay_loop.py", "test_hub_offline.py", "test_multigpu.py", "test_ui_browser.py", "test_calibrate.py",
+                      "test_governor_configurations.py", "test_twin.py", "test_registry.py", "test_adaptive_sweep.py", "test_instruct.py",
+                      "test_models.py", "test_lora.py", "test_families.py", "test_refine_knobs.py", "test_hardware_path.py", "test_tasks.py",
+                      "test_warmup.py", "test_clockd_attacks.py", "test_docs_site.py", "test_bad_input.py", "test_launcher.py",
+                      "test_kernelfs.py", "test_jetson.py", "test_refine.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
