@@ -30,9 +30,16 @@ def pytest_configure(config: pytest.Config) -> None:
     `make test` runs two xdist workers on two cores, and each may start CLIs that train: with torch's
     default of one thread per core, its spinning thread pools fight over the cores (two smoke sweeps
     side by side: 41 s each; with one thread each, 20 s). Set before anything imports torch; a value
-    the caller exported is kept."""
+    the caller exported is kept. Also: the command line's defaults, and the run's shared folder (`run_dir`), on tmpfs
+    where it can (`ram_backed_tmp`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    # The command line's defaults (no progress bars), as every command sets them when it starts, set for the whole run:
+    # a command run in-process (CliRunner) would set them in this process for good, and the warm interpreter, which
+    # imported huggingface_hub without them, would then start every later command cold (testkit/warm.py COLD_ENV).
+    from dvfs_mlops import settings
+
+    settings.set_defaults(settings.CLI_DEFAULTS)
     if RUN_DIR_ENV not in os.environ:  # the first process of the run (xdist's controller): its workers inherit it
         ram = ram_backed_tmp()
         if ram is not None:  # before pytest makes its temporary root (tempfile reads TMPDIR) and the workers start
