@@ -57,8 +57,8 @@ def ram_backed_tmp() -> Path | None:
 
     The tests' temporary folders (tmp_path, the MLflow SQLite stores, the commands' own temporary files) go there: SQLite
     commits every write with fsync, 20 ms on this VM's disk against 0.1 ms on tmpfs, and MLflow's store commits
-    each write (a smoke sweep: about 280 commits). A whole run holds about 250 MB there, freed when pytest drops old runs
-    (`tmp_path_retention_count`). Docker's default /dev/shm (64 MB) is too small and is left alone."""
+    each write (a smoke sweep: about 280 commits). A whole run leaves about 600 MB there, kept until the next run (pyproject's
+    `tmp_path_retention_count = 1`). Docker's default /dev/shm (64 MB) is too small and is left alone."""
     if os.environ.get("TMPDIR") or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
         return None
     try:
