@@ -185,3 +185,197 @@ def test_the_production_comparison_gate_is_not_applicable_between_gpu_only_and_j
     same = _gate(gate, gate["name"], "tree_outer_regret", 0.001, {}, gpu_v, SimpleNamespace(version="2", tags={}),
                  {"tree_outer_regret": 0.0005}, "jetson-agx-orin-64gb")
     assert same.passed is False  # two GPU-only versions are compared as before
+
+
+def test_two_training_tasks_register_the_version_the_held_out_figures_score(joint):
+    """With two tasks every outer fold leaves one task to choose on: the inner folds hold its workloads out one by one,
+    a tie with the fixed configuration registers the fixed configuration, and the figures logged are the registered
+    version's."""
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    train = joint.split("train").table
+    two = sorted(set(train.groups))[:2]
+    table = train.subset([i for i, g in enumerate(train.groups) if g in two])
+    result = train_configurations(table)
+    assert result.floored == bool(result.governor_regret.mean() >= result.fixed_regret.mean() - 1e-12)
+    assert (result.governor.tree is None) == result.floored
+    assert "the inner folds hold one workload of the other task out" in result.description("SIMULATED", "energy_joint_expected_j")
+    # one workload per task: nothing to choose on inside a fold, the nested CV scores the fixed configuration: a tie
+    single = table.subset([table.groups.index(g) for g in two])
+    tie = train_configurations(single)
+    assert np.array_equal(tie.governor_regret, tie.fixed_regret) and tie.floored and tie.governor.kind == "fixed"
+    assert tie.governor.fixed == fixed_configuration(single).fixed
+    metrics = tie.metrics(to_policy(tie.governor, single, np.ones_like(single.cost)))
+    assert metrics["tree_outer_regret"] == pytest.approx(float(tie.fixed_regret.mean())) and metrics["floored"] == 1.0
+
+
+def _capped(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with one more maxn of bert-tiny, capped at the start, whose energy would be the least."""
+    extra = frame[(frame["params.model"] == "bert-tiny") & (frame["params.freq_mhz"] == "maxn")].copy()
+    extra["metrics.energy_joint_expected_j"] = 1.0
+    extra["tags.dvfs.cap_at_start"] = "612"
+    return pd.concat([frame, extra], ignore_index=True)
+
+
+def test_the_joint_maxn_reference_leaves_capped_runs_out_and_never_mixes_metrics():
+    board = legacy_board("sim-orin", [612.0])
+    ok = joint_dataset_from_points(SweepPoints(_capped(_frame(False)), "sweep-e", "sim-orin", True, board))
+    assert list(ok.maxn_cost) == [11.0, 11.0]  # the capped maxn (1.0) is not the reference
+    no_maxn_metric = _frame(False)
+    no_maxn_metric.loc[no_maxn_metric["params.freq_mhz"] == "maxn", "metrics.energy_joint_expected_j"] = np.nan
+    no_maxn_metric["metrics.energy_j"] = 5.0  # logged everywhere: chosen for every point, maxn included, never mixed
+    no_maxn_metric["metrics.time_s"] = 2.0
+    mixed = joint_dataset_from_points(SweepPoints(no_maxn_metric, "sweep-f", "sim-orin", True, board))
+    assert mixed.metric == "energy_j" and list(mixed.maxn_cost) == [5.0, 5.0] and list(mixed.maxn_time_s) == [2.0, 2.0]
+    with pytest.raises(DvfsError, match=r"log none of energy_joint_expected_j, energy_joint_j, energy_j .*bert-mini/sst2@maxn"):
+        joint_dataset_from_points(SweepPoints(no_maxn_metric.drop(columns=["metrics.energy_j"]), "sweep-g", "sim-orin", True, board))
+    no_time = _frame(False)
+    no_time.loc[no_time["params.freq_mhz"] == "maxn", "metrics.time_expected_s"] = np.nan  # the expected energy's time
+    with pytest.raises(DvfsError, match="log none of time_expected_s") as e:
+        joint_dataset_from_points(SweepPoints(no_time, "sweep-h", "sim-orin", True, board))
+    assert "\n" not in str(e.value)
+
+
+def test_a_table_that_is_not_a_full_grid_is_refused_in_one_line():
+    board = legacy_board("sim-orin", [612.0, 1300.5])
+    frame = _frame(False)
+    faster = frame[frame["params.cpu_freq_mhz"] == "729.6"].assign(**{"params.freq_mhz": "1300.5"})  # no 1300.5 x 2201.6
+    with pytest.raises(DvfsError, match=r"not a full grid \(1 of the GPU x CPU x EMC product missing: GPU 1300.5 / CPU 2201.6 MHz\)"):
+        joint_dataset_from_points(SweepPoints(pd.concat([frame, faster], ignore_index=True), "sweep-i", "sim-orin", True, board))
+
+
+def test_a_replay_dry_run_plays_the_whole_configuration_a_governor_of_configurations_decides(trained, tmp_path, monkeypatch):
+    """`finetune --device replay --dry-run` on a grid with CPU and EMC columns: the governor's CPU and EMC clocks are the
+    file's, kept, and the REPLAYED saving is the grid's at that configuration (not at the GPU clock's top slice)."""
+    from dvfs_mlops.app.devices import DeviceChoice, open_chosen
+    from dvfs_mlops.app.replay_decide import replay_dry_run
+    from dvfs_mlops.mlops import governor as governor_module
+    from dvfs_mlops.mlops.launch import LaunchOptions
+    from dvfs_mlops.mlops.sweep.replayed import features_of_grid
+
+    train, _, policy = trained
+    feats = train.features[0]
+    rows = ["workload,gpu_mhz,cpu_mhz,emc_mhz,time_s,energy_j,model_type,num_layers,hidden_size,num_params,avg_seq_len,gpu_util_pct"]
+    for k, s in enumerate(SETTINGS):  # every configuration's energy distinct, so the look-up says which one was played
+        rows.append(f"w,{s.gpu_mhz:g},{s.cpu_mhz:g},{s.emc_mhz:g},{1.0 + k / 100},{10.0 + k},{feats.model_type},{feats.num_layers},"
+                    f"{feats.hidden_size},{feats.num_params},{feats.avg_seq_len:g},{feats.gpu_util_pct:g}")
+    grid = tmp_path / "joint-grid.csv"
+    grid.write_text("\n".join(rows) + "\n")
+    joint_governor = Governor(GovernorRef("policy.json"), PolicyModel(policy))
+    monkeypatch.setattr(governor_module, "_for_board", lambda *_a, **_k: joint_governor)  # the registry's answer, in process
+    said: list[str] = []
+    out = replay_dry_run("w", False, DeviceChoice(backend="replay", trace=str(grid)), LaunchOptions(dry_run=True, refine=0),
+                         said.append)
+    row = features_of_grid(open_chosen(DeviceChoice(backend="replay", trace=str(grid))).grid, "w").as_row()  # type: ignore[attr-defined]
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(policy, row)
+    decision, replayed = out["decision"], out["replayed"]
+    assert (decision["freq_mhz"], decision["cpu_mhz"], decision["emc_mhz"]) == (gpu, cpu, emc)
+    assert (replayed["gpu_mhz"], replayed["cpu_mhz"], replayed["emc_mhz"]) == (gpu, cpu, emc)
+    played = SETTINGS.index(Setting(gpu, cpu, emc))
+    assert replayed["energy_j"] == 10.0 + played and replayed["top_energy_j"] == 10.0 + len(SETTINGS) - 1
+    assert not any("cannot set" in line for line in said), said
+
+
+
+def test_calibrate_refuses_a_governor_of_configurations_in_one_line(trained):
+    from dvfs_mlops.hw.board import legacy_board
+    from dvfs_mlops.model.governor.transfer import calibrate_policy
+
+    _, _, policy = trained
+    with pytest.raises(DvfsError, match="calibrate moves a GPU-only governor") as e:
+        calibrate_policy(policy, legacy_board("sim-orin-nano-8gb", [306.0, 612.0]), [])
+    assert "\n" not in str(e.value)
+
+
+def test_joint_regret_is_on_the_measured_energy_and_expected_on_the_expected_and_the_table_says_which(joint):
+    """On the twin a joint sweep logs both energies: `regret` is against the oracle of the measured one (energy_joint_j),
+    `regret_expected` against the expected one's; the text names the energy metric and each policy's knobs."""
+    import dataclasses
+
+    from dvfs_mlops.mlops.evaluate import format_table
+
+    rng = np.random.default_rng(0)
+    noisy = joint.table.cost * rng.uniform(0.85, 1.15, joint.table.cost.shape)  # a measured draw around the expected
+    measured = dataclasses.replace(joint, table=dataclasses.replace(joint.table, cost=noisy), metric="energy_joint_j")
+    both = dataclasses.replace(joint, measured=measured)
+    report = evaluate_joint(both, ["fixed-configuration", "oracle", "maxn"], parse_objective("energy"))
+    out = {o["policy"]: o for o in report.to_json()}
+    assert out["joint oracle"]["regret_expected"] == 0.0 and out["joint oracle"]["regret"] > 0  # the expected oracle, measured
+    rows = [r for r in report.rows if r.policy == "joint oracle"]
+    data = both.split("eval")
+    for i, r in enumerate(rows):
+        j = [s.label() for s in data.table.settings].index(r.freq)
+        assert r.regret_vs_oracle == pytest.approx(data.measured.table.cost[i, j] / data.measured.table.cost[i].min() - 1)
+    text = format_table(report)
+    assert "energy metric: energy_joint_expected_j" in text and "against the measured oracle on energy_joint_j" in text
+    assert text.splitlines()[2].endswith("knobs") and any(line.endswith("gpu,cpu,emc") for line in text.splitlines())
+    alone = {o["policy"]: o for o in evaluate_joint(joint, ["oracle"], parse_objective("energy")).to_json()}
+    assert alone["joint oracle"]["regret"] is None  # no measured energy: no measured regret, said so
+    assert "not measured" in format_table(evaluate_joint(joint, ["oracle"], parse_objective("energy")))
+
+
+def test_the_decision_path_names_the_clocks_pinned_after_snapping_and_dropping(trained):
+    train, _, policy = trained
+    governor = Governor(GovernorRef("policy.json"), PolicyModel(policy))
+    features = train.features[0]
+    (gpu, cpu, emc), _ = policy_tree.decide_configuration(policy, features.as_row())
+    choice = governor.decide(features, [gpu + 1.0], cpu_frequencies=[cpu + 10.0], emc_frequencies=[emc - 1.0])
+    assert choice.path.endswith(f"-> {Setting(gpu + 1.0, cpu + 10.0, emc - 1.0).label()}"), choice.path
+    kept = applicable(choice, {"cpu_mhz": [], "emc_mhz": [emc - 1.0]}, "nvml", False, "v3", lambda _m: None)
+    assert kept.path.endswith(f"-> GPU {gpu + 1.0:g} / EMC {emc - 1.0:g} MHz"), kept.path
+    assert kept.path.rpartition(" -> ")[0] == choice.path.rpartition(" -> ")[0]  # the splits unchanged
+    none = applicable(choice, {"cpu_mhz": [], "emc_mhz": []}, "nvml", False, "v3", lambda _m: None)
+    assert none.path.endswith(f"-> {gpu + 1.0:g} MHz")
+
+
+def test_ties_go_to_the_faster_configuration_in_the_tree_its_policy_and_the_fixed_configuration(joint):
+    """Every configuration at the lowest CPU clock costs exactly what the next CPU clock costs: the fitted tree, the
+    fixed configuration and the shipped policy all pick the faster one, and the policy decides as the tree on every
+    workload (held-out ones included)."""
+    import dataclasses
+
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    cost = joint.table.cost.copy()
+    for j, s in enumerate(SETTINGS):
+        if s.cpu_mhz == CPU[0]:
+            cost[:, j] = cost[:, SETTINGS.index(Setting(s.gpu_mhz, CPU[1], s.emc_mhz))]
+    tied = dataclasses.replace(joint, table=dataclasses.replace(joint.table, cost=cost))
+    train = tied.split("train")
+    result = train_configurations(train.table)
+    for governor in (result.searched, fixed_configuration(train.table)):
+        policy = json.loads(json.dumps(to_policy(governor, train.table, train.slowdown)))
+        picks = governor.pick(tied.table.features)
+        assert all(p.cpu_mhz != CPU[0] for p in picks)
+        for f, pick in zip(tied.features, picks):
+            assert Setting(*policy_tree.decide_configuration(policy, f.as_row())[0]) == pick
+
+
+def test_a_gpu_only_governor_is_judged_beside_joint_ones_with_the_cpu_and_memory_clocks_at_their_tops(joint, monkeypatch):
+    """A GPU-only curve governor (a models:/ version, here its policy in process) on a joint sweep: each workload's row
+    is its GPU clock with the CPU and EMC clocks at their tops, the configuration a GPU-only governor runs."""
+    from dvfs_mlops.mlops import governor as governor_module
+
+    curve = {"format": policy_tree.FORMAT, "family": "curve", "objective": "energy", "clocks_mhz": list(GPU),
+             "tree": {"feature": "num_layers", "threshold": 3,
+                      "left": {"energy": [1.3, 1.0, 1.1, 1.2], "time": [2.5, 1.5, 1.2, 1.0], "time_hi": [2.6, 1.6, 1.2, 1.0], "samples": 2},
+                      "right": {"energy": [1.4, 1.2, 1.0, 1.1], "time": [2.5, 1.5, 1.2, 1.0], "time_hi": [2.6, 1.6, 1.2, 1.0], "samples": 2}}}
+    gpu_only = Governor(GovernorRef("models:/dvfs-governor/2"), PolicyModel(curve))
+    monkeypatch.setattr(governor_module, "load_governor", lambda *_a, **_k: gpu_only)  # the registry's answer, in process
+    report = evaluate_joint(joint, ["models:/dvfs-governor/2", "oracle"], parse_objective("energy"))
+    assert report.knobs["models:/dvfs-governor/2"] == "gpu"
+    data = joint.split("eval")
+    rows = [r for r in report.rows if r.policy == "models:/dvfs-governor/2"]
+    assert len(rows) == len(data.table.workloads)
+    for f, r in zip(data.features, rows):
+        gpu = policy_tree.decide(curve, f.as_row())[0]
+        assert r.freq == Setting(gpu, CPU[-1], EMC[-1]).label()
+
+
+def test_evaluate_fits_the_fixed_configuration_that_training_registers(joint):
+    from dvfs_mlops.model.governor.configurations import fixed_configuration
+
+    train = joint.split("train").table
+    registered = fixed_configuration(train)
+    report = evaluate_joint(joint, ["fixed-configuration"], parse_objective("energy"))
+    assert {r.freq for r in report.rows} == {registered.settings[registered.fixed].label()}

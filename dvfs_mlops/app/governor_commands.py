@@ -38,7 +38,7 @@ class TrainReport:
 
         r = self.outcome.result
         if isinstance(r, ConfigurationResult):
-            return [*_configuration_lines(r), *self._version_lines()]
+            return [*_configuration_lines(r, self.outcome.truth), *self._version_lines()]
         truth = "expected (noise-free) curves, SIMULATED" if r.expected_truth else "mean-over-repeats curves"
         lines = [f"held-out regret (nested CV, against {truth}; mean [95% CI] over workloads):",
                  f"{'split':<16} {'governor':>22} {'FFG':>22} {'paper-mlg':>22}"]
@@ -60,8 +60,9 @@ class TrainReport:
         return [f"logged {out.model_uri} (not registered)"]
 
 
-def _configuration_lines(r: ConfigurationResult) -> list[str]:
-    """A governor of configurations' held-out regret (the tree, the fixed configuration) and what it is."""
+def _configuration_lines(r: ConfigurationResult, truth: str) -> list[str]:
+    """A governor of configurations' held-out regret (the tree, the fixed configuration) against `truth` (the energy
+    metric, SIMULATED where the twin's), and what it is."""
     import numpy as np
 
     from dvfs_mlops.model.governor.configurations import ci
@@ -72,8 +73,9 @@ def _configuration_lines(r: ConfigurationResult) -> list[str]:
 
     g = r.governor
     what = (f"a tree of depth {g.depth} (min leaf {g.min_leaf}) over {len(g.settings)} configurations" if g.tree is not None
-            else f"one fixed configuration, {g.settings[g.fixed].label()}" + (" (the floor: the tree did worse held out)" if r.floored else ""))
-    return [f"held-out regret against the joint oracle (nested CV, one task out, {r.n_groups} folds; mean [95% CI] over workloads):",
+            else f"one fixed configuration, {g.settings[g.fixed].label()}" + (" (the floor: the tree did no better held out)" if r.floored else ""))
+    return [(f"held-out regret against the joint oracle on {truth} (nested CV, one task out, {r.n_groups} folds; mean [95% CI] "
+             "over workloads):"),
             f"{'governor of configurations':<28} {cell(r.governor_regret):>22}", f"{'fixed configuration':<28} {cell(r.fixed_regret):>22}",
             f"registered governor: {what}"]
 

@@ -4,7 +4,8 @@ workload, and what the grid says it would have cost.
 A replay device runs nothing, so a fine-tune on it is a dry run or nothing: the governor of the grid's board family
 (`launch.decide`, as for any job) decides on the workload's features from the file's feature columns
 (`mlops.sweep.replayed.features_of_grid`), its utilisation the file's `gpu_util_pct` column; then the grid is looked
-up at the decided clock and at its top setting, so the line says what that decision saves on measurements (REPLAYED).
+up at the decided configuration (a governor of configurations' CPU and EMC clocks with its GPU clock; a clock it leaves
+open at the file's top) and at its top setting, so the line says what that decision saves on measurements (REPLAYED).
 On a replay device `--task` names the grid's workload (the unit of work the grid measured is its only job).
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ def replay_dry_run(workload: str, model_named: bool, choice: DeviceChoice, optio
 
     Returns:
         The dry run's summary (`finetune --json`): the decision, the device, the workload, and `replayed`: the
-        grid's energy and time of one unit of work at the decided clock and at its top setting, and the saving.
+        grid's energy and time of one unit of work at the decided configuration (its GPU, CPU and EMC clocks) and at its
+        top setting, and the saving.
 
     Raises:
         DvfsError: a training fine-tune (no --dry-run), a model named, a workload not in the grid, no governor and
@@ -63,12 +65,12 @@ def replay_dry_run(workload: str, model_named: bool, choice: DeviceChoice, optio
         return features.gpu_util_pct, "the grid's gpu_util_pct column"
 
     try:
-        decision = decide(board, options, features, utilisation, say)
+        decision = decide(board, options, features, utilisation, say, device=dev)  # the file's CPU and EMC clocks
     except ValueError as e:  # a tree that splits on a feature the grid does not give
         raise DvfsError(f"the governor cannot decide on {workload!r} from {grid.path}: {e}; add that column to the grid") from None
     for line in decision.lines():
         say(line)
-    chosen = dev.measure(workload, decision.freq_mhz)
+    chosen = dev.measure_setting(workload, dev.setting(decision.freq_mhz, decision.cpu_mhz, decision.emc_mhz))  # open: the top
     top = dev.measure(workload, MAXN)
     saving = 1.0 - chosen.energy_j / top.energy_j
     say(f"{REPLAYED}: {chosen.energy_j:.4g} J in {chosen.time_s:.4g} s per unit of work at {chosen.setting.label()}, against "
@@ -76,5 +78,7 @@ def replay_dry_run(workload: str, model_named: bool, choice: DeviceChoice, optio
     say("dry run: stopping after the decision (nothing runs on a replay device)")
     return {"decision": decision.to_dict(), "device": board.backend, "device_profile": board.profile, "simulated": False,
             "workload": workload, "trace_sha256": grid.sha256, "trace_name": grid.name,
-            "replayed": {"gpu_mhz": chosen.setting.gpu_mhz, "energy_j": chosen.energy_j, "time_s": chosen.time_s,
+            "replayed": {"gpu_mhz": chosen.setting.gpu_mhz, "cpu_mhz": chosen.setting.cpu_mhz, "emc_mhz": chosen.setting.emc_mhz,
+                         "energy_j": chosen.energy_j, "time_s": chosen.time_s,
                          "top_energy_j": top.energy_j, "top_time_s": top.time_s, "saving_vs_top": saving}}
+

@@ -105,17 +105,21 @@ def pick_source(c: MlflowClient, cfg: RegistryConfig, family: str, version: str 
     workloads (a trained version before a calibrated one at the same count, then the newest).
 
     Raises:
-        DvfsError: no production governor of another family (or `version` is of this family, or does not exist).
+        DvfsError: no production GPU-only governor of another family (or `version` is of this family, is a governor
+            of configurations, or does not exist).
     """
-    from dvfs_mlops.mlops.registry import ensure_families, get_version, richest_production, version_family
+    from dvfs_mlops.mlops.registry import ensure_families, get_version, richest_production, version_family, version_knobs
 
     ensure_families(c, cfg)
     if version:
         mv = get_version(c, cfg.name, version)
         if version_family(mv.tags, cfg.legacy_family) == family:
             raise DvfsError(f"{cfg.name} v{mv.version} is already a governor of {family}; calibrate from another board's")
+        if version_knobs(mv.tags) != "gpu":
+            raise DvfsError(f"{cfg.name} v{mv.version} is a governor of configurations ({version_knobs(mv.tags)}); calibrate "
+                            "moves a GPU-only governor: give a GPU-only version, or train one on this board's joint sweep")
         return mv
-    other = richest_production(c, cfg, family)
+    other = richest_production(c, cfg, family, knobs="gpu")  # a governor of configurations is not moved
     if other is None:
         raise DvfsError(_no_source(cfg, family))
     return other[1]

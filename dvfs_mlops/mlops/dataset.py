@@ -39,7 +39,7 @@ def _num(v: str | float) -> float:
     return float(v)
 
 
-def _model_task(df: Any) -> Any:
+def model_task(df: Any) -> Any:
     """Each run's MODEL/TASK; a replayed grid's point has no task: its workload is the model param, the grid's name."""
     if TASK not in df:
         return df[MODEL]
@@ -97,9 +97,11 @@ def _maxn_mean(m: pd.DataFrame, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def is_replayed(dataset: GovernorDataset) -> bool:
-    """The dataset's sweep played a measured grid (its board is a replay device's): what it says is REPLAYED."""
-    return dataset.board is not None and dataset.board.backend == "replay"
+def is_replayed(dataset: Any) -> bool:
+    """The sweep of a dataset (`GovernorDataset`, `SweepPoints`, `joint_dataset.JointDataset`: anything with its
+    `board`) played a measured grid (its board is a replay device's): what it says is REPLAYED."""
+    board = getattr(dataset, "board", None)
+    return board is not None and board.backend == "replay"
 
 
 def _replayed(g: Any) -> bool:
@@ -125,7 +127,7 @@ def dataset_from_frame(df: pd.DataFrame, sweep_id: str = "", device_profile: str
         raise DvfsError(f"sweep {sweep_id or '?'} has no FINISHED point runs")
     df = df.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"  # MODEL/TASK plus the variant (+lora-r8a16+bf16) where not full fp32
-    df["_workload"] = _model_task(df)
+    df["_workload"] = model_task(df)
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, sweep_id)
@@ -205,6 +207,11 @@ class SweepPoints:
     device_profile: str
     simulated: bool
     board: Board
+
+    @property
+    def replayed(self) -> bool:
+        """The sweep played a measured grid (its board is a replay device's): what it says is REPLAYED."""
+        return is_replayed(self)
 
     @property
     def joint(self) -> bool:
@@ -308,7 +315,7 @@ def _check_one_power_mode(df: Any, label: str) -> None:
 def _check_comparable(df: pd.DataFrame) -> None:
     """A workload measured by several sweeps is averaged over them: they must have measured the same job."""
     cols = [c for c in COMPARABLE if c in df]
-    for workload, g in df.groupby(_model_task(df)):
+    for workload, g in df.groupby(model_task(df)):
         differ = [c[len("params."):] for c in cols if g[c].astype(str).nunique() > 1]
         if differ:
             sweeps = ", ".join(sorted(set(g[f"tags.{schema.TAG_SWEEP}"])))

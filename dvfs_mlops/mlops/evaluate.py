@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dvfs_mlops.clocks import MAXN, freq_label
+from dvfs_mlops.clocks import MAXN, Setting, freq_label
 from dvfs_mlops.errors import DvfsError, unknown
 from dvfs_mlops.mlops import lifecycle, schema
 from dvfs_mlops.mlops.dataset import dataset_from_frame, is_replayed, read_sweep_points
@@ -55,6 +55,7 @@ BUILTIN = ("production", "ffg", "paper-mlg", "maxn", "oracle")
 # On a joint sweep: the default side by side, and the policies that exist only there.
 JOINT_POLICIES = ("production", "gpu-oracle", "ffg", "fixed-configuration", "oracle", "maxn")
 JOINT_ONLY = ("gpu-oracle", "fixed-configuration")
+JOINT_ORACLE = "joint oracle"  # the label of the policy "oracle" on a joint sweep (its MLflow keys are oracle_*)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +130,8 @@ class PolicySummary:
 
     def as_json(self, simulated: bool) -> dict[str, Any]:
         """The `evaluate --json` object: all fractions."""
-        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": self.mean_regret,
+        regret = None if math.isnan(self.mean_regret) else self.mean_regret  # a joint table without a measured energy
+        return {"policy": self.policy, "n": self.n, "saving": self.mean_saving, "regret": regret,
                 "regret_expected": self.mean_regret_expected, "regret_ci": list(self.regret_ci) if self.regret_ci else None,
                 "saving_small": self.mean_saving_small, "saving_big": self.mean_saving_big, "max_saving": self.max_saving,
                 "worst_saving": self.worst_saving, "simulated": simulated}
@@ -148,6 +150,7 @@ class EvalReport:
     replayed: bool = False  # the sweep looked its points up in a measured grid (`--device replay`)
     energy_metric: str = ""  # a joint sweep's: the energy every policy is judged on (energy_joint_expected_j ...)
     knobs: dict[str, str] = dataclasses.field(default_factory=dict)  # a joint sweep's: the clocks each policy decides
+    regret_metric: str = ""  # a joint sweep's: the measured energy `regret` is on ('' where none: only `expected`)
 
     @property
     def label(self) -> str:
@@ -246,7 +249,14 @@ def check_policies(names: Sequence[str]) -> None:
 
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
+    """The GPU-only policies named (built-ins, "production", models:/ URIs) for a GPU-only sweep's dataset.
+
+    Raises:
+        DvfsError: an unknown name, no training workloads for FFG, a models:/ URI that does not load, or one that names
+            a governor of configurations (evaluate it on a joint sweep: "production" of that kind is skipped, said).
+    """
     from dvfs_mlops.mlops.governor import load_governor
+    from dvfs_mlops.mlops.registry import version_knobs
 
     policies: dict[str, Any] = {}
     for name in names:
@@ -271,6 +281,14 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
                     continue
                 raise
             label = name if name != "production" else f"production (v{governor.ref.version})"
+            knobs = version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+            if knobs != "gpu":  # its CPU and memory clocks have no curve here: judging its GPU clock alone says nothing true
+                refusal = (f"{label} is a governor of configurations ({knobs}) and sweep {dataset.sweep_id} tunes the GPU clock "
+                           "alone: evaluate it on a joint sweep (dvfs-mlops sweep --knobs gpu,cpu,emc --strategy grid)")
+                if name == "production":
+                    say(f"skipping {refusal}")
+                    continue
+                raise DvfsError(refusal)
             policies[label] = GovernorPolicy(governor, label, objective.name)
         else:
             raise unknown("policy", name, [*BUILTIN, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
@@ -279,7 +297,7 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
 
 def format_table(report: EvalReport) -> str:
     def pct(x: float | None) -> str:
-        return "   -  " if x is None else f"{100 * x:6.2f}%"
+        return "   -  " if x is None or math.isnan(x) else f"{100 * x:6.2f}%"
 
     label = report.label
     expected = any(s.mean_regret_expected is not None for s in report.summaries)
@@ -292,9 +310,18 @@ def format_table(report: EvalReport) -> str:
                      f"{pct(s.max_saving):>8} {pct(s.worst_saving):>8} {pct(s.mean_regret):>8} {pct(s.mean_regret_expected):>8} "
                      f"{ci:>16}  {s.max_saving_workload} / {s.worst_workload}")
     truth = "the expected (noise-free) curve" if expected else "the mean over repeats"
-    lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
-                 + (", expected = against the expected oracle" if expected else "")
-                 + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
+    if report.energy_metric:  # a joint sweep: the energy every policy is judged on, and the clocks each decides
+        lines = [*lines[:1], f"energy metric: {report.energy_metric}",
+                 lines[1] + "  knobs", *(line + f"  {report.knobs.get(s.policy, '-')}" for line, s in zip(lines[2:], report.summaries))]
+        on = (f"against the measured oracle on {report.regret_metric}" if report.regret_metric else
+              "not measured (the sweep logged the expected energy only)")
+        lines.append(f"saving = 1 - E/E(maxn) on {report.energy_metric}; regret = cost/cost(oracle) - 1 {on}"
+                     + (f", expected = against the expected oracle on {report.energy_metric}" if expected else "")
+                     + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
+    else:
+        lines.append(f"saving = 1 - E/E(maxn) on {truth}; regret = cost/cost(oracle) - 1 against the measured oracle"
+                     + (", expected = against the expected oracle" if expected else "")
+                     + f"; 95% CI: bootstrap over workloads of {'expected' if expected else 'regret'}")
     if report.run_id:
         lines.append(f"logged run {report.run_id} in {report.experiment or schema.EVALUATE_EXPERIMENT}")
     return "\n".join(lines)
@@ -364,7 +391,7 @@ def evaluate_sweep(sweep_id: str | None = None, experiment: str = SWEEP_EXPERIME
 
     if not log:
         return compare()
-    replayed = points.board.backend == "replay"
+    replayed = points.replayed
     tags = {schema.TAG_SWEEP: points.label, schema.TAG_SIMULATED: str(points.simulated).lower(),
             **({schema.TAG_DEVICE: "replay"} if replayed else {})}
     with lifecycle.owned_run(schema.EVALUATE_EXPERIMENT, name=f"evaluate {points.label} {split}", tags=tags) as run:
@@ -382,9 +409,11 @@ def _summary_metrics(summaries: Sequence[PolicySummary]) -> dict[str, float | No
     known `_mean_regret_expected`, `_regret_ci_low`/`_high`, `_mean_saving_small`/`_big`."""
     metrics: dict[str, float | None] = {}
     for s in summaries:
-        key = s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+        # the joint oracle is the policy asked as "oracle": its keys are oracle_*, as the GPU-only oracle's
+        key = "oracle" if s.policy == JOINT_ORACLE else s.policy.split(" ")[0].replace(":", "_").replace("/", "_").replace("@", "_")
+        regret = None if math.isnan(s.mean_regret) else s.mean_regret  # a joint table without a measured energy
         metrics.update({f"{key}_mean_saving": s.mean_saving, f"{key}_max_saving": s.max_saving,
-                        f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": s.mean_regret,
+                        f"{key}_worst_saving": s.worst_saving, f"{key}_mean_regret": regret,
                         f"{key}_mean_regret_expected": s.mean_regret_expected, f"{key}_mean_saving_small": s.mean_saving_small,
                         f"{key}_mean_saving_big": s.mean_saving_big})
         if s.regret_ci is not None:
@@ -434,17 +463,12 @@ def _joint_regret(costs: np.ndarray, slowdown: np.ndarray, energy: np.ndarray, c
     return float(c / oracle - 1.0)
 
 
-def _fixed_column(costs: np.ndarray, columns: Sequence[int]) -> int:
-    """FFG's rule over `columns`: the least mean normalised cost over the rows (an infeasible cost charged twice the
-    row's worst feasible one; a row with none feasible judged by its first finite values)."""
-    totals = np.zeros(len(columns))
-    for row in costs:
-        sub = row[list(columns)]
-        finite = sub[np.isfinite(sub)]
-        if not len(finite):
-            continue
-        totals += np.where(np.isfinite(sub), sub, 2 * finite.max()) / finite.min()
-    return list(columns)[min(range(len(columns)), key=lambda i: (totals[i], -i))]
+def _fixed_column(costs: np.ndarray, columns: Sequence[int], settings: Sequence[Setting]) -> int:
+    """FFG's joint rule (`configurations.fixed_column`) over `columns` of the table."""
+    from dvfs_mlops.model.governor.configurations import fixed_column
+
+    cols = list(columns)
+    return cols[fixed_column(costs[:, cols], [settings[j] for j in cols])]
 
 
 def _column_of(joint: JointDataset, gpu: float, cpu: float | None, emc: float | None) -> int:
@@ -483,11 +507,12 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
         if name == "maxn":
             out[name], decides[name] = (lambda i: None), "none"
         elif name == "oracle":
-            out["joint oracle"], decides["joint oracle"] = (lambda i: _best(costs[i], joint.slowdown[i], every)), knobs
+            out[JOINT_ORACLE], decides[JOINT_ORACLE] = (lambda i: _best(costs[i], joint.slowdown[i], every)), knobs
         elif name == "gpu-oracle":
             out[name], decides[name] = (lambda i: _best(costs[i], joint.slowdown[i], gpu_cols)), "gpu"
         elif name in ("ffg", "fixed-configuration"):
-            column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every)
+            column = _fixed_column(joint_costs(objective, train.table.cost, train.slowdown), gpu_cols if name == "ffg" else every,
+                                   joint.table.settings)
             out[name], decides[name] = _constant(column), "gpu" if name == "ffg" else knobs
         elif name == "paper-mlg":
             tree = paper_tree()
@@ -538,6 +563,10 @@ def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objecti
     choosers, decides = _joint_choosers(joint, names, objective, say)
     costs = joint_costs(objective, data.table.cost, data.slowdown)
     expected = data.metric.endswith("_expected_j")
+    # regret against the measured oracle on the measured table where the sweep logged one (the twin's energy_joint_j),
+    # against the expected oracle on the expected table (`regret_expected`), as the GPU-only evaluate does
+    measured = data.measured if expected else data
+    measured_costs = None if measured is None else joint_costs(objective, measured.table.cost, measured.slowdown)
     rows: list[PolicyRow] = []
     for i, workload in enumerate(data.table.workloads):
         row = joint.table.workloads.index(workload)
@@ -550,7 +579,13 @@ def evaluate_joint(joint: JointDataset, names: Sequence[str], objective: Objecti
             else:
                 label, energy, time, cost = data.table.settings[j].label(), float(data.table.cost[i, j]), float(data.time_s[i, j]), float(costs[i, j])
             regret = _joint_regret(costs[i], data.slowdown[i], data.table.cost[i], cost, energy)
-            rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, regret,
+            on_measured = math.nan
+            if measured is not None and measured_costs is not None:
+                m_energy, m_cost = ((float(measured.maxn_cost[i]),) * 2 if j is None else
+                                    (float(measured.table.cost[i, j]), float(measured_costs[i, j])))
+                on_measured = _joint_regret(measured_costs[i], measured.slowdown[i], measured.table.cost[i], m_cost, m_energy)
+            rows.append(PolicyRow(workload, name, label, energy, time, None, 1.0 - energy / maxn_cost, on_measured,
                                   data.features[i].num_params, regret if expected else None))
     return EvalReport(joint.sweep_id, split, objective.name, joint.simulated, rows, summarise(rows, list(choosers)),
-                      replayed=joint.board is not None and joint.board.backend == "replay", energy_metric=joint.metric, knobs=decides)
+                      replayed=joint.replayed, energy_metric=joint.metric, knobs=decides,
+                      regret_metric="" if measured is None else measured.metric)

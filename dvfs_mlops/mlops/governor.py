@@ -157,6 +157,16 @@ class Choice:
     cpu_mhz: float | None = None
     emc_mhz: float | None = None
 
+    def relabelled(self) -> Choice:
+        """The choice with its path's tail (after the last " -> ") naming the clocks it holds now (snapped to a table,
+        or left alone where the device cannot pin them); a path without a clock at its tail ("refine") as it is."""
+        from dvfs_mlops.clocks import Setting
+
+        head, sep, tail = self.path.rpartition(" -> ")
+        if not tail.endswith(" MHz"):
+            return self
+        return dataclasses.replace(self, path=head + sep + Setting(self.freq_mhz, self.cpu_mhz, self.emc_mhz).label())
+
 
 def _clock(out: pd.DataFrame, column: str, table: Sequence[float] | None) -> float | None:
     """A decided CPU or memory clock from the model's output (absent or null: None), snapped to `table` where given."""
@@ -203,7 +213,8 @@ class Governor:
         except Exception as e:  # noqa: BLE001
             raise DvfsError(f"governor {self.ref.uri} could not decide for these features ({str(e).splitlines()[0][:200]})") from None
         path = str(out["decision_path"].iloc[0]) if "decision_path" in out else f"{out['freq_mhz'].iloc[0]:g} MHz"
-        return Choice(float(out["freq_mhz"].iloc[0]), path, _clock(out, "cpu_mhz", cpu_frequencies), _clock(out, "emc_mhz", emc_frequencies))
+        return Choice(float(out["freq_mhz"].iloc[0]), path, _clock(out, "cpu_mhz", cpu_frequencies),
+                      _clock(out, "emc_mhz", emc_frequencies)).relabelled()  # the path names the snapped clocks
 
     def check_board(self, board: Board, strict: bool, say: Callable[[str], None]) -> None:
         """A governor trained for another device profile: an error with `strict`, else a warning where that profile is

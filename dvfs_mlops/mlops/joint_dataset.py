@@ -7,13 +7,16 @@ named joint energy metric the sweep logged, expected where the twin logged it), 
 `max-slowdown:X` can be judged against the workload's maxn time), the workloads' features as the GPU-only dataset
 reads them (`dataset.features_of`, the GPU utilisation at maxn), their train/eval split and CV groups (the task).
 
-The cost metric, first that every pinned point logged: `energy_joint_expected_j` (the twin's noise-free joint energy,
-SIMULATED), `energy_joint_j` (the joint rails, measured), `energy_j` (the energy rails the sweep logged: a replayed
-grid's energy). Time: `time_expected_s` where logged, else `time_s`.
+The cost metric, first that every point (maxn included; a maxn capped at the start is not the reference and is left
+out, as `dataset` does) logged: `energy_joint_expected_j` (the twin's noise-free joint energy, SIMULATED),
+`energy_joint_j` (the joint rails, measured), `energy_j` (the energy rails the sweep logged: a replayed grid's energy).
+Time matches it: `time_expected_s` with the expected energy, `time_s` with a measured one, logged at every point. The
+configurations are the full product of the sweep's GPU, CPU and EMC clocks (the top column is every clock at its top).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -23,7 +26,16 @@ import numpy as np
 from dvfs_mlops.clocks import Setting
 from dvfs_mlops.errors import DvfsError
 from dvfs_mlops.mlops import fields, schema
-from dvfs_mlops.mlops.dataset import FREQ, SPLIT, SweepPoints, _model_task, features_of, read_sweep_points, warn_unheld_clocks
+from dvfs_mlops.mlops.dataset import (
+    FREQ,
+    SPLIT,
+    SweepPoints,
+    features_of,
+    is_replayed,
+    model_task,
+    read_sweep_points,
+    warn_unheld_clocks,
+)
 from dvfs_mlops.mlops.schema import SWEEP_EXPERIMENT
 from dvfs_mlops.model.governor.configurations import ConfigurationTable
 from dvfs_mlops.model.workload import METRIC, NUMERIC_FEATURES, WorkloadFeatures, split_variant
@@ -55,6 +67,8 @@ class JointDataset:
         rails: the rails the cost sums (param energy_joint_rails, else energy_rails; '' where not logged).
         tuned: the clocks the sweep tuned ("gpu", "cpu", "emc" among them).
         sweep_id, device_profile, simulated, board: the sweep's.
+        measured: where `metric` is the twin's expected energy, the same table on the measured (noisy) joint energy
+            `energy_joint_j` and `time_s` (what a measured oracle is judged on); None where not logged.
     """
 
     table: ConfigurationTable
@@ -70,6 +84,12 @@ class JointDataset:
     device_profile: str
     simulated: bool
     board: Board | None = None
+    measured: JointDataset | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """The sweep played a measured grid (a replay device's board): REPLAYED."""
+        return is_replayed(self)
 
     def split(self, name: str) -> JointDataset:
         """The workloads of one split (train, eval; all: every one)."""
@@ -78,7 +98,8 @@ class JointDataset:
         rows = [i for i, s in enumerate(self.splits) if s == name]
         return dataclasses.replace(self, table=self.table.subset(rows), time_s=self.time_s[rows], maxn_time_s=self.maxn_time_s[rows],
                                    maxn_cost=self.maxn_cost[rows], features=tuple(self.features[i] for i in rows),
-                                   splits=tuple(self.splits[i] for i in rows))
+                                   splits=tuple(self.splits[i] for i in rows),
+                                   measured=None if self.measured is None else self.measured.split(name))
 
     @property
     def slowdown(self) -> np.ndarray:
@@ -107,12 +128,35 @@ def configuration_of(row: pd.Series) -> Setting:
     return Setting(float(row[FREQ]), clock(CPU), clock(EMC))
 
 
-def _first_logged(pinned: pd.DataFrame, names: Sequence[str]) -> str:
+def _first_logged(points: pd.DataFrame, names: Sequence[str], label: str) -> str:
+    """The first of `names` that every point (maxn included) logged.
+
+    Raises:
+        DvfsError: none is logged at every point (one line naming the points that miss the first).
+    """
     for name in names:
         column = fields.column(name, METRIC)
-        if column in pinned and pinned[column].notna().all():
+        if column in points and points[column].notna().all():
             return name
-    raise DvfsError(f"the sweep's points log none of {', '.join(names)} at every configuration; re-run the sweep")
+    first = fields.column(names[0], METRIC)
+    lacking = points[points[first].isna()] if first in points else points
+    shown = sorted({f"{w}@{f}" for w, f in zip(lacking["_workload"], lacking[FREQ])})
+    raise DvfsError(f"sweep {label}: the points log none of {', '.join(names)} at every configuration and at maxn (first missing: "
+                    f"{', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''}); re-run the sweep")
+
+
+def _time_metric(cost_metric: str) -> str:
+    """The time metric that matches the cost's: expected (noise-free) time with expected energy, measured with measured."""
+    return TIME_METRICS[0] if cost_metric.endswith("_expected_j") else TIME_METRICS[1]
+
+
+def _missing_product(settings: Sequence[Setting]) -> list[Setting]:
+    """The configurations of the product of the settings' GPU, CPU and EMC clocks that are not among them."""
+    gpus = sorted({s.gpu_mhz for s in settings})
+    cpus = sorted({s.cpu_mhz for s in settings}, key=lambda v: v or 0.0)
+    emcs = sorted({s.emc_mhz for s in settings}, key=lambda v: v or 0.0)
+    present = set(settings)
+    return [s for s in itertools.starmap(Setting, itertools.product(gpus, cpus, emcs)) if s not in present]
 
 
 def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
@@ -128,15 +172,35 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
                         "of configurations (dvfs-mlops sweep --knobs gpu,cpu,emc --strategy grid)")
     df = points.frame.copy()
     named = f"tags.{schema.TAG_WORKLOAD}"
-    df["_workload"] = _model_task(df)
+    df["_workload"] = model_task(df)
     if named in df:
         df["_workload"] = df[named].fillna(df["_workload"])
     warn_unheld_clocks(df, points.label)
+    capped = f"tags.{schema.TAG_CAP_AT_START}"
+    if capped in df:  # maxn under a cap found at the start is another clock than the reference (as `dataset` reads it)
+        df = df[~((df[FREQ] == "maxn") & df[capped].notna())]
+    metric = _first_logged(df, COST_METRICS, points.label)
+    dataset = _table(points, df, metric)
+    measured_column = fields.column("energy_joint_j", METRIC)
+    if metric.endswith("_expected_j") and measured_column in df and df[measured_column].notna().all():
+        # the twin: the measured joint energy beside the expected (what the measured oracle is judged on)
+        dataset = dataclasses.replace(dataset, measured=_table(points, df, "energy_joint_j"))
+    return dataset
+
+
+def _table(points: SweepPoints, df: pd.DataFrame, metric: str) -> JointDataset:
+    """The `JointDataset` of the sweep's point runs (`df`, capped maxn left out) on one cost metric and its time metric."""
     pinned = df[df[FREQ] != "maxn"]
-    metric, time_metric = _first_logged(pinned, COST_METRICS), _first_logged(pinned, TIME_METRICS)
+    time_metric = _time_metric(metric)
+    _first_logged(df, (time_metric,), points.label)
     cost_col, time_col = fields.column(metric, METRIC), fields.column(time_metric, METRIC)
     settings = tuple(sorted({configuration_of(r) for _, r in pinned.iterrows()},
                             key=lambda s: (s.gpu_mhz, s.cpu_mhz or 0.0, s.emc_mhz or 0.0)))
+    absent = _missing_product(settings)
+    if absent:
+        raise DvfsError(f"sweep {points.label}: its configurations are not a full grid ({len(absent)} of the GPU x CPU x EMC product "
+                        f"missing: {', '.join(s.label() for s in absent[:4])}{' ...' if len(absent) > 4 else ''}); a governor of "
+                        "configurations learns from the whole grid: sweep every combination (--strategy grid)")
     column = {s: j for j, s in enumerate(settings)}
     names, feats, splits, groups, costs, times, maxn_t, maxn_e, holes = [], [], [], [], [], [], [], [], []
     for workload, g in df.groupby("_workload", sort=True):
@@ -148,7 +212,7 @@ def joint_dataset_from_points(points: SweepPoints) -> JointDataset:
         if m.empty or missing:
             holes.append(f"{workload} ({'no maxn' if m.empty else f'{missing} of {len(settings)} configurations missing'})")
             continue
-        maxn_cost = m[cost_col].mean() if cost_col in m and m[cost_col].notna().all() else m[fields.column("energy_j", METRIC)].mean()
+        maxn_cost = m[cost_col].mean()
         util = float(m[UTIL].mean()) if UTIL in m and m[UTIL].notna().any() else math.nan
         r0 = g.iloc[0]
         names.append(str(workload))

@@ -325,7 +325,7 @@ def applicable(choice: Choice, tables: Mapping[str, Sequence[float]], backend: s
     say(f"governor {governor} chose the {shown} with {choice.freq_mhz:g} MHz; {why}, so "
         f"{'it stays' if len(dropped) == 1 else 'they stay'} as found and the GPU clock is applied")
     return dataclasses.replace(choice, cpu_mhz=None if "cpu_mhz" in dropped else choice.cpu_mhz,
-                               emc_mhz=None if "emc_mhz" in dropped else choice.emc_mhz)
+                               emc_mhz=None if "emc_mhz" in dropped else choice.emc_mhz).relabelled()  # the path: what is pinned
 
 
 def refine_budget(decision: Decision, options: LaunchOptions, board: Board, say: Callable[[str], None],

@@ -89,10 +89,6 @@ def write_tree_artifacts(policy: Mapping[str, Any], out: Path, classifier: Decis
     return {k: str(v) for k, v in paths.items()}
 
 
-def _configuration(c: list[float | None]) -> str:
-    return " / ".join(f"{k} {v:g}" for k, v in zip(("GPU", "CPU", "EMC"), c) if v is not None) + " MHz"
-
-
 def tree_text(node: Mapping[str, Any], classifier: DecisionTreeClassifier | None = None, feature_names: list[str] | None = None,
               policy_clocks: list[float] | None = None, policy_configurations: list[list[float | None]] | None = None) -> str:
     if classifier is not None and hasattr(classifier, "classes_"):
@@ -107,8 +103,9 @@ def tree_text(node: Mapping[str, Any], classifier: DecisionTreeClassifier | None
             lines.append(f"{pad}freq_mhz: {n['freq_mhz']:g}")
             return
         if "feature" not in n and policy_configurations is not None:  # a leaf of configurations: what energy picks
-            i = min(range(len(n["energy"])), key=lambda j: n["energy"][j])
-            lines.append(f"{pad}configuration (n={n.get('samples', '?')}) {_configuration(policy_configurations[i])}: "
+            columns = [tuple(None if v is None else float(v) for v in c) for c in policy_configurations]
+            i = policy_tree._leaf_index({}, n, "energy", columns)  # as the policy decides (ties: the faster)
+            lines.append(f"{pad}configuration (n={n.get('samples', '?')}) {policy_tree._configuration_label(columns[i])}: "
                          f"E/Emin {n['energy'][i]:.3f}, T/Tmaxn {n['time'][i]:.2f}")
             return
         if "feature" not in n:  # a curve leaf: its curve, and what the energy objective picks from it

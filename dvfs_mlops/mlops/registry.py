@@ -113,8 +113,8 @@ def version_family(tags: Mapping[str, str], default: str = LEGACY_FAMILY) -> str
 
 
 def version_knobs(tags: Mapping[str, str]) -> str:
-    """The clocks a version decides: "gpu" (a GPU-only governor, and every version from before configurations), or
-    "gpu,cpu,emc" ... for a governor of configurations (its tag `knobs`)."""
+    """The clocks a version decides: "gpu,cpu,emc" ... for a governor of configurations (its tag `knobs`), else "gpu"
+    (a GPU-only governor: a version without the tag)."""
     return str(tags.get(schema.TAG_VERSION_KNOBS) or "gpu")
 
 
@@ -237,11 +237,13 @@ def workloads_of(mv: ModelVersion) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def richest_production(c: MlflowClient, cfg: RegistryConfig, besides: str) -> tuple[str, ModelVersion] | None:
+def richest_production(c: MlflowClient, cfg: RegistryConfig, besides: str, knobs: str | None = None) -> tuple[str, ModelVersion] | None:
     """(family, version): the production governor of a family other than `besides` trained on the most workloads (a
     trained version before a calibrated one at the same count, then the newest); None where there is none. What
-    `calibrate` moves to a board by default, and what --allow-other-board lets decide."""
-    others = [(f, mv) for f, mv in family_productions(c, cfg).items() if f != besides]
+    `calibrate` moves to a board by default (`knobs="gpu"`: only a GPU-only governor can be calibrated), and what
+    --allow-other-board lets decide (`knobs` None: any)."""
+    others = [(f, mv) for f, mv in family_productions(c, cfg).items()
+              if f != besides and (knobs is None or version_knobs(mv.tags) == knobs)]
     if not others:
         return None
     return max(others, key=lambda fm: (workloads_of(fm[1]), version_kind(fm[1].tags) != CALIBRATED, int(fm[1].version)))

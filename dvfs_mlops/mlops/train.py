@@ -37,6 +37,7 @@ class TrainOutcome:
     version: int | None
     model_uri: str
     experiment: str = schema.GOVERNOR_EXPERIMENT
+    truth: str = ""  # a governor of configurations': what its regret is against ("energy_joint_expected_j, ... SIMULATED")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +151,8 @@ def train_configuration_governor(points: SweepPoints, request: TrainRequest, run
 
     Raises:
         DvfsError: an objective other than energy (the tree learns energy; edp and max-slowdown:X are applied by its
-            leaves at decision time), a workload without every configuration, fewer than two training tasks.
+            leaves at decision time), an option of the GPU-only search (`_refuse_search_options`), a workload without
+            every configuration, fewer than two training tasks.
     """
     from dvfs_mlops.errors import DvfsError
     from dvfs_mlops.mlops.joint_dataset import joint_dataset_from_points
@@ -158,19 +160,22 @@ def train_configuration_governor(points: SweepPoints, request: TrainRequest, run
     from dvfs_mlops.model.governor.configurations import FAMILY, to_policy, train_configurations
 
     r = request
+    _refuse_search_options(r)
     if parse_objective(r.objective).name != "energy":
         raise DvfsError(f"a governor of configurations learns energy (objective {r.objective!r} asked); its leaves apply edp and "
                         "max-slowdown:X at decision time (the pyfunc's objective param, evaluate --objective): train with --objective energy")
     joint = joint_dataset_from_points(points)
     train = joint.split("train")
-    label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.board.backend == "replay" else ""
+    label = " (SIMULATED sweep)" if joint.simulated else " (REPLAYED sweep)" if points.replayed else ""
     knobs = ",".join(joint.tuned)
     say(f"training a governor of configurations on sweep {joint.sweep_id}{label}: {len(train.table.workloads)} training workloads, "
         f"{len(joint.table.settings)} configurations ({knobs}), energy {joint.metric} on {joint.rails or 'its rails'}")
     result = train_configurations(train.table)
-    truth = "the twin's expected values, SIMULATED" if joint.metric.endswith("_expected_j") else "the mean over repeats"
+    truth = ("the twin's expected values, SIMULATED" if joint.metric.endswith("_expected_j") else
+             "the mean over repeats, SIMULATED" if joint.simulated else "the mean over repeats")
     policy = to_policy(result.governor, train.table, train.slowdown, name=cfg.name, knobs=knobs, energy_metric=joint.metric,
-                       energy_rails=joint.rails, sweep_id=joint.sweep_id)
+                       energy_rails=joint.rails, sweep_id=joint.sweep_id, device_profile=joint.device_profile,
+                       simulated=joint.simulated, n_workloads=len(train.table.workloads))
     family = dataset_family(joint)
     tags = {schema.TAG_OBJECTIVE: "energy", schema.TAG_VERSION_PROFILE: joint.device_profile, schema.TAG_VERSION_SWEEP: joint.sweep_id[:4900],
             schema.TAG_N_WORKLOADS: str(len(train.table.workloads)), schema.TAG_SIMULATED: str(joint.simulated).lower(),
@@ -186,7 +191,28 @@ def train_configuration_governor(points: SweepPoints, request: TrainRequest, run
     description = result.description(truth, joint.metric)
     describe(run.client, run.run_id, description, cfg.name, version)
     say(description.split("\n\n")[1])
-    return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name)
+    return TrainOutcome(result, run.run_id, version, info.model_uri, run.experiment_name, f"{joint.metric}, {truth}")
+
+
+def _refuse_search_options(request: TrainRequest) -> None:
+    """A governor of configurations is chosen by an exhaustive grid held out by task: Optuna's options (trials, seed,
+    study, storage) and another CV split would be ignored, so asking for them is refused in one line.
+
+    Raises:
+        DvfsError: an option of the GPU-only search given another value than its default (--cv-split task is the one
+            this governor uses, so it is accepted).
+    """
+    from dvfs_mlops.errors import DvfsError
+
+    default = TrainRequest()
+    asked = [f"--{name.replace('_', '-')} {getattr(request, name)}" for name in ("trials", "outer_trials", "seed", "study_name", "storage")
+             if getattr(request, name) != getattr(default, name)]
+    if request.cv_split not in ("auto", "task"):
+        asked.append(f"--cv-split {request.cv_split}")
+    if asked:
+        raise DvfsError(f"a governor of configurations is chosen by an exhaustive grid of trees held out one task at a time; "
+                        f"{', '.join(asked)} would be ignored: drop {'it' if len(asked) == 1 else 'them'} (those options tune the "
+                        "GPU-only governor's Optuna search)")
 
 
 def dataset_family(dataset: GovernorDataset | JointDataset) -> str:

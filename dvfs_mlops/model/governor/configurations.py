@@ -93,19 +93,47 @@ class ConfigurationTree:
     kind: str = "fixed"
 
     def pick_index(self, features: np.ndarray) -> np.ndarray:
-        """Each row's configuration column: the least of its leaf's mean normalised cost."""
+        """Each row's configuration column: the least of its leaf's mean normalised cost (`least`: ties to the faster)."""
         if self.tree is None:
             return np.full(len(features), self.fixed)
-        return np.asarray(self.tree.predict(features)).argmin(axis=1)
+        return least(np.asarray(self.tree.predict(features)), self.settings)
 
     def pick(self, features: np.ndarray) -> list[Setting]:
         """Each row's configuration."""
         return [self.settings[i] for i in self.pick_index(features)]
 
 
+def least(values: np.ndarray, settings: Sequence[Setting]) -> np.ndarray:
+    """Each row's column of least value, ties to the faster configuration (the higher GPU clock, then CPU, then EMC):
+    the rule `policy_tree` decides by, so a policy.json picks what the fitted tree picks."""
+    order = np.array(sorted(range(len(settings)), key=lambda j: (-settings[j].gpu_mhz, -(settings[j].cpu_mhz or 0.0),
+                                                                  -(settings[j].emc_mhz or 0.0))))
+    return order[np.asarray(values)[:, order].argmin(axis=1)]
+
+
+def fixed_column(costs: np.ndarray, settings: Sequence[Setting]) -> int:
+    """FFG's joint rule: the column of least mean normalised cost over the rows (each row over its least finite cost;
+    an infeasible, infinite, cost charged twice the row's worst finite one; a row with none finite left out; ties: the
+    faster configuration, `least`). What training (`fixed_configuration`) and `evaluate` both fit.
+
+    Args:
+        costs: rows x columns of cost (inf where infeasible under the objective).
+        settings: the columns' configurations.
+    """
+    c = np.asarray(costs, dtype=float)
+    finite = np.isfinite(c)
+    c, finite = c[finite.any(axis=1)], finite[finite.any(axis=1)]
+    if not len(c):  # nothing feasible anywhere: the fastest
+        return int(least(np.zeros((1, len(settings))), settings)[0])
+    worst = np.where(finite, c, -np.inf).max(axis=1, keepdims=True)
+    best = np.where(finite, c, np.inf).min(axis=1, keepdims=True)
+    return int(least((np.where(finite, c, 2 * worst) / best).mean(axis=0)[None, :], settings)[0])
+
+
 def fixed_configuration(table: ConfigurationTable) -> ConfigurationTree:
-    """FFG's joint analogue: the one configuration of least mean normalised cost over the table's workloads."""
-    return ConfigurationTree(table.settings, None, int(table.normalised.mean(axis=0).argmin()))
+    """FFG's joint analogue: the one configuration of least mean normalised cost over the table's workloads
+    (`fixed_column`)."""
+    return ConfigurationTree(table.settings, None, fixed_column(table.cost, table.settings))
 
 
 def _tree(table: ConfigurationTable, depth: int, min_leaf: int, kind: str = "tree", seed: int = 0) -> ConfigurationTree:
@@ -152,16 +180,27 @@ def fit_configuration_tree(table: ConfigurationTable, depths: Sequence[int] = DE
     return fixed_configuration(table) if best[1] == 0 else _tree(table, best[1], best[2], best[3])
 
 
+def inner_split(n_groups: int) -> str:
+    """What the nested CV's inner folds hold out with `n_groups` outer groups: the groups where at least two are left to
+    choose on, else the workloads one by one (as the GPU-only search's `_inner_split`)."""
+    return "task" if n_groups >= 3 else "workload"
+
+
 def nested_regret(table: ConfigurationTable, kinds: Sequence[str] = ("tree", "forest")) -> tuple[np.ndarray, np.ndarray]:
     """Held-out regret of the governor and of the fixed configuration, per workload: each group held out in turn,
-    the governor's hyper-parameters (and kind, among `kinds`) chosen on the other groups only (by their own held-out
-    groups; where only one group is left to choose on, the fixed configuration).
+    the governor's hyper-parameters (and kind, among `kinds`) chosen on the other groups only, by their own held-out
+    groups; where one group is left to choose on, by its workloads held out one by one (`inner_split`); where one
+    workload is left, the fixed configuration.
 
     Returns:
         (the governor's regret per workload, the fixed configuration's).
     """
-    def select(t: ConfigurationTable) -> ConfigurationTree:  # one group left: nothing to hold out, the fixed configuration
-        return fit_configuration_tree(t, kinds=kinds) if len(set(t.groups)) >= 2 else fixed_configuration(t)
+    def select(t: ConfigurationTable) -> ConfigurationTree:
+        if len(set(t.groups)) < 2:
+            if len(t.workloads) < 2:  # nothing to hold out: the fixed configuration
+                return fixed_configuration(t)
+            t = dataclasses.replace(t, groups=t.workloads)
+        return fit_configuration_tree(t, kinds=kinds)
 
     governor = _held_out(table, select)
     fixed = _held_out(table, fixed_configuration)
@@ -202,10 +241,11 @@ def to_policy(governor: ConfigurationTree, table: ConfigurationTable, slowdown: 
         raise DvfsError(f"slowdown is {slowdown.shape}, the table's cost {table.cost.shape}")
     norm = table.normalised
 
-    def leaf(rows: np.ndarray) -> dict[str, Any]:
-        return {"energy": [round(float(v), 6) for v in norm[rows].mean(axis=0)],
-                "time": [round(float(v), 6) for v in slowdown[rows].mean(axis=0)],
-                "time_hi": [round(float(v), 6) for v in slowdown[rows].max(axis=0)], "samples": int(len(rows))}
+    def leaf(rows: np.ndarray, energy: np.ndarray | None = None) -> dict[str, Any]:
+        # unrounded, and a tree's leaf its own stored curve: the policy then decides exactly as `pick_index` predicts
+        return {"energy": [float(v) for v in (norm[rows].mean(axis=0) if energy is None else energy)],
+                "time": [float(v) for v in slowdown[rows].mean(axis=0)],
+                "time_hi": [float(v) for v in slowdown[rows].max(axis=0)], "samples": int(len(rows))}
 
     if governor.tree is None:
         tree: dict[str, Any] = leaf(np.arange(len(table.workloads)))
@@ -215,7 +255,7 @@ def to_policy(governor: ConfigurationTree, table: ConfigurationTable, slowdown: 
 
         def node(i: int) -> dict[str, Any]:
             if t.children_left[i] == -1:
-                return leaf(np.flatnonzero(reached == i))
+                return leaf(np.flatnonzero(reached == i), np.asarray(t.value[i])[:, 0])
             return {"feature": table.feature_names[int(t.feature[i])], "threshold": float(t.threshold[i]),
                     "left": node(int(t.children_left[i])), "right": node(int(t.children_right[i]))}
 
@@ -230,7 +270,7 @@ class ConfigurationResult:
 
     Attributes:
         governor: what is registered: the tree chosen on every training workload, or the fixed configuration where the
-            tree did worse held out (`floored`).
+            tree did no better held out (`floored`).
         searched: the tree chosen on every training workload (what the nested CV scored as "search").
         fixed: the fixed configuration fitted on every training workload (the floor).
         governor_regret: each training workload's held-out regret under the nested CV's tree (fitted without its group).
@@ -287,11 +327,14 @@ class ConfigurationResult:
                 if g.tree is not None else
                 f"One fixed configuration for every workload: {g.settings[g.fixed].label()} (the least mean normalised "
                 f"{metric} over the training workloads).")
-        held = (f"held out (nested CV, one task out, {self.n_groups} folds; regret against the joint oracle on {truth}): the tree "
+        inner = ("inner folds hold one of the other tasks out" if inner_split(self.n_groups) == "task" else
+                 "with two tasks, the inner folds hold one workload of the other task out")
+        held = (f"held out (nested CV, one task out, {self.n_groups} folds, {inner}; regret against the joint oracle on {truth}): the tree "
                 f"{_pct(float(np.mean(self.governor_regret)))}, the fixed configuration {_pct(float(np.mean(self.fixed_regret)))}")
         searched = (f"depths {', '.join(map(str, DEPTHS))} x min leaf {', '.join(map(str, MIN_LEAVES))}, every one scored by "
-                    "leaving each task out (an exhaustive grid of 20: smaller than any Optuna study would need)")
-        why = (f"Why this one: the tree ({searched}) did worse {held}, so the fixed configuration is registered."
+                    f"leaving each task out (an exhaustive grid of {len(DEPTHS) * len(MIN_LEAVES)}: smaller than any Optuna study would need)")
+        why = (f"Why this one: the tree ({searched}) did no better {held}, so the fixed configuration is registered (a tie goes "
+               "to it)."
                if self.floored else f"Why this one: chosen among {searched}; {held}.")
         mean, lo, hi = _paired(self.version_regret, self.fixed_regret)
         verdict = ("features matter here: the tree beats one fixed configuration by more than the CV's noise" if self.features_matter
@@ -320,8 +363,9 @@ def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
 
 def train_configurations(table: ConfigurationTable) -> ConfigurationResult:
     """Train a governor of configurations for registration: a tree (a forest has no policy.json form) chosen on every
-    training workload, judged by nested CV (`nested_regret`) against the fixed configuration, which replaces it where
-    the tree did worse held out.
+    training workload, judged by nested CV (`nested_regret`) against the fixed configuration, which replaces it unless
+    the tree did better held out (a tie, as where no inner fold had two workloads to choose on, registers the fixed
+    configuration: the version registered is always the one the held-out figures score).
 
     Raises:
         DvfsError: fewer than two groups (nothing to hold out).
@@ -332,6 +376,6 @@ def train_configurations(table: ConfigurationTable) -> ConfigurationResult:
     governor_regret, fixed_regret = nested_regret(table, kinds=("tree",))
     searched = fit_configuration_tree(table, kinds=("tree",))
     fixed = fixed_configuration(table)
-    floored = bool(np.mean(governor_regret) > np.mean(fixed_regret) + 1e-12)
+    floored = bool(np.mean(governor_regret) >= np.mean(fixed_regret) - 1e-12)  # a tie goes to the fixed configuration
     return ConfigurationResult(fixed if floored else searched, searched, fixed, governor_regret, fixed_regret, table.workloads,
                                len(set(table.groups)), floored)

@@ -454,10 +454,14 @@ def calibrate_policy(source_policy: Mapping[str, Any], target: Board, curves: Se
         `PowerPrior` fields).
 
     Raises:
-        DvfsError: nothing to calibrate from (see `fit_board_constants`), or a policy without a tree.
+        DvfsError: nothing to calibrate from (see `fit_board_constants`), a policy without a tree, or a governor of
+            configurations.
     """
     if "tree" not in source_policy:
         raise DvfsError("the source governor has no decision tree to calibrate")
+    if source_policy.get("family") == "configurations":
+        raise DvfsError("the source governor decides configurations (GPU, CPU, EMC clocks); calibrate moves a GPU-only "
+                        "governor: train a governor of configurations on this board's joint sweep instead")
     table = sorted(float(f) for f in target.frequencies_mhz)
     src_shape, src_fmax = _source_shape(source_policy)
     out = copy.deepcopy(dict(source_policy))
