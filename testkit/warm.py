@@ -14,7 +14,7 @@ buffers flushed; an uncaught exception is a traceback and exit code 1, an uncaug
 exit). A shim killed with SIGKILL takes its process with it (the zygote's monitor sees the socket close).
 
 What a warm command does not redo is its imports, so tests about the process itself keep starting a fresh one:
-import-time warnings (tests/test_quiet_output.py), start-up time, the installed wheel (tests/test_packaging.py),
+import-time warnings and the installed wheel (tests/test_packaging.py's installed loop), start-up time,
 offline hub loading (its environment is read at import). A command whose environment differs from the zygote's in
 a variable that libraries read at import time (`COLD_ENV`: Python's own, locale, torch/OpenMP threads, the Hugging
 Face hub, tqdm, MLflow's logging set-up) is exec'd cold in the forked process, so it is exactly a fresh interpreter.

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import atexit
 import fcntl
 import functools
 import json
@@ -21,6 +20,8 @@ from testkit.fakes.sysfs import FakeJetson, FakeKernel, make_orin_tree
 pytest_plugins = ["testkit.skips"]  # the closing line of a run: what was skipped, and the command that enables it
 
 REPO = Path(__file__).resolve().parents[1]
+RUN_DIR_ENV = "DVFS_TEST_RUN_DIR"  # run_dir(): set by the run's first process, inherited by its workers and commands
+_RUN_DIR_MADE = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,20 +30,85 @@ def pytest_configure(config: pytest.Config) -> None:
     `make test` runs two xdist workers on two cores, and each may start CLIs that train: with torch's
     default of one thread per core, its spinning thread pools fight over the cores (two smoke sweeps
     side by side: 41 s each; with one thread each, 20 s). Set before anything imports torch; a value
-    the caller exported is kept."""
+    the caller exported is kept. Also: the command line's defaults, and the run's shared folder (`run_dir`), on tmpfs
+    where it can (`ram_backed_tmp`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    # The command line's defaults (no progress bars), as every command sets them when it starts, set for the whole run:
+    # a command run in-process (CliRunner) would set them in this process for good, and the warm interpreter, which
+    # imported huggingface_hub without them, would then start every later command cold (testkit/warm.py COLD_ENV).
+    from dvfs_mlops import settings
+
+    settings.set_defaults(settings.CLI_DEFAULTS)
+    if RUN_DIR_ENV not in os.environ:  # the first process of the run (xdist's controller): its workers inherit it
+        ram = ram_backed_tmp()
+        if ram is not None:  # before pytest makes its temporary root (tempfile reads TMPDIR) and the workers start
+            os.environ["TMPDIR"] = str(ram)
+            tempfile.tempdir = None
+        os.environ[RUN_DIR_ENV] = tempfile.mkdtemp(prefix="dvfs-tests-")
+        config.stash[_RUN_DIR_MADE] = Path(os.environ[RUN_DIR_ENV])
+
+
+RAM_TMP, RAM_TMP_MIN_FREE = Path("/dev/shm"), 4 << 30
+
+
+def ram_backed_tmp() -> Path | None:
+    """/dev/shm where it is a tmpfs with 4 GiB free and TMPDIR is unset (a TMPDIR the caller chose wins); else None.
+
+    The tests' temporary folders (tmp_path, the MLflow SQLite stores, the commands' own temporary files) go there: SQLite
+    commits every write with fsync, 20 ms on this VM's disk against 0.1 ms on tmpfs, and MLflow's store commits
+    each write (a smoke sweep: about 280 commits). A whole run leaves about 600 MB there, kept until the next run (pyproject's
+    `tmp_path_retention_count = 1`). Docker's default /dev/shm (64 MB) is too small and is left alone."""
+    if os.environ.get("TMPDIR") or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return None
+    try:
+        mounts = Path("/proc/mounts").read_text().split("\n")
+        room = os.statvfs(RAM_TMP)
+    except OSError:
+        return None
+    tmpfs = any(line.split()[1:3] == [str(RAM_TMP), "tmpfs"] for line in mounts if len(line.split()) > 2)
+    writable = os.access(RAM_TMP, os.W_OK | os.X_OK)
+    return RAM_TMP if tmpfs and writable and room.f_bavail * room.f_frsize >= RAM_TMP_MIN_FREE else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_RUN_DIR_MADE, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(RUN_DIR_ENV, None)
+
+
+def run_dir() -> Path:
+    """A folder shared by every process of this test run (all xdist workers), for what is made once and then only
+    read or added to by content key: the step traces, the migrated store template. Gone when the run ends."""
+    return Path(os.environ[RUN_DIR_ENV])
+
+
+def _made_once(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `run_dir()/name`, filled by `make(folder)` in the first process of the run that asks (the others
+    wait on a file lock, then use it; a `make` that failed is tried again by the next one)."""
+    target, done = run_dir() / name, run_dir() / f"{name}.done"
+    with open(run_dir() / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            make(target)
+            done.touch()
+    return target
 
 
 # The modules that take longest (summed seconds of a whole `make test` run, `--durations=0`), heaviest first. `make test`
 # runs `--dist loadfile --no-loadscope-reorder`, so xdist hands files out in collection order: with these first, no
 # long file starts last and runs alone while the other worker idles. test_sweep leads: it makes the shared smoke sweep
 # that test_registry and test_loop_again copy later.
-SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_faults.py", "test_decision_speed.py", "test_loop_again.py",
-                      "test_packaging.py", "test_fleet_tracking.py", "test_lifecycle.py", "test_quiet_output.py", "test_registry.py",
-                      "test_ui_browser.py", "test_multigpu.py", "test_instruct.py", "test_server.py", "test_bad_input.py",
-                      "test_hub_offline.py", "test_models.py", "test_launcher.py", "test_adaptive_sweep.py", "test_kernelfs.py",
-                      "test_twin.py", "test_jetson.py", "test_tasks.py", "test_hardware_path.py", "test_refine.py", "test_lora.py")
+SLOW_MODULES_FIRST = ("test_sweep.py", "test_fleet.py", "test_packaging.py", "test_fleet_tracking.py", "test_faults.py",
+                      "test_decision_speed.py", "test_loop_again.py", "test_lifecycle.py", "test_finetune_progress.py", "test_server.py",
+                      "test_replay_loop.py", "test_hub_offline.py", "test_multigpu.py", "test_ui_browser.py", "test_calibrate.py",
+                      "test_governor_configurations.py", "test_twin.py", "test_registry.py", "test_adaptive_sweep.py", "test_instruct.py",
+                      "test_models.py", "test_lora.py", "test_families.py", "test_refine_knobs.py", "test_hardware_path.py", "test_tasks.py",
+                      "test_warmup.py", "test_clockd_attacks.py", "test_docs_site.py", "test_bad_input.py", "test_launcher.py",
+                      "test_kernelfs.py", "test_jetson.py", "test_refine.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,8 +135,14 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 @pytest.fixture(scope="session")
 def trace_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Step traces are shared by the whole run (capturing one costs ~0.1-1 s)."""
-    return Path(os.environ.get("DVFS_TEST_TRACE_CACHE") or tmp_path_factory.mktemp("traces"))
+    """Step traces are shared by the whole run, every xdist worker and the commands they start (capturing one costs
+    ~0.1-1 s of CPU; the twin's calibration alone captures 39). TraceCache writes each entry atomically under its
+    content key, so two processes capturing the same trace at once leave one whole file."""
+    if os.environ.get("DVFS_TEST_TRACE_CACHE"):
+        return Path(os.environ["DVFS_TEST_TRACE_CACHE"])
+    folder = run_dir() / "traces"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -157,16 +229,16 @@ def _mlflow_follows_the_environment() -> Iterator[None]:
 
 @functools.cache
 def migrated_store_template() -> Path:
-    """An empty MLflow SQLite store, its schema already migrated, made once per test process: creating one costs
-    ~2.5 s of CPU (MLflow's migrations; 8-13 s on a loaded machine), copying this one ~0.05 s. Made by a fresh process
-    in its own folder, so nothing of it (the Default experiment's artifact location included) points at the checkout;
-    the folder goes when the process ends."""
-    folder = Path(tempfile.mkdtemp(prefix="dvfs-store-template-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    db = folder / "mlflow.db"
-    code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
-    subprocess.run([sys.executable, "-c", code, f"sqlite:///{db}"], cwd=folder, check=True, capture_output=True, timeout=300)
-    return db
+    """An empty MLflow SQLite store, its schema already migrated, made once per test run (`run_dir()`, shared by every
+    xdist worker): creating one costs ~2.5 s of CPU (MLflow's migrations; 8-13 s on a loaded machine) plus a fresh
+    interpreter, copying this one ~0.05 s. Made by a fresh process in its own folder, so nothing of it (the Default
+    experiment's artifact location included) points at the checkout."""
+    def make(folder: Path) -> None:
+        code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
+        subprocess.run([sys.executable, "-c", code, f"sqlite:///{folder / 'mlflow.db'}"], cwd=folder, check=True, capture_output=True,
+                       timeout=300)
+
+    return _made_once("store-template", make) / "mlflow.db"
 
 
 @pytest.fixture(scope="session")

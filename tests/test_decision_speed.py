@@ -278,7 +278,8 @@ def test_a_written_store_is_asked_again_and_a_new_production_version_is_seen(sto
     src, env = store
     db = tmp_path / "mlflow.db"
     shutil.copy(src / "mlflow.db", db)  # a store of this test's own (the module's store stays at v1)
-    env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "DVFS_CACHE_DIR": str(tmp_path / "cache")}
+    # the module's caches: the workload's facts are keyed by content, the remembered governor by this store's own URI
+    env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
     first, _, _ = _probe(env, tmp_path, *DRY_RUN)
     warm, warm_report, _ = _probe(env, tmp_path, *DRY_RUN)
     assert first["decision"]["governor"]["version"] == 1 and not warm_report["mlflow"] and warm["decision"] == first["decision"]

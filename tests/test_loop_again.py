@@ -11,7 +11,7 @@ from tests.conftest import REPO, run_cli, smoke_sweep_copy
 
 AGX, NANO = "jetson-agx-orin-64gb", "jetson-orin-nano-8gb"
 # The main job, small: the session's smoke sweep is the one it resumes (same definition: the smoke preset on sim-orin).
-MAIN_JOB = [str(REPO / "scripts" / "main-job"), "--preset", "smoke", "--trials", "4", "--finetune-steps", "4"]
+MAIN_JOB = [str(REPO / "scripts" / "main-job"), "--preset", "smoke", "--trials", "2", "--finetune-steps", "4"]
 
 
 def _versions(store: str) -> list:

@@ -1,11 +1,13 @@
 """The published package: the wheel carries every package folder and the registry data (the top-level registry/
 folder, mapped in as dvfs_mlops.registry_data), an editable and an installed copy read the same files, a missing
-gates file is an error, and the declared torch requirement admits the torch builds we support."""
+gates file is an error, the declared torch requirement admits the torch builds we support, and the installed CLI runs
+the whole loop printing only what we print (no warnings, ANSI codes or progress-bar redraws; the UI link at the end)."""
 from __future__ import annotations
 
 import email
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -276,33 +278,82 @@ def test_installed_copy_finds_its_registry_data(installed, tmp_path):
                               "calibrated-no-worse-than-source", "calibrated-regret", "calibrated-not-over-trained"], where
 
 
+# Noise a user must never see in the loop's output: warnings, ANSI colour codes, progress-bar redraws, tracebacks.
+NOISE = re.compile(r"Warning|warnings\.warn|\x1b|\r|Traceback")
+LOCAL_LINK = re.compile(r"^then open: (http://127\.0\.0\.1:5000/#/\S+)$")
+
+
+def _noise(name: str, r: subprocess.CompletedProcess[str]) -> list[str]:
+    return [f"{name}: {line!r}" for line in (r.stdout + r.stderr).split("\n") if NOISE.search(line)]
+
+
+def _link(name: str, r: subprocess.CompletedProcess[str], store: str) -> str:
+    """The last two stdout lines: the command that starts the UI on this store, then the link."""
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(lines) >= 2 and lines[-2] == f"start the MLflow UI: mlflow ui --backend-store-uri {store}", (name, lines[-3:])
+    m = LOCAL_LINK.match(lines[-1])
+    assert m, (name, lines[-1])
+    return m.group(1)
+
+
 @pytest.mark.slow
-def test_installed_cli_bootstrap_train_promote_finetune(installed, tmp_path):
-    """The loop on the installed CLI: bootstrap, a tiny sim sweep, train, promote through the gates, finetune."""
+def test_installed_loop_runs_through_the_gates_and_prints_only_what_we_print(installed, tmp_path):
+    """The loop as `make run` runs it, on the installed CLI, each command a fresh process (import-time warnings are a
+    process's): bootstrap, a tiny sim sweep through the MLproject (`mlflow run -P ...`, as scripts/main-job does),
+    train, promote through the gates, finetune, evaluate. Every command prints no warning, ANSI code, progress-bar
+    redraw or traceback, and each one that writes runs ends with the MLflow UI deep link to open."""
+    from mlflow.tracking import MlflowClient
+
     run = _runner(installed, tmp_path)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    noise: list[str] = []
     r = run("dvfs-mlops", "registry", "bootstrap")
     assert r.returncode == 0 and "registered the published tree as dvfs-governor v1" in r.stdout, _tail(r)
+    noise += _noise("bootstrap", r)
 
-    # 2 models x 2 training tasks: the 4 workloads cross-validation needs, 2 clocks with maxn
-    r = run("dvfs-mlops", "sweep", "--preset", "smoke", "--tasks", "sst2,mrpc", "--freqs", "510,1300.5", "--steps", "1",
-            "--train-size", "32", "--dev-size", "16", "--device", "sim", timeout=240)
+    # the sweep through the MLproject: its `dvfs-mlops` is the installed one (first on PATH); 2 models x sst2/mrpc
+    # (the 4 training workloads cross-validation needs) + rte (held out) at 510 MHz + maxn, 1 step each
+    mlflow = str(Path(sys.executable).parent / "mlflow")
+    r = run(mlflow, "run", str(REPO), "-e", "sweep", "--env-manager", "local", "--experiment-name", "dvfs-sweep", "-P", "preset=smoke",
+            "-P", "freqs=510", "-P", "steps=1", "-P", "train_size=32", "-P", "dev_size=16", "-P", "device=sim", timeout=300)
     assert r.returncode == 0, _tail(r)
+    noise += _noise("sweep", r)
+    link = _link("sweep", r, store)
+    assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?workflowType=machine_learning", link), link
+
     r = run("dvfs-mlops", "train", "--trials", "2")
     assert r.returncode == 0 and "registered dvfs-governor v2" in r.stdout, _tail(r)
+    noise += _noise("train", r)
+    assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/models/dvfs-governor/versions/2\?workflowType=machine_learning",
+                        _link("train", r, store))
 
-    # two clocks leave a tiny sweep's governor no room to beat FFG strictly: the gates run (read from the installed
+    # one clock leaves a tiny sweep's governor no room to beat FFG strictly: the gates run (read from the installed
     # governor.yaml), and --force is what promotes such a version
     r = run("dvfs-mlops", "registry", "promote", "2", "--force")
     assert r.returncode == 0, _tail(r)
     for gate in ("regret-no-worse-than-production", "heldout-regret", "beats-ffg", "uses-features"):
         assert f"{gate}:" in r.stdout, r.stdout
     assert "production -> v2" in r.stdout, r.stdout
+    noise += _noise("promote", r)
+    assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/models/dvfs-governor/versions/2\?workflowType=machine_learning",
+                        _link("promote", r, store))
 
-    r = run("dvfs-mlops", "finetune", "--model", "bert-tiny", "--task", "sst2", "--device", "sim", "--steps", "2",
-            "--train-size", "32", "--probe-steps", "1", "--json")
+    r = run("dvfs-mlops", "finetune", "--model", "bert-tiny", "--task", "rte", "--device", "sim", "--steps", "1", "--probe-steps", "1",
+            "--train-size", "32", timeout=240)
     assert r.returncode == 0, _tail(r)
-    out = json.loads(r.stdout)
-    assert out["decision"]["governor"]["version"] == 2 and out["decision"]["governor"]["alias"] == "production", out
+    noise += _noise("finetune", r)
+    link = _link("finetune", r, store)
+    m = re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/([0-9a-f]{32})\?workflowType=machine_learning", link)
+    assert m, link
+    tags = MlflowClient(tracking_uri=store).get_run(m.group(1)).data.tags  # the production version it promoted decided
+    assert (tags["governor.version"], tags["governor.alias"]) == ("2", "production"), tags
+
+    r = run("dvfs-mlops", "evaluate")
+    assert r.returncode == 0, _tail(r)
+    noise += _noise("evaluate", r)
+    assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning",
+                        _link("evaluate", r, store))
+    assert noise == [], "\n".join(noise)
 
     # no gates file: one clear line, never a silent "no gates"
     empty = tmp_path / "no-registry-data"
