@@ -247,6 +247,29 @@ def check_policies(names: Sequence[str]) -> None:
             raise unknown("policy", name, [*BUILTIN, *JOINT_ONLY, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
 
 
+def _named_governor(name: str, board: Any, say: Callable[[str], None]) -> tuple[Governor, str, str] | None:
+    """"production" (the production governor of `board`'s family, or the registry's) or a models:/ URI, loaded: the
+    governor, its row label and the clocks it decides ("gpu" or e.g. "gpu,cpu,emc"); None where "production" does not
+    load (said in one line).
+
+    Raises:
+        DvfsError: a models:/ URI that does not load.
+    """
+    from dvfs_mlops.mlops.governor import load_governor
+    from dvfs_mlops.mlops.registry import version_knobs
+
+    try:
+        governor = load_governor(board=board) if name == "production" and board is not None \
+            else load_governor(None if name == "production" else name)
+    except DvfsError as e:
+        if name == "production":
+            say(f"skipping 'production': {e}")
+            return None
+        raise
+    label = name if name != "production" else f"production (v{governor.ref.version})"
+    return governor, label, version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+
+
 def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Objective,
                    say: Callable[[str], None]) -> dict[str, Any]:
     """The GPU-only policies named (built-ins, "production", models:/ URIs) for a GPU-only sweep's dataset.
@@ -255,9 +278,6 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
         DvfsError: an unknown name, no training workloads for FFG, a models:/ URI that does not load, or one that names
             a governor of configurations (evaluate it on a joint sweep: "production" of that kind is skipped, said).
     """
-    from dvfs_mlops.mlops.governor import load_governor
-    from dvfs_mlops.mlops.registry import version_knobs
-
     policies: dict[str, Any] = {}
     for name in names:
         if name == "maxn":
@@ -272,16 +292,10 @@ def build_policies(names: Sequence[str], dataset: GovernorDataset, objective: Ob
         elif name == "paper-mlg":
             policies[name] = paper_tree()
         elif name == "production" or name.startswith("models:/"):
-            try:  # "production": the production governor of the sweep's board family
-                governor = load_governor(board=dataset.board) if name == "production" and dataset.board is not None \
-                    else load_governor(None if name == "production" else name)
-            except DvfsError as e:
-                if name == "production":
-                    say(f"skipping 'production': {e}")
-                    continue
-                raise
-            label = name if name != "production" else f"production (v{governor.ref.version})"
-            knobs = version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+            named = _named_governor(name, dataset.board, say)
+            if named is None:
+                continue
+            governor, label, knobs = named
             if knobs != "gpu":  # its CPU and memory clocks have no curve here: judging its GPU clock alone says nothing true
                 refusal = (f"{label} is a governor of configurations ({knobs}) and sweep {dataset.sweep_id} tunes the GPU clock "
                            "alone: evaluate it on a joint sweep (dvfs-mlops sweep --knobs gpu,cpu,emc --strategy grid)")
@@ -492,8 +506,6 @@ def _constant(column: int) -> Callable[[int], int | None]:
 def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Objective,
                     say: Callable[[str], None]) -> tuple[dict[str, Callable[[int], int | None]], dict[str, str]]:
     """Each policy as a function of a workload's row -> its column (None: maxn), and the clocks each decides."""
-    from dvfs_mlops.mlops.governor import load_governor
-
     train = joint.split("train")
     if not train.table.workloads and any(n in ("ffg", "fixed-configuration") for n in names):
         raise DvfsError(f"sweep {joint.sweep_id} has no training workloads to fit FFG and the fixed configuration on")
@@ -522,17 +534,10 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
 
             out[name], decides[name] = published, "gpu"
         else:  # production or a models:/ URI
-            try:
-                governor = load_governor(board=joint.board) if name == "production" and joint.board is not None \
-                    else load_governor(None if name == "production" else name)
-            except DvfsError as e:
-                if name == "production":
-                    say(f"skipping 'production': {e}")
-                    continue
-                raise
-            from dvfs_mlops.mlops.registry import version_knobs
-
-            label = name if name != "production" else f"production (v{governor.ref.version})"
+            named = _named_governor(name, joint.board, say)
+            if named is None:
+                continue
+            governor, label, knobs_of_version = named
 
             def choose(i: int, g: Any = governor) -> int:
                 try:
@@ -543,7 +548,7 @@ def _joint_choosers(joint: JointDataset, names: Sequence[str], objective: Object
                                  emc_frequencies=tables["emc_mhz"] or None)
                 return _column_of(joint, c.freq_mhz, c.cpu_mhz, c.emc_mhz)
 
-            out[label], decides[label] = choose, version_knobs(governor.ref.tags) if governor.ref.name else "gpu"
+            out[label], decides[label] = choose, knobs_of_version
     return out, decides
 
 
