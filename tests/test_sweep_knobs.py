@@ -125,7 +125,7 @@ def test_a_joint_sweep_on_the_twin_pins_each_configuration(strategy, empty_store
         assert w["points_measured"] == 9
         # train makes a governor of configurations of it, judged by holding tasks out: one task is refused in one line
         sweep_id = re.search(r"sweep (sweep-\w+) \(SIMULATED\): ran", r.stderr).group(1)
-        t = run_cli("train", "--sweep-id", sweep_id, "--trials", "2", env={"MLFLOW_TRACKING_URI": empty_store})
+        t = run_cli("train", "--sweep-id", sweep_id, env={"MLFLOW_TRACKING_URI": empty_store})
         assert t.returncode == 2 and "have 1 task(s) (sst2); sweep at least two training tasks" in t.stderr, t.stderr[-2000:]
     # one energy for both: every point of a joint sweep on the twin carries the energy of the rails every clock feeds
     # (AGX Orin: GPU/SoC, CPU and DRAM), and its configurations are compared on it
