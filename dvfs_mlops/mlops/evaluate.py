@@ -45,8 +45,8 @@ from dvfs_mlops.model.governor.policies import (
 from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
 
 if TYPE_CHECKING:
-    
     from dvfs_mlops.clocks import FreqRequest
+    from dvfs_mlops.hw.board import Board
     from dvfs_mlops.model.workload import WorkloadFeatures
 
 logger = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ def check_policies(names: Sequence[str]) -> None:
             raise unknown("policy", name, [*BUILTIN, *JOINT_ONLY, "models:/NAME/VERSION", "models:/NAME@ALIAS"])
 
 
-def _named_governor(name: str, board: Any, say: Callable[[str], None]) -> tuple[Governor, str, str] | None:
+def _named_governor(name: str, board: Board | None, say: Callable[[str], None]) -> tuple[Governor, str, str] | None:
     """"production" (the production governor of `board`'s family, or the registry's) or a models:/ URI, loaded: the
     governor, its row label and the clocks it decides ("gpu" or e.g. "gpu,cpu,emc"); None where "production" does not
     load (said in one line).
