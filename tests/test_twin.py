@@ -465,19 +465,3 @@ def test_twin_fit_csv_refuses_workloads_it_cannot_trace(tmp_path):
     csv.write_text("workload,gpu_mhz,time_s,energy_j\nLSTM_IMDB_bs8,905.25,0.39,5.3\nLSTM_IMDB_bs8,1377,0.29,6.4\n")
     r = CliRunner().invoke(main, ["twin", "fit", "--csv", str(csv), "--out", str(tmp_path / "x.yaml")])
     assert r.exit_code == 2 and "MODEL/TASK" in r.stderr and "'LSTM_IMDB_bs8'" in r.stderr and not (tmp_path / "x.yaml").exists()
-
-
-def test_the_cli_loads_without_the_twin_and_its_help_still_names_every_profile():
-    """Loading the command line imports neither the twin's profiles nor numpy (a command that never simulates pays for
-    neither); `--twin-profile`'s help, made when read, names every built-in profile and the default."""
-    import subprocess
-    import sys
-
-    from dvfs_mlops.app.options import device_options
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
-
-    code = "import sys, dvfs_mlops.app.cli; print(sorted({'numpy', 'dvfs_mlops.hw.twin.profiles'} & set(sys.modules)))"
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert probe.returncode == 0 and probe.stdout.strip() == "[]", probe.stdout + probe.stderr
-    (param,) = device_options("twin_profile").decorators()[0](lambda: None).__click_params__
-    assert param.help and all(name in param.help for name in BUILTIN_PROFILES) and f"(default {DEFAULT_PROFILE})" in param.help

@@ -18,6 +18,7 @@ from dvfs_mlops.app.clockd_command import ClockdOptions
 from dvfs_mlops.app.devices import TRACE_HELP, DeviceChoice
 from dvfs_mlops.app.finetune_command import FinetuneJobRequest
 from dvfs_mlops.app.sweep_command import STRATEGY_HELP, TUNED_HELP, SweepWorker
+from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 from dvfs_mlops.job.workloads.zoo import PRESETS as MODEL_PRESETS
 from dvfs_mlops.mlops.fields import KNOBS
 
@@ -25,27 +26,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class RecordOption(click.Option):
-    """An option whose default is its record's: unset (or given as ''), it passes None; --help shows the record's default.
-
-    `lazy_help` (instead of `help`) makes the help text when something first reads it (--help, the docs), so a
-    command that only runs never imports what the text names (the twin's profiles pull in numpy)."""
+    """An option whose default is its record's: unset (or given as ''), it passes None; --help shows the record's default."""
 
     record_default: Callable[[], Any] | None = None
-
-    def __init__(self, *decls: Any, lazy_help: Callable[[], str] | None = None, **attrs: Any) -> None:
-        self._lazy_help = lazy_help
-        super().__init__(*decls, **attrs)
-
-    @property  # type: ignore[override]  # click's plain attribute, read through here
-    def help(self) -> str | None:
-        if self._lazy_help is not None:
-            self._help: str | None = inspect.cleandoc(self._lazy_help())
-            self._lazy_help = None
-        return self._help
-
-    @help.setter
-    def help(self, text: str | None) -> None:
-        self._help = text
 
     def type_cast_value(self, ctx: click.Context, value: Any) -> Any:
         if self.multiple and isinstance(value, (list, tuple)):
@@ -168,20 +151,13 @@ peft_options = option_group(
     option("--lora-targets", "targets", help="Comma-separated modules LoRA adapts (default: peft's table, e.g. q_proj,v_proj)."),
 )
 
-
-def _twin_profile_help() -> str:
-    from dvfs_mlops.hw.twin.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
-
-    return f"sim: the twin's profile: {', '.join(BUILTIN_PROFILES)} (default {DEFAULT_PROFILE})."
-
-
 _DEVICE_OPTIONS = {
     "device": option("--device", "backend", type=click.Choice(["auto", "jetson", "nvml", "sim", "replay"]), help="Device backend (replay: --trace's grid)."),
     "sample_hz": option("--sample-hz", type=click.FloatRange(min=0.1), help="Power sampling rate of the meter (jetson, nvml)."),
     "gpu_index": option("--gpu-index", type=click.IntRange(min=0), help="nvml: which GPU, by NVML index (nvidia-smi's order)."),
     "assume_unlocked": option("--assume-unlocked", is_flag=True, help="nvml: pin although NVML cannot tell if clocks are locked already."),
     "torch_device": option("--torch-device", metavar="DEV", help="Train on DEV (cpu, cuda:1 ...), not the backend's GPU (tests)."),
-    "twin_profile": option("--twin-profile", metavar="NAME", lazy_help=_twin_profile_help),
+    "twin_profile": option("--twin-profile", metavar="NAME", help=f"sim: the twin's profile: {', '.join(BUILTIN_PROFILES)} (default {DEFAULT_PROFILE})."),
     "twin_params": option("--twin-params", type=click.Path(exists=True, dir_okay=False), metavar="FILE.yaml", help="sim: twin constants (twin fit's YAML)."),
     "device_id": option("--device-id", metavar="ID", help="Which board this is, tagged dvfs.device_id (default: serial, UUID, sim@HOST)."),
     "trace": option("--trace", metavar="FILE.csv", help=TRACE_HELP),
