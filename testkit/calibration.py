@@ -16,14 +16,17 @@ dearer than pinned 1300.5) are what sim-orin was shaped after; a profile not fit
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from dvfs_mlops.hw.twin.params import OrinTwinParams
 from dvfs_mlops.hw.twin.physics import energy_curve, estimate_maxn
-from dvfs_mlops.hw.twin.trace import TraceCache
+from dvfs_mlops.hw.twin.trace import TraceCache, trace_key
 from dvfs_mlops.job.workloads.tasks import TASKS
 from dvfs_mlops.job.workloads.zoo import PRESETS
 from dvfs_mlops.model.workload import SMALL_MODEL_PARAMS
@@ -117,13 +120,46 @@ class CalibrationReport:
         return failed
 
 
+@contextlib.contextmanager
+def _capture_lock(cache: TraceCache, key: str, wait: bool) -> Iterator[bool]:
+    """The lock of one trace's capture in `cache`'s folder (flock: released when the process ends): True where held."""
+    cache.directory.mkdir(parents=True, exist_ok=True)
+    with open(cache.directory / f"{key}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+def fill_traces(cache: TraceCache, shapes: list[tuple[Any, int, int]]) -> None:
+    """Capture the traces of `shapes` (config, batch, length) into `cache`, sharing the work with any other process
+    filling the same folder at the same time: each takes the traces nobody is capturing, then waits for the others'
+    (so two test workers calibrating at once capture each trace once, in half the time, instead of each all of them)."""
+    keys = [trace_key(config, batch, seq, "float32", 2) for config, batch, seq in shapes]
+    busy = []
+    for key, shape in zip(keys, shapes):
+        with _capture_lock(cache, key, wait=False) as held:
+            if held:
+                cache.get(*shape)
+            else:
+                busy.append((key, shape))
+    for key, shape in busy:
+        with _capture_lock(cache, key, wait=True):
+            cache.get(*shape)  # the other process's file, written whole before its lock was let go
+
+
 def calibrate(params: OrinTwinParams | None = None, cache: TraceCache | None = None, batch_size: int = 16) -> CalibrationReport:
     """Run the twin over the study's workloads and collect what the targets need."""
     p = params or OrinTwinParams()
     cache = cache or TraceCache()
+    configs = {name: preset.config() for name, preset in PRESETS.items()}
+    fill_traces(cache, [(configs[name], batch_size, TASKS[task].mean_tokens) for name in PRESETS for task in CHARACTERISATION_TASKS]
+                + [(configs["bert-large"], 32, 128)])
     points: list[WorkloadPoint] = []
     for name, preset in PRESETS.items():
-        config = preset.config()
+        config = configs[name]
         for task in CHARACTERISATION_TASKS:
             trace = cache.get(config, batch_size, TASKS[task].mean_tokens)
             curve = energy_curve(trace, p)
@@ -144,7 +180,7 @@ def calibrate(params: OrinTwinParams | None = None, cache: TraceCache | None = N
                     pinned_max_energy_j=energies[p.max_mhz],
                 )
             )
-    big = cache.get(PRESETS["bert-large"].config(), 32, 128)
+    big = cache.get(configs["bert-large"], 32, 128)
     big_curve = energy_curve(big, p)
     ratio = big_curve[min(p.frequencies_mhz)].time_s / big_curve[p.max_mhz].time_s
     power = estimate_maxn(big, p, big_curve).avg_power_w

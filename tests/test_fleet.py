@@ -473,7 +473,8 @@ def test_bad_or_unreachable_claims_are_one_line_errors(empty_store):
 
     env = {"MLFLOW_TRACKING_URI": empty_store}
     base = ["sweep", "--preset", "smoke", "--models", "bert-tiny", "--tasks", "sst2", "--freqs", "816", "--steps", "0", "--device", "sim"]
-    for claims, words in (("mysql://db/x", "give a postgresql:// URL"), (f"postgresql://nobody@127.0.0.1:{free_port()}/x", "unreachable")):
+    for claims, words in (("mysql://db/x", "give a postgresql:// URL"),
+                          (f"postgresql://nobody@127.0.0.1:{free_port()}/x", "unreachable (tried for 5 s: ")):
         r = run_cli(*base, "--claims", claims, env=env)
         errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
         assert r.returncode == 2 and len(errors) == 1 and words in errors[0] and "Traceback" not in r.stderr, r.stderr[-2000:]

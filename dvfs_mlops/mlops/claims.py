@@ -27,6 +27,7 @@ import fcntl
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -479,21 +480,23 @@ class PostgresClaims:
         self._lock = threading.Lock()  # the heartbeat thread and the sweep share the connection
         self._run(lambda cur: cur.execute(_PG_SCHEMA), first_retry_s)  # a database that is down: said before any clock is touched
 
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self, timeout_s: float) -> psycopg.Connection:
         import psycopg
 
-        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+        # libpq's connect_timeout: whole seconds, at least 2 (libpq's own floor: PostgreSQL docs, libpq-connect.html)
+        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(2, min(10, math.ceil(timeout_s))))
 
     def _run(self, fn: Callable[[psycopg.Cursor], T], retry_s: float | None = None) -> T:
         import psycopg
 
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        window_s = self.retry_s if retry_s is None else retry_s
+        deadline = time.monotonic() + window_s
         delay = 0.5
         with self._lock:
             while True:
                 try:
                     if self._conn is None or self._conn.closed:
-                        self._conn = self._connect()
+                        self._conn = self._connect(deadline - time.monotonic())
                     with self._conn.cursor() as cur:
                         return fn(cur)
                 except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject, psycopg.errors.DuplicateTable):
@@ -502,11 +505,13 @@ class PostgresClaims:
                     with contextlib.suppress(Exception):
                         self._conn.close()  # type: ignore[union-attr]  # None: suppressed like any other failure
                     self._conn = None
-                    if time.monotonic() > deadline:
+                    left_s = deadline - time.monotonic()
+                    if left_s <= 0:
                         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                        raise DvfsError(f"the point-claims database {without_password(self.dsn)} is unreachable ({first})") from None
-                    log.info("point claims: database unreachable (%s); retrying in %.1f s", str(e).strip()[:120], delay)
-                    time.sleep(delay)
+                        raise DvfsError(f"the point-claims database {without_password(self.dsn)} is unreachable (tried for "
+                                        f"{window_s:g} s: {first}); start it, or give --claims (${settings.CLAIMS_ENV}) another store") from None
+                    log.info("point claims: database unreachable (%s); retrying in %.1f s", str(e).strip()[:120], min(delay, left_s))
+                    time.sleep(min(delay, left_s))  # the last try at the deadline, not after it
                     delay = min(delay * 2, 5.0)
 
     def claim(self, sweep_id: str, point_key: str, worker: str, ttl_s: float) -> Claim:
