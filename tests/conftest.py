@@ -391,6 +391,16 @@ def fleet_server(fleet_pg: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         server.stop()
 
 
+def trainer_args(out: Path, max_steps: int, **overrides: Any) -> Any:
+    """The `TrainingArguments` of a user's tiny Trainer on the CPU: `max_steps` of batch 8 writing into `out`, with no
+    checkpoints, logging, reports or progress bars; `overrides` on top (e.g. bf16=True, a save strategy)."""
+    from transformers import TrainingArguments
+
+    settings: dict[str, Any] = {"output_dir": str(out), "max_steps": max_steps, "per_device_train_batch_size": 8, "report_to": [],
+                                "use_cpu": True, "save_strategy": "no", "logging_strategy": "no", "disable_tqdm": True}
+    return TrainingArguments(**{**settings, **overrides})
+
+
 def trainer_data(prepared: Any) -> tuple[Any, Callable[[list[dict[str, Any]]], dict[str, Any]]]:
     """A prepared workload's train split as a torch Dataset and its collate function: what a user's own Trainer is given."""
     import torch

@@ -153,22 +153,21 @@ def test_dvfs_callback_on_a_board_without_its_familys_governor_refines_and_says_
     governors registered it refines from the curve model (saying why, recorded on the user's run); with
     allow_other_board another family's governor decides, recorded too."""
     import mlflow
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import builtin_profile
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.job.finetune import build_model
     from dvfs_mlops.job.workloads.prepare import prepare_workload
-    from tests.conftest import trainer_data
+    from tests.conftest import trainer_args, trainer_data
 
     _tmp, env, c = old_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     w = prepare_workload("bert-tiny", "sst2", train_size=64, dev_size=16)
     train_split, collate = trainer_data(w)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=8, per_device_train_batch_size=8, report_to=[],
-                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", 8)
     tags = []
     for allow in (False, True):
         said: list[str] = []

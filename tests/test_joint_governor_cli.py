@@ -38,6 +38,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory, store_template: Path) -> t
     return tmp, env, sweep_id, t.stdout
 
 
+@pytest.fixture(scope="module")
+def production(trained: tuple[Path, dict[str, str], str, str]) -> tuple[Path, dict[str, str], str, str]:
+    """`trained`, with v1 promoted to production (past the gates: whether two training tasks pass them is the data's
+    call, tested above), so each test that resolves the production governor stands on its own."""
+    promoted = run_cli("registry", "promote", "1", "--force", env=trained[1])
+    assert promoted.returncode == 0, promoted.stderr[-2000:]
+    return trained
+
+
 def test_train_on_a_joint_sweep_registers_a_governor_of_configurations_with_its_tags_and_gates(trained):
     from mlflow.tracking import MlflowClient
 
@@ -102,10 +111,10 @@ def _registered_policy(env: dict[str, str]) -> dict:
     return load_governor("models:/dvfs-governor/1").model.policy
 
 
-def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
+def test_finetune_pins_the_whole_configuration_on_the_twin(production):
     from mlflow.tracking import MlflowClient
 
-    _tmp, env, _, _ = trained
+    _tmp, env, _, _ = production
     r = run_cli("finetune", "--device", "sim", "--model", "bert-tiny", "--task", "sst2", "--steps", "2", "--train-size", "16",
                 "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -122,24 +131,23 @@ def test_finetune_pins_the_whole_configuration_on_the_twin(trained):
     assert run.data.metrics["clock_mhz_measured"] == decision["freq_mhz"]
 
 
-def test_dvfs_callback_pins_the_whole_configuration_on_the_twin(trained, monkeypatch, tmp_path):
+def test_dvfs_callback_pins_the_whole_configuration_on_the_twin(production, monkeypatch, tmp_path):
     import mlflow
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.hw.twin.profiles import builtin_profile
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.job.finetune import build_model
     from dvfs_mlops.job.workloads.prepare import prepare_workload
-    from tests.conftest import trainer_data
+    from tests.conftest import trainer_args, trainer_data
 
-    _tmp, env, _, _ = trained
+    _tmp, env, _, _ = production
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     w = prepare_workload("bert-tiny", "sst2", train_size=16, dev_size=16)
     train_split, collate = trainer_data(w)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8, report_to=[],
-                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", 2)
     with mlflow.start_run() as run, DvfsCallback(device=SimDevice(builtin_profile("sim-orin")), gpu_util_pct=50.0,
                                                   announce=lambda _line: None) as dvfs:
         Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=train_split, data_collator=collate,
@@ -151,10 +159,10 @@ def test_dvfs_callback_pins_the_whole_configuration_on_the_twin(trained, monkeyp
     assert float(params["cpu_freq_mhz"]) == dvfs.decision.cpu_mhz
 
 
-def test_calibrate_never_moves_a_governor_of_configurations(trained):
+def test_calibrate_never_moves_a_governor_of_configurations(production):
     """v1 (configurations, production of its family) is neither picked as the source nor accepted as --source: one line
     before any calibration point runs."""
-    _tmp, env, _, _ = trained
+    _tmp, env, _, _ = production
     nano = ["calibrate", "--device", "sim", "--twin-profile", "sim-orin-nano-8gb", "--steps", "0"]
     for args, message in (([], "no production governor of another board family"),
                           (["--source", "1"], "dvfs-governor v1 is a governor of configurations (gpu,cpu); calibrate moves a GPU-only")):
@@ -163,8 +171,8 @@ def test_calibrate_never_moves_a_governor_of_configurations(trained):
         assert "calibration point" not in r.stdout + r.stderr
 
 
-def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(trained):
-    _tmp, env, sweep_id, _ = trained
+def test_evaluate_puts_gpu_only_and_joint_policies_side_by_side(production):
+    _tmp, env, sweep_id, _ = production
     for objective in ("energy", "max-slowdown:1.5"):
         r = run_cli("evaluate", "--sweep-id", sweep_id, "--split", "all", "--objective", objective, "--json", env=env)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -212,8 +220,8 @@ def test_bad_input_is_one_line(trained, gpu_only_sweep, args, message):
     assert len([line for line in r.stderr.splitlines() if line.startswith("Error:")]) == 1
 
 
-def test_evaluate_on_a_gpu_only_sweep_skips_a_production_governor_of_configurations(trained, gpu_only_sweep):
-    _tmp, env, _, _ = trained
+def test_evaluate_on_a_gpu_only_sweep_skips_a_production_governor_of_configurations(production, gpu_only_sweep):
+    _tmp, env, _, _ = production
     r = run_cli("evaluate", "--sweep-id", gpu_only_sweep, "--split", "all", "--policies", "production,maxn", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [o["policy"] for o in json.loads(r.stdout)] == ["maxn"]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import production_store, run_cli, trainer_data
+from tests.conftest import production_store, run_cli, trainer_args, trainer_data
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -182,7 +182,7 @@ def test_launcher_bad_input(store, args, message):
 
 def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     import mlflow
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback
 
     from dvfs_mlops.integrations.transformers import DvfsCallback
     from dvfs_mlops.job.workloads.prepare import prepare_workload
@@ -200,8 +200,7 @@ def test_dvfs_callback_with_a_real_trainer(orin6, tracking_env, tmp_path):
     from dvfs_mlops.job.finetune import build_model
 
     model = build_model(w.model_config, seed=0)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8, report_to=[],
-                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", 3)
     with mlflow.start_run(experiment_id=mlflow.create_experiment("user-script")) as run:
         with DvfsCallback(device="jetson", announce=None, torch_device="cpu") as dvfs:  # the fake board has no GPU
             Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs, Probe()]).train()

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from dvfs_mlops.app.cli import main
 from dvfs_mlops.job.workloads.adapters import FULL, PeftSpec, peft_spec, variant_suffix
 from dvfs_mlops.model.workload import split_variant
-from tests.conftest import trainer_data
+from tests.conftest import trainer_args, trainer_data
 from tests.test_models import LLAMA, OPT, QWEN
 
 SMALL = ["--tasks", "sst2", "--freqs", "816", "--steps", "2", "--train-size", "32", "--dev-size", "16", "--device", "sim"]
@@ -171,7 +171,7 @@ def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
     """A user's Trainer with a peft-wrapped model and bf16=True: the callback's features carry trainable_params and
     precision, and the twin charges the LoRA step in bf16."""
     from peft import LoraConfig, get_peft_model
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from dvfs_mlops.hw.sim import SimDevice
     from dvfs_mlops.integrations.transformers import DvfsCallback
@@ -186,8 +186,7 @@ def test_dvfs_callback_sees_a_peft_model_and_bf16(tmp_path):
 
     train_split, collate = trainer_data(w)
 
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8, report_to=[], use_cpu=True,
-                             bf16=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", 2, bf16=True)
     with DvfsCallback(device=SimDevice(), freq=816, announce=None) as dvfs:
         Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs]).train()
     f = dvfs.features

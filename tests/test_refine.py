@@ -11,7 +11,7 @@ import pytest
 from dvfs_mlops.job.refine import ProbePlan, Refiner, plan, probe_clocks
 from dvfs_mlops.mlops.governor import GovernorRef
 from dvfs_mlops.model.curve import Measurement
-from tests.conftest import trainer_data
+from tests.conftest import trainer_args, trainer_data
 
 TABLE = [306.0, 408.0, 510.0, 612.0, 714.0, 816.0, 918.0, 1020.0, 1122.0, 1224.0, 1300.5]
 
@@ -327,7 +327,7 @@ def test_probe_plan_fits_with_the_prior_from_each_probes_utilisation():
 def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior(tmp_path, monkeypatch):
     """DvfsCallback(refine=N) in a real Trainer on the twin: probes through the step hook, the rest at the settled clock,
     and the version's power prior in the fits (the decision comes from a resolved governor, not `freq=`)."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from dvfs_mlops.hw.board import ORIN_VOLTAGE_SHAPE
     from dvfs_mlops.hw.sim import SimDevice
@@ -345,8 +345,7 @@ def test_dvfs_callback_refines_in_a_users_trainer_with_the_governors_power_prior
 
     train_split, collate = trainer_data(w)
 
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=16, per_device_train_batch_size=8, report_to=[], use_cpu=True,
-                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", 16)
     said: list[str] = []
     with DvfsCallback(device=SimDevice(), refine=12, announce=said.append, gpu_util_pct=90.0) as dvfs:
         Trainer(model=build_model(w.model_config, seed=0), args=args, train_dataset=train_split, data_collator=collate, callbacks=[dvfs]).train()

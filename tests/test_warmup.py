@@ -89,13 +89,12 @@ def test_the_utilisation_probe_runs_warm_and_long_enough_to_be_a_mean(orin6, sta
 
 
 def _trainer(tmp_path, model, w, max_steps: int, callbacks: list):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
-    from tests.conftest import trainer_data
+    from tests.conftest import trainer_args, trainer_data
 
     train_split, collate = trainer_data(w)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=8, report_to=[],
-                             use_cpu=True, save_strategy="steps", save_steps=4, logging_strategy="no", disable_tqdm=True)
+    args = trainer_args(tmp_path / "out", max_steps, save_strategy="steps", save_steps=4)
     return Trainer(model=model, args=args, train_dataset=train_split, data_collator=collate, callbacks=callbacks)
 
 
